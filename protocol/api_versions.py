@@ -1,0 +1,55 @@
+"""ApiVersions (key 18): what every client asks first."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sys
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16
+
+from .apis import ApiKey, SupportedApis, response_class
+
+# KIP-511: client software name and version must match this (Kafka's ApiVersionsRequest.isValid).
+_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+
+
+def build_api_versions_response(
+    version: int,
+    supported: SupportedApis,
+    error_code: ErrorCode = ErrorCode.none,
+    throttle_ms: int = 0,
+) -> Any:
+    """An ApiVersionsResponse at ``version`` listing every supported API range."""
+    cls = response_class(ApiKey.API_VERSIONS, version)
+    entry = sys.modules[cls.__module__].ApiVersion
+    api_keys = tuple(
+        entry(api_key=i16(key), min_version=i16(r.min), max_version=i16(r.max))
+        for key, r in sorted(supported.items())
+    )
+    fields: dict[str, Any] = {"error_code": error_code, "api_keys": api_keys}
+    if version >= 1:
+        fields["throttle_time"] = datetime.timedelta(milliseconds=throttle_ms)
+    return cls(**fields)
+
+
+def unsupported_version_response(supported: SupportedApis) -> Any:
+    """The answer to an ApiVersions request at a version we do not know: UNSUPPORTED_VERSION in
+    the v0 layout (which every client can read), still listing our ranges so the client can
+    retry at the highest ApiVersions version we have."""
+    return build_api_versions_response(0, supported, ErrorCode.unsupported_version)
+
+
+def has_valid_client_software(request: Any) -> bool:
+    """KIP-511 validation of ApiVersions v3+ ``client_software_name``/``version``.
+
+    Kafka answers INVALID_REQUEST when either does not match its pattern.
+    """
+    if request.__version__ < 3:
+        return True
+    return bool(
+        _SOFTWARE.fullmatch(request.client_software_name)
+        and _SOFTWARE.fullmatch(request.client_software_version)
+    )

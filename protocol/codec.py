@@ -1,0 +1,177 @@
+"""Requests and responses as typed kio entities, to and from frames.
+
+Server side: :func:`decode_request` and :func:`encode_response`. Client side:
+:func:`encode_request` and :func:`decode_response`. Errors are split the way Kafka's socket
+server splits them: an ApiVersions request at an unknown version gets an answer
+(:class:`UnsupportedApiVersionsVersion`); anything else that cannot be parsed closes the
+connection (:class:`ProtocolViolation`).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import DecodeError
+from kio.static.protocol import RequestPayload, ResponsePayload
+
+from .apis import (
+    ApiKey,
+    SupportedApis,
+    request_class,
+    request_header_version,
+    response_class,
+    response_header_version,
+)
+from .headers import (
+    RequestHeader,
+    parse_request_header,
+    peek_api,
+    skip_response_header,
+    write_request_header,
+    write_response_header,
+)
+
+R = TypeVar("R", bound=ResponsePayload)
+
+
+class ProtocolViolation(Exception):
+    """The request cannot be served; Kafka closes the connection in this case."""
+
+
+class UnknownApiKey(ProtocolViolation):
+    """The API key is not one this server serves."""
+
+
+class UnsupportedVersion(ProtocolViolation):
+    """The API is served, but not at this version (and it is not ApiVersions)."""
+
+
+class MalformedRequest(ProtocolViolation):
+    """The header or body does not parse, or bytes are left over after the body."""
+
+
+class UnsupportedApiVersionsVersion(Exception):
+    """An ApiVersions request at a version we do not know: answer with UNSUPPORTED_VERSION
+    in the v0 layout so the client can retry at a version we list."""
+
+    def __init__(self, header: RequestHeader) -> None:
+        super().__init__(f"ApiVersions v{header.api_version} is not supported")
+        self.header = header
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decoded request: its header and its kio body entity."""
+
+    header: RequestHeader
+    body: Any  # a kio RequestPayload; Any so handlers can narrow it with isinstance
+
+    @property
+    def api_key(self) -> int:
+        return self.header.api_key
+
+    @property
+    def api_version(self) -> int:
+        return self.header.api_version
+
+
+def decode_request(frame: bytes, supported: SupportedApis) -> Request:
+    """Decode one request frame (without its length prefix).
+
+    Raises :class:`UnsupportedApiVersionsVersion` for an ApiVersions request at an unknown
+    version, and a :class:`ProtocolViolation` for anything the server must close on.
+    """
+    try:
+        api_key, api_version = peek_api(frame)
+    except DecodeError as e:
+        raise MalformedRequest(f"frame of {len(frame)} bytes has no request header") from e
+    versions = supported.get(api_key)
+    if versions is None:
+        raise UnknownApiKey(f"unknown API key {api_key}")
+    if api_version not in versions:
+        if api_key == ApiKey.API_VERSIONS and api_version >= 0:
+            raise UnsupportedApiVersionsVersion(_parse_header(frame, api_key, api_version)[0])
+        raise UnsupportedVersion(
+            f"API key {api_key} version {api_version} is not supported "
+            f"(supported {versions.min}-{versions.max})"
+        )
+    header, offset = _parse_header(frame, api_key, api_version)
+    try:
+        body, size = entity_reader(request_class(api_key, api_version))(frame, offset)
+    except (DecodeError, ValueError, UnicodeDecodeError) as e:
+        raise MalformedRequest(
+            f"API key {api_key} v{api_version}: body does not parse ({e})"
+        ) from e
+    # kio readers return the number of bytes consumed, not an end offset.
+    if offset + size != len(frame):
+        raise MalformedRequest(
+            f"API key {api_key} v{api_version}: {len(frame) - offset - size} bytes after the body"
+        )
+    return Request(header, body)
+
+
+def _parse_header(frame: bytes, api_key: int, api_version: int) -> tuple[RequestHeader, int]:
+    try:
+        return parse_request_header(frame, request_header_version(api_key, api_version))
+    except (DecodeError, ValueError, UnicodeDecodeError) as e:
+        raise MalformedRequest(f"API key {api_key} v{api_version}: bad header ({e})") from e
+
+
+_LENGTH = struct.Struct(">i")
+
+
+def encode_response(header: RequestHeader, body: ResponsePayload) -> bytes:
+    """Encode a response to ``header``'s request as a length-prefixed frame.
+
+    The response header version follows the body's own API version, so the ApiVersions
+    fallback (a v0 body for a request of another version) gets the v0 header it needs.
+    """
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    write_response_header(
+        buffer,
+        response_header_version(body.__api_key__, body.__version__),
+        header.correlation_id,
+    )
+    entity_writer(type(body))(buffer, body)
+    data = buffer.getbuffer()
+    _LENGTH.pack_into(data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def encode_request(body: RequestPayload, correlation_id: int, client_id: str | None) -> bytes:
+    """Encode a request (what a client sends) as a length-prefixed frame."""
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    api_key, api_version = body.__api_key__, body.__version__
+    write_request_header(
+        buffer,
+        request_header_version(api_key, api_version),
+        api_key,
+        api_version,
+        correlation_id,
+        client_id,
+    )
+    entity_writer(type(body))(buffer, body)
+    data = buffer.getbuffer()
+    _LENGTH.pack_into(data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def peek_correlation_id(frame: bytes) -> int:
+    """The correlation id of a response frame: the first field of every header version."""
+    return skip_response_header(frame, 0)[0]
+
+
+def decode_response(frame: bytes, api_key: int, api_version: int) -> Any:
+    """Decode a response frame (without its length prefix) to the kio entity for the API.
+
+    Raises ``kio.serial.errors.DecodeError`` when the bytes do not parse.
+    """
+    _, offset = skip_response_header(frame, response_header_version(api_key, api_version))
+    body, _ = entity_reader(response_class(api_key, api_version))(frame, offset)
+    return body

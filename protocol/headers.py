@@ -1,0 +1,128 @@
+"""Request header v0/v1/v2 parsing and response header v0/v1 encoding."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from kio._kio_native import read_int16, read_int32
+from kio.schema.request_header.v1 import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2 import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0 import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1 import ResponseHeader as ResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
+
+_read_v1 = entity_reader(RequestHeaderV1)
+_read_v2 = entity_reader(RequestHeaderV2)
+_write_request_v1 = entity_writer(RequestHeaderV1)
+_write_request_v2 = entity_writer(RequestHeaderV2)
+_write_response_v0 = entity_writer(ResponseHeaderV0)
+_write_response_v1 = entity_writer(ResponseHeaderV1)
+
+#: api_key (int16) + api_version (int16): the bytes needed to choose a header version.
+API_PREFIX_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """The fields every request header version shares; ``client_id`` is None in v0."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    version: int
+
+
+def peek_api(frame: bytes) -> tuple[int, int]:
+    """Read ``(api_key, api_version)`` from the start of a request frame.
+
+    Raises ``kio.serial.errors.BufferUnderflow`` (a ``DecodeError``) on a frame too short.
+    """
+    api_key, _ = read_int16(frame, 0)
+    api_version, _ = read_int16(frame, 2)
+    return api_key, api_version
+
+
+def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int]:
+    """Parse a request header of the given version; return it and the offset of the body.
+
+    Raises ``kio.serial.errors.DecodeError`` on malformed input.
+    """
+    if version == 0:
+        # kio has no entity for v0 (api key, api version, correlation id only).
+        api_key, _ = read_int16(frame, 0)
+        api_version, _ = read_int16(frame, 2)
+        correlation_id, _ = read_int32(frame, 4)
+        return RequestHeader(api_key, api_version, correlation_id, None, 0), 8
+    if version == 1:
+        header_v1, offset = _read_v1(frame, 0)
+        return _common(header_v1, 1), offset
+    if version == 2:
+        header_v2, offset = _read_v2(frame, 0)
+        return _common(header_v2, 2), offset
+    raise ValueError(f"unknown request header version {version}")
+
+
+def _common(header: RequestHeaderV1 | RequestHeaderV2, version: int) -> RequestHeader:
+    return RequestHeader(
+        header.request_api_key,
+        header.request_api_version,
+        header.correlation_id,
+        header.client_id,
+        version,
+    )
+
+
+def write_request_header(
+    buffer: io.BytesIO,
+    version: int,
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    client_id: str | None,
+) -> None:
+    """Write a v1 or v2 request header (what clients send)."""
+    key, ver, corr = i16(api_key), i16(api_version), i32(correlation_id)
+    if version == 2:
+        _write_request_v2(
+            buffer,
+            RequestHeaderV2(
+                request_api_key=key,
+                request_api_version=ver,
+                correlation_id=corr,
+                client_id=client_id,
+            ),
+        )
+    elif version == 1:
+        _write_request_v1(
+            buffer,
+            RequestHeaderV1(
+                request_api_key=key,
+                request_api_version=ver,
+                correlation_id=corr,
+                client_id=client_id,
+            ),
+        )
+    else:
+        raise ValueError(f"clients do not send request header version {version}")
+
+
+def write_response_header(buffer: io.BytesIO, version: int, correlation_id: int) -> None:
+    """Write a v0 or v1 response header."""
+    if version == 1:
+        _write_response_v1(buffer, ResponseHeaderV1(correlation_id=i32(correlation_id)))
+    elif version == 0:
+        _write_response_v0(buffer, ResponseHeaderV0(correlation_id=i32(correlation_id)))
+    else:
+        raise ValueError(f"unknown response header version {version}")
+
+
+def skip_response_header(frame: bytes, version: int) -> tuple[int, int]:
+    """Read a response header; return ``(correlation_id, offset of the body)``."""
+    if version == 1:
+        header_v1, offset = entity_reader(ResponseHeaderV1)(frame, 0)
+        return header_v1.correlation_id, offset
+    correlation_id, offset = read_int32(frame, 0)
+    return correlation_id, offset
