@@ -1,0 +1,1 @@
+"""pidctl's controller: pure state machines, the durable metadata log, and the trio server."""

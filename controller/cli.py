@@ -1,0 +1,197 @@
+"""The ``pidctl`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """\
+examples:
+  pidctl serve                                   # 127.0.0.1:9093, data in ./pidctl-data
+  pidctl serve --listen 0.0.0.0:9093 --advertised-listener pidctl.internal:9093
+  pidctl register --bootstrap 127.0.0.1:9093 --broker-id 1
+  pidctl allocate --bootstrap 127.0.0.1:9093 --broker-id 1 --broker-epoch 1
+  pidctl log dump --data-dir ./pidctl-data --json
+  pidctl log verify --data-dir ./pidctl-data
+"""
+
+
+def _settings_help() -> str:
+    from .settings import describe_settings
+
+    rows = [
+        f"  {name:<30} {default or '-':<24} {unit:<8} {doc}"
+        for name, default, unit, doc in describe_settings()
+    ]
+    return (
+        "settings (flag --NAME, environment PIDCTL_NAME, or NAME in the --config TOML file;\n"
+        "precedence flag > env > file > default):\n" + "\n".join(rows)
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pidctl",
+        description="A standalone Kafka producer-ID controller (KIP-730).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the controller",
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", type=Path, help="TOML file of settings")
+    from .settings import SETTING_NAMES
+
+    for name in SETTING_NAMES:
+        serve.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
+
+    log_cmd = commands.add_parser("log", help="inspect a data dir (read-only)")
+    log_commands = log_cmd.add_subparsers(dest="log_command", required=True, metavar="COMMAND")
+    dump = log_commands.add_parser("dump", help="print every record with its offset and time")
+    dump.add_argument("--data-dir", type=Path, required=True)
+    dump.add_argument("--json", action="store_true", help="one JSON object per line")
+    verify = log_commands.add_parser("verify", help="check checksums and invariants")
+    verify.add_argument("--data-dir", type=Path, required=True)
+
+    register = commands.add_parser("register", help="register a broker; prints its epoch")
+    register.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+    register.add_argument("--broker-id", type=int, required=True)
+    register.add_argument("--cluster-id", help="the cluster id, as `pidctl log verify` prints it")
+    register.add_argument(
+        "--incarnation-id", type=uuid.UUID, help="default: a new random incarnation"
+    )
+
+    allocate = commands.add_parser("allocate", help="ask for a block of producer ids")
+    allocate.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+    allocate.add_argument("--broker-id", type=int, required=True)
+    allocate.add_argument("--broker-epoch", type=int, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "log":
+            return _log(args)
+        if args.command == "register":
+            return _register(args)
+        if args.command == "allocate":
+            return _allocate(args)
+    except (ConnectionError, OSError) as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 1
+    raise AssertionError(args.command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from .logs import configure_logging
+    from .metalog import DataDirLocked, LogCorruption
+    from .server import ClusterIdMismatch, serve
+    from .settings import SETTING_NAMES, SettingsError, load_settings
+
+    config = args.config or (
+        Path(os.environ["PIDCTL_CONFIG"]) if "PIDCTL_CONFIG" in os.environ else None
+    )
+    flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
+    try:
+        settings = load_settings(flags, os.environ, config)
+    except SettingsError as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        trio.run(serve, settings)
+    except (LogCorruption, DataDirLocked, ClusterIdMismatch) as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"pidctl: cannot listen on {settings.listen}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    from .logtools import dump_lines, verify
+    from .metalog import LogCorruption
+
+    if args.log_command == "dump":
+        if not args.data_dir.is_dir():
+            print(f"pidctl: {args.data_dir}: no such data dir", file=sys.stderr)
+            return 1
+        try:
+            for line in dump_lines(args.data_dir, args.json):
+                print(line)
+        except LogCorruption as e:
+            print(f"pidctl: CORRUPT: {e}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:
+            sys.stderr.close()
+        return 0
+    report = verify(args.data_dir)
+    for line in report.lines:
+        print(line)
+    return 0 if report.ok else 1
+
+
+def _register(args: argparse.Namespace) -> int:
+    from kio.schema.broker_registration.v4 import BrokerRegistrationRequest
+    from kio.schema.types import BrokerId
+
+    from .client import SyncClient
+
+    if args.cluster_id is None:
+        print("pidctl: --cluster-id is required (see `pidctl log verify`)", file=sys.stderr)
+        return 2
+    request = BrokerRegistrationRequest(
+        broker_id=BrokerId(args.broker_id),
+        cluster_id=args.cluster_id,
+        incarnation_id=args.incarnation_id or uuid.uuid4(),
+        listeners=(),
+        features=(),
+        rack=None,
+    )
+    with SyncClient(args.bootstrap) as client:
+        response = client.request(request)
+    if response.error_code:
+        print(f"pidctl: registration refused: {response.error_code.name}", file=sys.stderr)
+        return 1
+    print(f"broker {args.broker_id} registered with epoch {response.broker_epoch}")
+    return 0
+
+
+def _allocate(args: argparse.Namespace) -> int:
+    from kio.schema.allocate_producer_ids.v0 import AllocateProducerIdsRequest
+    from kio.schema.types import BrokerId
+    from kio.static.primitive import i64
+
+    from .client import SyncClient
+
+    with SyncClient(args.bootstrap) as client:
+        response = client.request(
+            AllocateProducerIdsRequest(
+                broker_id=BrokerId(args.broker_id), broker_epoch=i64(args.broker_epoch)
+            )
+        )
+    if response.error_code:
+        print(f"pidctl: allocation refused: {response.error_code.name}", file=sys.stderr)
+        return 1
+    first = response.producer_id_start
+    print(f"producer ids {first}..{first + response.producer_id_len - 1}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

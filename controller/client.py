@@ -1,0 +1,104 @@
+"""Thin I/O shells over :class:`protocol.client.ClientProtocol`: a blocking socket client and
+a trio client. Used by the CLI, the tests, the broker library and the Spark hook."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+from kio.static.protocol import RequestPayload
+
+from protocol.client import ClientProtocol
+
+_RECEIVE_BYTES = 64 * 1024
+
+
+def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
+    """``HOST:PORT`` to a (host, port) pair."""
+    host, sep, port = bootstrap.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bootstrap must be HOST:PORT, got {bootstrap!r}")
+    return host.strip("[]"), int(port)
+
+
+class SyncClient:
+    """A blocking Kafka-protocol client over one TCP connection."""
+
+    def __init__(
+        self, bootstrap: str, *, client_id: str | None = "pidctl", timeout: float = 10.0
+    ) -> None:
+        """Connect to ``bootstrap`` (``HOST:PORT``); ``timeout`` bounds every socket wait."""
+        host, port = parse_bootstrap(bootstrap)
+        self._sock = socket.create_connection((host, port), timeout=timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._protocol = ClientProtocol(client_id)
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
+    def request(self, body: RequestPayload) -> Any:
+        """Send one request and return its response entity."""
+        return self.pipeline([body])[0]
+
+    def pipeline(self, bodies: Sequence[RequestPayload]) -> list[Any]:
+        """Send all requests at once, then return their responses in order."""
+        data = b"".join(self._protocol.send(body)[1] for body in bodies)
+        self._sock.sendall(data)
+        responses: list[Any] = []
+        while len(responses) < len(bodies):
+            chunk = self._sock.recv(_RECEIVE_BYTES)
+            if not chunk:
+                raise ConnectionError("connection closed by the server")
+            responses.extend(r for _, r in self._protocol.receive(chunk))
+        return responses
+
+
+class TrioClient:
+    """A trio Kafka-protocol client over one TCP connection."""
+
+    def __init__(self, stream: trio.SocketStream, client_id: str | None = "pidctl") -> None:
+        """Wrap an open stream; use :meth:`connect` to open one."""
+        self._stream = stream
+        self._protocol = ClientProtocol(client_id)
+        self._lock = trio.Lock()
+
+    @classmethod
+    async def connect(cls, bootstrap: str, *, client_id: str | None = "pidctl") -> TrioClient:
+        """Open a connection to ``bootstrap`` (``HOST:PORT``)."""
+        host, port = parse_bootstrap(bootstrap)
+        return cls(await trio.open_tcp_stream(host, port), client_id)
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> TrioClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def request(self, body: RequestPayload) -> Any:
+        """Send one request and return its response entity."""
+        return (await self.pipeline([body]))[0]
+
+    async def pipeline(self, bodies: Sequence[RequestPayload]) -> list[Any]:
+        """Send all requests at once, then return their responses in order."""
+        async with self._lock:
+            await self._stream.send_all(b"".join(self._protocol.send(b)[1] for b in bodies))
+            responses: list[Any] = []
+            while len(responses) < len(bodies):
+                chunk = await self._stream.receive_some(_RECEIVE_BYTES)
+                if not chunk:
+                    raise ConnectionError("connection closed by the server")
+                responses.extend(r for _, r in self._protocol.receive(chunk))
+            return responses

@@ -1,0 +1,132 @@
+"""The on-disk layout of one metadata record, and scanning a segment's bytes (pure, no I/O).
+
+Every record is framed as (big-endian)::
+
+     0  u32  length of the bytes after the CRC field (format version .. end of payload)
+     4  u32  CRC-32 (zlib) of those bytes
+     8  u8   frame format version (1)
+     9  u8   record type id (controller.records)
+    10  u16  record payload version
+    12  i64  offset (position in the log, from 0, one per record)
+    20  i64  timestamp, milliseconds since the Unix epoch
+    28  ...  payload: compact JSON of the record's fields
+
+A segment file holds consecutive records and nothing else; its name is its first offset.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from .records import RECORD_VERSION, Record, RecordDecodeError, decode_payload, encode_payload
+
+FRAME_FORMAT_VERSION = 1
+_PREFIX = struct.Struct(">II")
+_HEADER = struct.Struct(">BBHqq")
+HEADER_BYTES = _PREFIX.size + _HEADER.size
+
+#: No record pidctl writes comes near this; a larger length field can only be damage, and
+#: refusing it bounds what a scan allocates.
+MAX_RECORD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """A record with its place in the log."""
+
+    offset: int
+    timestamp_ms: int
+    record: Record
+
+
+def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
+    """Frame one record for appending to a segment."""
+    body = _HEADER.pack(
+        FRAME_FORMAT_VERSION, record.TYPE, RECORD_VERSION, offset, timestamp_ms
+    ) + encode_payload(record)
+    return _PREFIX.pack(len(body), zlib.crc32(body)) + body
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _parse_at(data: bytes | memoryview, pos: int) -> tuple[LogEntry, int]:
+    """Parse the record at ``pos``; return it and the position after it, or raise _Invalid."""
+    if len(data) - pos < HEADER_BYTES:
+        raise _Invalid("incomplete record header")
+    length, crc = _PREFIX.unpack_from(data, pos)
+    if length < _HEADER.size or length > MAX_RECORD_BYTES:
+        raise _Invalid(f"implausible record length {length}")
+    end = pos + _PREFIX.size + length
+    if end > len(data):
+        raise _Invalid("record extends past the end of the file")
+    body = data[pos + _PREFIX.size : end]
+    if zlib.crc32(body) != crc:
+        raise _Invalid("checksum mismatch")
+    version, record_type, _record_version, offset, timestamp_ms = _HEADER.unpack_from(body, 0)
+    if version != FRAME_FORMAT_VERSION:
+        raise _Invalid(f"unknown frame format version {version}")
+    try:
+        record = decode_payload(record_type, bytes(body[_HEADER.size :]))
+    except RecordDecodeError as e:
+        raise _Invalid(str(e)) from e
+    return LogEntry(offset, timestamp_ms, record), end
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    """What a segment's bytes hold.
+
+    ``entries`` are the valid records in order; ``valid_bytes`` is where they end. When the
+    file continues past that, ``problem`` says why and ``torn`` whether it is a torn tail
+    (nothing valid follows: a write cut short by a crash) rather than corruption.
+    """
+
+    entries: list[LogEntry]
+    valid_bytes: int
+    problem: str | None = None
+    torn: bool = False
+
+
+def scan_segment(data: bytes, base_offset: int) -> SegmentScan:
+    """Parse a segment's bytes, checking checksums and that offsets count up from the base."""
+    view = memoryview(data)
+    entries: list[LogEntry] = []
+    pos = 0
+    expected = base_offset
+    while pos < len(data):
+        try:
+            entry, end = _parse_at(view, pos)
+        except _Invalid as e:
+            torn = not _valid_record_after(view, pos)
+            return SegmentScan(entries, pos, f"at byte {pos}: {e}", torn)
+        if entry.offset != expected:
+            problem = f"at byte {pos}: offset {entry.offset} where {expected} was expected"
+            return SegmentScan(entries, pos, problem, False)
+        entries.append(entry)
+        expected += 1
+        pos = end
+    return SegmentScan(entries, pos)
+
+
+def _valid_record_after(view: memoryview, pos: int) -> bool:
+    """Whether any intact record starts after ``pos``.
+
+    A crash mid-write leaves a prefix of the last record (or zeros) at the end of the file;
+    it can never be followed by an intact record. If one follows, the damage is corruption
+    and truncating would throw away acknowledged data.
+    """
+    last_start = len(view) - HEADER_BYTES
+    for candidate in range(pos + 1, last_start + 1):
+        # Cheap filter before the checksum: the format version byte must match.
+        if view[candidate + _PREFIX.size] != FRAME_FORMAT_VERSION:
+            continue
+        try:
+            _parse_at(view, candidate)
+        except _Invalid:
+            continue
+        return True
+    return False

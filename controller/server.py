@@ -1,0 +1,280 @@
+"""The trio server: one task per connection, pipelined requests answered in order.
+
+Per connection a reader task decodes frames and has the controller decide each request at
+once (so decisions happen in arrival order), and a writer task sends each response as soon
+as the log says its records are durable. The queue between them holds at most
+``max_in_flight_per_connection`` responses; when a client stops reading our responses, the
+queue fills, the reader stops reading, and TCP pushes back on the client.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import trio
+
+from protocol.api_versions import unsupported_version_response
+from protocol.codec import (
+    ProtocolViolation,
+    UnsupportedApiVersionsVersion,
+    decode_request,
+    encode_response,
+)
+from protocol.framing import FrameDecoder, FrameError
+
+from .brokers import BrokerSessions
+from .metalog import MetadataLog, lock_data_dir, recover
+from .records import ClusterCreated, ProducerIdsGranted
+from .service import NO_WAIT, ConnectionInfo, Controller, Now
+from .settings import Settings
+
+log = structlog.get_logger("pidctl.server")
+
+#: Bytes asked of the socket per read. Requests are small; 64 KiB takes many pipelined ones
+#: in one system call without holding much memory per connection.
+RECEIVE_BYTES = 64 * 1024
+
+
+def now() -> Now:
+    return Now(time.time_ns() // 1_000_000, time.monotonic_ns() // 1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    data: bytes
+    durable_offset: int
+
+
+class PidctlServer:
+    """Owns the metadata log, the controller and the listeners of one ``pidctl serve``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ports: list[int] = []
+        self.ready = trio.Event()
+        self._stopping = trio.Event()
+        self._readers: set[trio.CancelScope] = set()
+
+    def request_shutdown(self) -> None:
+        """Stop accepting, stop reading, finish in-flight responses, flush, return."""
+        self._stopping.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        settings = self.settings
+        data_dir = Path(settings.data_dir)
+        lock_fd = lock_data_dir(data_dir)
+        try:
+            await self._run(data_dir, task_status)
+        finally:
+            os.close(lock_fd)
+
+    async def _run(self, data_dir: Path, task_status: trio.TaskStatus[None]) -> None:
+        settings = self.settings
+        started = time.monotonic()
+        recovery = await trio.to_thread.run_sync(recover, data_dir)
+        state = recovery.state
+        log.info(
+            "log recovered",
+            data_dir=str(data_dir),
+            next_offset=state.next_offset,
+            snapshot_offset=recovery.snapshot_offset,
+            records_replayed=recovery.records_replayed,
+            truncated_bytes=recovery.truncated_bytes,
+            next_producer_id=state.next_producer_id,
+            seconds=round(time.monotonic() - started, 4),
+        )
+        controller: Controller
+        metalog = MetadataLog(
+            data_dir,
+            state.next_offset,
+            recovery.snapshot_offset,
+            lambda: controller.snapshot(),
+            segment_max_bytes=settings.segment_max_bytes,
+            snapshot_interval_records=settings.snapshot_interval_records,
+            retention_bytes=settings.log_retention_bytes,
+        )
+        sessions = BrokerSessions(settings.broker_session_timeout_ms)
+        sessions.restore(list(state.brokers), now().mono_ms)
+        controller = Controller(
+            state, metalog, pid_range=settings.pid_range, sessions=sessions, on_grant=_log_grant
+        )
+        self.controller = controller
+        self.metalog = metalog
+        async with trio.open_nursery() as log_nursery:
+            await log_nursery.start(metalog.run)
+            self._initialise_cluster(controller)
+            await metalog.flush()
+            await self._serve(controller, metalog, task_status)
+            await metalog.flush()
+            log_nursery.cancel_scope.cancel()
+        log.info("stopped", next_offset=state.next_offset)
+
+    def _initialise_cluster(self, controller: Controller) -> None:
+        state, wanted = controller.state, self.settings.cluster_id
+        if state.cluster_id is None:
+            cluster_id = wanted or _new_cluster_id()
+            controller.commit([ClusterCreated(cluster_id, self.settings.node_id)], now())
+            log.info("cluster created", cluster_id=cluster_id)
+        elif wanted is not None and wanted != state.cluster_id:
+            raise ClusterIdMismatch(
+                f"cluster_id {wanted!r} does not match {state.cluster_id!r} stored in the log"
+            )
+
+    async def _serve(
+        self, controller: Controller, metalog: MetadataLog, task_status: trio.TaskStatus[None]
+    ) -> None:
+        listen = self.settings.listen
+        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+        self.ports = [lst.socket.getsockname()[1] for lst in listeners]
+        log.info("listening", address=str(listen), ports=self.ports)
+        async with trio.open_nursery() as connections:
+            accept_scope = trio.CancelScope()
+
+            async def accept() -> None:
+                with accept_scope:
+                    handler = self._connection_handler(controller, metalog)
+                    await trio.serve_listeners(handler, listeners, handler_nursery=connections)
+
+            connections.start_soon(accept)
+            self.ready.set()
+            task_status.started()
+            await self._stopping.wait()
+            log.info("shutting down", connections=len(self._readers))
+            accept_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            for reader in list(self._readers):
+                reader.cancel()
+            # In-flight responses get a grace period; whatever is still stuck after it (a
+            # client that never reads) is cut off.
+            connections.cancel_scope.deadline = (
+                trio.current_time() + self.settings.shutdown_grace_ms / 1000
+            )
+
+    def _connection_handler(
+        self, controller: Controller, metalog: MetadataLog
+    ) -> Callable[[trio.SocketStream], Awaitable[None]]:
+        settings = self.settings
+
+        async def handle(stream: trio.SocketStream) -> None:
+            try:
+                peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+            except OSError:
+                return
+            conn = ConnectionInfo(peer=peer)
+            send, receive = trio.open_memory_channel[_Outgoing](
+                settings.max_in_flight_per_connection
+            )
+            reader_scope = trio.CancelScope()
+            self._readers.add(reader_scope)
+            try:
+                async with stream, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_responses, stream, receive, metalog, nursery)
+                    with reader_scope:
+                        await self._read_requests(stream, send, controller, conn)
+                    await send.aclose()
+            finally:
+                self._readers.discard(reader_scope)
+
+        return handle
+
+    async def _read_requests(
+        self,
+        stream: trio.SocketStream,
+        send: trio.MemorySendChannel[_Outgoing],
+        controller: Controller,
+        conn: ConnectionInfo,
+    ) -> None:
+        decoder = FrameDecoder(self.settings.max_frame_bytes)
+        while True:
+            try:
+                data = await stream.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            try:
+                frames = decoder.feed(data)
+            except FrameError as e:
+                log.warning("closing connection", peer=conn.peer, reason=str(e))
+                return
+            for frame in frames:
+                try:
+                    request = decode_request(frame, controller.supported)
+                except UnsupportedApiVersionsVersion as e:
+                    body = unsupported_version_response(controller.supported)
+                    await send.send(_Outgoing(encode_response(e.header, body), NO_WAIT))
+                    continue
+                except ProtocolViolation as e:
+                    log.warning("closing connection", peer=conn.peer, reason=str(e))
+                    return
+                reply = controller.handle(request, now(), conn)
+                data_out = encode_response(request.header, reply.body)
+                await send.send(_Outgoing(data_out, reply.durable_offset))
+
+    async def _write_responses(
+        self,
+        stream: trio.SocketStream,
+        receive: trio.MemoryReceiveChannel[_Outgoing],
+        metalog: MetadataLog,
+        nursery: trio.Nursery,
+    ) -> None:
+        try:
+            async for first in receive:
+                # Coalesce responses that are already queued into one send.
+                batch = [first]
+                while True:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await metalog.wait_durable(max(item.durable_offset for item in batch))
+                await stream.send_all(b"".join(item.data for item in batch))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            nursery.cancel_scope.cancel()  # the client is gone; stop reading too
+
+
+class ClusterIdMismatch(Exception):
+    """The configured cluster id differs from the one stored in the log."""
+
+
+def _new_cluster_id() -> str:
+    # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding (22 chars).
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _log_grant(record: ProducerIdsGranted) -> None:
+    log.info(
+        "producer ids granted",
+        broker_id=record.broker_id,
+        broker_epoch=record.broker_epoch,
+        first_producer_id=record.first_producer_id,
+        last_producer_id=record.next_producer_id - 1,
+        principal=record.principal,
+        client_id=record.client_id,
+    )
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = PidctlServer(settings)
+    async with trio.open_nursery() as nursery:
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("signal received", signal=signal.Signals(signum).name)
+                    server.request_shutdown()
+                    return
+
+        nursery.start_soon(watch_signals)
+        await server.run()
+        nursery.cancel_scope.cancel()

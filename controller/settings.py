@@ -1,0 +1,192 @@
+"""Every setting of ``pidctl serve``, typed and documented in one place.
+
+Sources, highest precedence first: command-line flag, ``PIDCTL_<NAME>`` environment variable,
+the TOML file given by ``--config``, the default below. Unknown or invalid settings stop
+start-up with one line naming the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES
+
+from .brokers import DEFAULT_SESSION_TIMEOUT_MS
+from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
+from .producer_ids import INT64_MAX, ProducerIdRange
+
+ENV_PREFIX = "PIDCTL_"
+
+
+class SettingsError(ValueError):
+    """One line naming the setting and what is wrong with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected HOST:PORT, got {text!r}")
+        return cls(host.strip("[]"), int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _setting(default: Any, doc: str, unit: str = "") -> Any:
+    return field(default=default, metadata={"doc": doc, "unit": unit})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen: HostPort = _setting(
+        HostPort("127.0.0.1", 9093), "Kafka-protocol listener (HOST:PORT; port 0 picks one)"
+    )
+    advertised_listener: HostPort | None = _setting(
+        None, "HOST:PORT given to clients in Metadata (default: the listen address)"
+    )
+    data_dir: Path = _setting(Path("pidctl-data"), "directory of the metadata log")
+    node_id: int = _setting(1, "this controller's node id")
+    cluster_id: str | None = _setting(
+        None, "cluster id; generated at first start and stored in the log when unset"
+    )
+    first_producer_id: int = _setting(0, "lowest producer id this controller may grant")
+    last_producer_id: int = _setting(
+        INT64_MAX - 1, "highest producer id this controller may grant (inclusive)"
+    )
+    max_frame_bytes: int = _setting(
+        DEFAULT_MAX_FRAME_BYTES,
+        "largest request frame accepted; larger closes the connection",
+        "bytes",
+    )
+    max_in_flight_per_connection: int = _setting(
+        64, "pipelined requests read ahead per connection before reading pauses", "requests"
+    )
+    broker_session_timeout_ms: int = _setting(
+        DEFAULT_SESSION_TIMEOUT_MS, "a broker not heard from for this long is fenced", "ms"
+    )
+    segment_max_bytes: int = _setting(
+        DEFAULT_SEGMENT_MAX_BYTES, "roll to a new log segment past this size", "bytes"
+    )
+    snapshot_interval_records: int = _setting(
+        DEFAULT_SNAPSHOT_INTERVAL_RECORDS, "write a snapshot after this many records", "records"
+    )
+    log_retention_bytes: int = _setting(
+        0,
+        "segments already covered by a snapshot are kept up to this total size, as an audit "
+        "trail for `pidctl log dump`; 0 deletes them at once",
+        "bytes",
+    )
+    shutdown_grace_ms: int = _setting(
+        5000, "on SIGTERM/SIGINT, time allowed for in-flight requests to finish", "ms"
+    )
+    log_format: str = _setting("json", "log output: json (one object per line) or console")
+    log_level: str = _setting("info", "debug, info, warning or error")
+
+    @property
+    def advertised(self) -> HostPort:
+        return self.advertised_listener or self.listen
+
+    @property
+    def pid_range(self) -> ProducerIdRange:
+        return ProducerIdRange(self.first_producer_id, self.last_producer_id)
+
+
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+_POSITIVE = {
+    "max_frame_bytes",
+    "max_in_flight_per_connection",
+    "broker_session_timeout_ms",
+    "segment_max_bytes",
+    "snapshot_interval_records",
+}
+_CHOICES = {"log_format": ("json", "console"), "log_level": ("debug", "info", "warning", "error")}
+
+
+def _convert(name: str, raw: Any) -> Any:
+    """Turn a raw value (string from env/flag, or TOML value) into the setting's type."""
+    if name in ("listen", "advertised_listener"):
+        return None if raw in (None, "") and name != "listen" else HostPort.parse(str(raw))
+    if name == "data_dir":
+        return Path(str(raw))
+    if name == "cluster_id":
+        return None if raw in (None, "") else str(raw)
+    if name in _CHOICES:
+        value = str(raw).lower()
+        if value not in _CHOICES[name]:
+            raise ValueError(f"expected one of {', '.join(_CHOICES[name])}, got {raw!r}")
+        return value
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise ValueError(f"expected an integer, got {raw!r}")
+    try:
+        number = int(raw)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {raw!r}") from None
+    return _check_range(name, number)
+
+
+def _check_range(name: str, value: int) -> int:
+    if name in _POSITIVE and value <= 0:
+        raise ValueError(f"must be positive, got {value}")
+    if value < 0 and name != "node_id":
+        raise ValueError(f"must not be negative, got {value}")
+    return value
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] = os.environ,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge file < env < flags over the defaults; raise :class:`SettingsError` on a problem."""
+    merged: dict[str, tuple[str, Any]] = {}
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise SettingsError(f"config file {config_file}: {e}") from e
+        for name, value in data.items():
+            merged[name.replace("-", "_")] = (f"{config_file}: {name}", value)
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG":
+            merged[key[len(ENV_PREFIX) :].lower()] = (key, value)
+    for name, value in flags.items():
+        if value is not None:
+            merged[name] = ("--" + name.replace("_", "-"), value)
+    values: dict[str, Any] = {}
+    for name, (source, raw) in merged.items():
+        if name not in SETTING_NAMES:
+            raise SettingsError(f"{source}: unknown setting {name!r}")
+        try:
+            values[name] = _convert(name, raw)
+        except ValueError as e:
+            raise SettingsError(f"{source}: invalid {name}: {e}") from None
+    settings = Settings(**values)
+    try:
+        settings.pid_range  # noqa: B018 - validates first/last together
+    except ValueError as e:
+        raise SettingsError(f"first_producer_id/last_producer_id: {e}") from None
+    return settings
+
+
+def describe_settings() -> list[tuple[str, str, str, str]]:
+    """(name, default, unit, doc) for every setting, for --help and the docs."""
+    rows = []
+    for f in dataclasses.fields(Settings):
+        default = f.default
+        rows.append(
+            (f.name, "" if default is None else str(default), f.metadata["unit"], f.metadata["doc"])
+        )
+    return rows
