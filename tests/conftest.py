@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.serverproc import ServerProcess
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A real `pidctl serve` on a loopback port with a fresh data dir."""
+    with ServerProcess(tmp_path / "data") as proc:
+        yield proc

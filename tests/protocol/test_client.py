@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+from kio.schema.api_versions.v0 import ApiVersionsRequest
+
+from controller.service import SERVED_APIS
+from protocol.api_versions import build_api_versions_response
+from protocol.apis import supported_apis
+from protocol.client import ClientProtocol, ResponseOrderError
+from protocol.codec import decode_request, encode_response
+
+
+def _answer(request_bytes: bytes) -> bytes:
+    supported = supported_apis(SERVED_APIS)
+    request = decode_request(request_bytes[4:], supported)
+    return encode_response(request.header, build_api_versions_response(0, supported))
+
+
+def test_pipelined_responses_match_requests_in_order() -> None:
+    client = ClientProtocol()
+    sent = [client.send(ApiVersionsRequest()) for _ in range(3)]
+    assert client.outstanding == 3
+    stream = b"".join(_answer(data) for _, data in sent)
+    got = client.receive(stream[:10]) + client.receive(stream[10:])
+    assert [cid for cid, _ in got] == [cid for cid, _ in sent]
+    assert client.outstanding == 0
+
+
+def test_out_of_order_response_is_refused() -> None:
+    client = ClientProtocol()
+    first = client.send(ApiVersionsRequest())
+    second = client.send(ApiVersionsRequest())
+    with pytest.raises(ResponseOrderError):
+        client.receive(_answer(second[1]) + _answer(first[1]))

@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kio.schema.allocate_producer_ids.v0 import AllocateProducerIdsResponse
+from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsRequestV0
+from kio.schema.api_versions.v3 import ApiVersionsRequest as ApiVersionsRequestV3
+from kio.schema.errors import ErrorCode
+from kio.schema.types import ProducerId
+from kio.static.primitive import i32
+
+from controller.service import SERVED_APIS
+from protocol.api_versions import (
+    build_api_versions_response,
+    has_valid_client_software,
+    unsupported_version_response,
+)
+from protocol.apis import (
+    ApiKey,
+    request_class,
+    request_header_version,
+    response_header_version,
+    supported_apis,
+)
+from protocol.codec import (
+    MalformedRequest,
+    UnknownApiKey,
+    UnsupportedApiVersionsVersion,
+    UnsupportedVersion,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+from protocol.headers import parse_request_header, write_request_header
+from tests import wire
+
+SUPPORTED = supported_apis(SERVED_APIS)
+
+
+def _body(frame: bytes) -> bytes:
+    return frame[4:]
+
+
+def test_header_versions_follow_flexibility() -> None:
+    assert request_header_version(ApiKey.API_VERSIONS, 0) == 1
+    assert request_header_version(ApiKey.API_VERSIONS, 3) == 2
+    assert request_header_version(ApiKey.API_VERSIONS, 99) == 2
+    assert request_header_version(ApiKey.ALLOCATE_PRODUCER_IDS, 0) == 2
+    assert request_header_version(ApiKey.CONTROLLED_SHUTDOWN, 0) == 0
+    assert request_header_version(ApiKey.METADATA, 8) == 1
+    assert request_header_version(ApiKey.METADATA, 9) == 2
+    # ApiVersions answers always use header v0, even at flexible versions.
+    assert response_header_version(ApiKey.API_VERSIONS, 4) == 0
+    assert response_header_version(ApiKey.ALLOCATE_PRODUCER_IDS, 0) == 1
+    assert response_header_version(ApiKey.METADATA, 8) == 0
+
+
+def test_request_header_v0_parses() -> None:
+    frame = bytes.fromhex("0007 0000 0000002a") + b"body"
+    header, offset = parse_request_header(frame, 0)
+    assert (header.api_key, header.api_version, header.correlation_id) == (7, 0, 42)
+    assert header.client_id is None and offset == 8
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@given(correlation_id=st.integers(0, 2**31 - 1), client_id=st.none() | st.text(max_size=40))
+def test_request_header_round_trip(
+    version: int, correlation_id: int, client_id: str | None
+) -> None:
+    buffer = io.BytesIO()
+    write_request_header(buffer, version, 67, 0, correlation_id, client_id)
+    header, offset = parse_request_header(buffer.getvalue(), version)
+    assert (header.correlation_id, header.client_id, offset) == (
+        correlation_id,
+        client_id,
+        len(buffer.getvalue()),
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        wire.allocate(3, 17),
+        wire.registration(3, "cluster", uuid.uuid4()),
+        wire.heartbeat(3, 17, want_fence=True),
+        wire.unregister(3),
+        ApiVersionsRequestV0(),
+        ApiVersionsRequestV3(client_software_name="pidctl", client_software_version="1.0"),
+    ],
+)
+def test_requests_round_trip(body: object) -> None:
+    frame = encode_request(body, 12345, "client-1")  # type: ignore[arg-type]
+    request = decode_request(_body(frame), SUPPORTED)
+    assert request.body == body
+    assert request.header.correlation_id == 12345
+    assert request.header.client_id == "client-1"
+
+
+@pytest.mark.parametrize("key", sorted(SERVED_APIS))
+def test_every_served_version_has_kio_entities(key: ApiKey) -> None:
+    lo, hi = SERVED_APIS[key]
+    for version in range(lo, hi + 1):
+        assert request_class(key, version).__version__ == version
+
+
+def test_unknown_api_key_is_a_violation() -> None:
+    frame = bytes.fromhex("0000 0000 00000001 0000")  # Produce: not served
+    with pytest.raises(UnknownApiKey):
+        decode_request(frame, SUPPORTED)
+
+
+def test_unsupported_version_of_a_served_api_is_a_violation() -> None:
+    frame = encode_request(wire.allocate(1, 1), 1, "c")
+    data = bytearray(_body(frame))
+    data[2:4] = (5).to_bytes(2, "big")
+    with pytest.raises(UnsupportedVersion):
+        decode_request(bytes(data), SUPPORTED)
+
+
+def test_future_api_versions_request_gets_v0_fallback() -> None:
+    frame = encode_request(
+        ApiVersionsRequestV3(client_software_name="x", client_software_version="1"), 99, "c"
+    )
+    data = bytearray(_body(frame))
+    data[2:4] = (42).to_bytes(2, "big")  # ApiVersions v42
+    with pytest.raises(UnsupportedApiVersionsVersion) as info:
+        decode_request(bytes(data), SUPPORTED)
+    out = encode_response(info.value.header, unsupported_version_response(SUPPORTED))
+    response = decode_response(_body(out), ApiKey.API_VERSIONS, 0)
+    assert response.error_code == ErrorCode.unsupported_version
+    listed = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+    assert listed[ApiKey.API_VERSIONS] == (0, 4)
+    assert int.from_bytes(out[4:8], "big") == 99  # correlation id in a v0 header
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3, 6, 9])
+def test_truncated_request_is_malformed(cut: int) -> None:
+    frame = _body(encode_request(wire.registration(1, "cluster-id"), 7, "client"))
+    with pytest.raises(MalformedRequest):
+        decode_request(frame[:cut] if cut < 4 else frame[: len(frame) - cut], SUPPORTED)
+
+
+def test_trailing_bytes_are_malformed() -> None:
+    frame = _body(encode_request(wire.allocate(1, 1), 7, "client"))
+    with pytest.raises(MalformedRequest):
+        decode_request(frame + b"\0", SUPPORTED)
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes_never_escape_as_other_errors(data: bytes) -> None:
+    with contextlib.suppress(
+        MalformedRequest, UnknownApiKey, UnsupportedVersion, UnsupportedApiVersionsVersion
+    ):
+        decode_request(data, SUPPORTED)
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_api_versions_response_every_version(version: int) -> None:
+    body = build_api_versions_response(version, SUPPORTED)
+    request_header = parse_request_header(_body(encode_request(ApiVersionsRequestV0(), 5, "c")), 1)[
+        0
+    ]
+    out = encode_response(request_header, body)
+    decoded = decode_response(_body(out), ApiKey.API_VERSIONS, version)
+    assert decoded.error_code == ErrorCode.none
+    assert {k.api_key for k in decoded.api_keys} == set(SERVED_APIS)
+
+
+def test_client_software_validation() -> None:
+    good = ApiVersionsRequestV3(client_software_name="apache-kafka-java",
+                                client_software_version="3.7.0")  # fmt: skip
+    bad = ApiVersionsRequestV3(client_software_name="-bad", client_software_version="1")
+    assert has_valid_client_software(good)
+    assert not has_valid_client_software(bad)
+    assert has_valid_client_software(ApiVersionsRequestV0())
+
+
+def test_response_round_trip_keeps_correlation_id() -> None:
+    header = decode_request(_body(encode_request(wire.allocate(1, 1), 77, "c")), SUPPORTED).header
+    body = AllocateProducerIdsResponse(
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.none,
+        producer_id_start=ProducerId(1000),
+        producer_id_len=i32(1000),
+    )
+    out = encode_response(header, body)
+    assert int.from_bytes(out[4:8], "big") == 77
+    assert decode_response(_body(out), 67, 0) == body

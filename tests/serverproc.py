@@ -1,0 +1,92 @@
+"""Run the real ``pidctl serve`` as a child process on a loopback port, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class ServerProcess:
+    """``pidctl serve`` in a subprocess; its JSON log lines are collected in ``events``."""
+
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.extra = list(extra)
+        self.env = {**os.environ, **(env or {})}
+        self.events: list[dict[str, Any]] = []
+        self.stderr_lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "controller.cli", "serve",
+            "--listen", "127.0.0.1:0", "--data-dir", str(self.data_dir), *self.extra,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        self.events.clear()
+        self.stderr_lines.clear()
+        self.proc = subprocess.Popen(
+            self.command(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env=self.env,
+        )  # fmt: skip
+        listening = threading.Event()
+        threading.Thread(target=self._drain, args=(self.proc, listening), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not listening.wait(0.05):
+            if self.proc.poll() is not None:
+                time.sleep(0.1)
+                raise RuntimeError(
+                    f"pidctl serve exited with {self.proc.returncode}: "
+                    + "\n".join(self.stderr_lines[-5:])
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError("pidctl serve did not start listening")
+        return self
+
+    def _drain(self, proc: subprocess.Popen[str], listening: threading.Event) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            self.events.append(event)
+            if event.get("event") == "listening":
+                self.port = event["ports"][0]
+                listening.set()
+
+    def event(self, name: str) -> dict[str, Any]:
+        return next(e for e in self.events if e.get("event") == name)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful case. Returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
