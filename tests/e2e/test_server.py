@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 import uuid
@@ -143,7 +144,7 @@ def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None
         responses = client.pipeline(bodies)  # ClientProtocol checks correlation order
     starts = [r.producer_id_start for r in responses if hasattr(r, "producer_id_start")]
     assert starts == sorted(starts) and len(set(starts)) == 400
-    assert all(b - a == 1000 for a, b in zip(starts, starts[1:], strict=False))
+    assert all(b - a == 1000 for a, b in itertools.pairwise(starts))
 
 
 def test_a_client_that_does_not_read_stalls_only_itself(server: ServerProcess) -> None:
