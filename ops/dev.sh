@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine; it installs what it needs into .venv first.
+#   ops/dev.sh serve [FLAGS]   start `pidctl serve` on its embedded defaults (or FLAGS)
+#   ops/dev.sh test [ARGS]     lint, type-check and run the whole test suite (ARGS go to pytest)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${PIDCTL_VENV:-$root/.venv}"
+
+ensure_venv() {
+    local extras="$1" stamp="$venv/.installed$1"
+    if [[ ! -x "$venv/bin/python" ]]; then
+        python3 -m venv "$venv"
+    fi
+    # Reinstall when pyproject.toml changed since the last install.
+    if [[ ! -f "$stamp" || "$root/pyproject.toml" -nt "$stamp" ]]; then
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        "$venv/bin/python" -m pip install --quiet -e "$root$extras"
+        touch "$stamp"
+    fi
+}
+
+command="${1:-}"
+shift || true
+case "$command" in
+    serve)
+        ensure_venv ""
+        exec "$venv/bin/pidctl" serve "$@"
+        ;;
+    test)
+        ensure_venv "[test]"
+        cd "$root"
+        "$venv/bin/ruff" check .
+        "$venv/bin/ruff" format --check .
+        "$venv/bin/mypy"
+        status=0
+        "$venv/bin/python" -m pytest "$@" || status=$?
+        if [[ $status -eq 5 ]]; then
+            echo "pytest collected no tests: that is a failure, not a pass" >&2
+            exit 1
+        fi
+        exit "$status"
+        ;;
+    *)
+        echo "usage: ops/dev.sh serve [FLAGS] | ops/dev.sh test [PYTEST ARGS]" >&2
+        exit 2
+        ;;
+esac
