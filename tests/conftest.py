@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serverproc import ServerProcess
+from ops.serverproc import ServerProcess
 
 
 @pytest.fixture

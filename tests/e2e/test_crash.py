@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from controller.client import SyncClient
+from ops.serverproc import ServerProcess
 from tests import wire
-from tests.serverproc import ServerProcess
 
 BROKERS = 8
 ROUNDS = 15

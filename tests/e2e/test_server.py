@@ -14,10 +14,10 @@ from kio.schema.api_versions.v4 import ApiVersionsRequest as ApiVersionsV4
 from kio.schema.errors import ErrorCode
 
 from controller.client import SyncClient
+from ops.serverproc import ServerProcess
 from protocol.codec import decode_response, encode_request
 from protocol.framing import FrameDecoder
 from tests import wire
-from tests.serverproc import ServerProcess
 
 
 def _raw(server: ServerProcess) -> socket.socket:

@@ -1,4 +1,6 @@
-"""Run the real ``pidctl serve`` as a child process on a loopback port, as a user would."""
+"""Run the real ``pidctl serve`` as a child process on a loopback port, as a user would.
+
+Used by the end-to-end tests and the benchmarks."""
 
 from __future__ import annotations
 
@@ -11,6 +13,13 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+
+def stored_cluster_id(data_dir: Path) -> str:
+    """The cluster id stored in a data dir (read-only; safe while a server runs)."""
+    from controller.metalog import read_log, rebuild_state
+
+    return str(rebuild_state(read_log(data_dir))[0].cluster_id)
 
 
 class ServerProcess:
@@ -69,6 +78,10 @@ class ServerProcess:
             if event.get("event") == "listening":
                 self.port = event["ports"][0]
                 listening.set()
+
+    def cluster_id(self) -> str:
+        """The cluster id stored in the server's data dir."""
+        return stored_cluster_id(self.data_dir)
 
     def event(self, name: str) -> dict[str, Any]:
         return next(e for e in self.events if e.get("event") == name)

@@ -1,0 +1,175 @@
+"""Benchmark of the durable allocation core, with baselines measured in the same run.
+
+    python -m ops.bench.core [--grants-seconds 5] [--history 1000000]
+
+Reports:
+- restart-to-listening time of `pidctl serve` with 10 and with N grants in history (the
+  10-grant restart is the baseline: snapshots should make the ratio about 1);
+- durable AllocateProducerIds per second from 1 and 16 concurrent brokers (separate load
+  process, trio, one connection per broker, one request in flight each), against the disk
+  baseline: grant-sized appends with one fdatasync each, on the same file system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import trio
+
+from controller.client import TrioClient
+from controller.metalog import MetadataLog
+from controller.records import BrokerRegistered, ClusterCreated, ProducerIdsGranted
+from controller.service import Controller, Now
+from controller.state import ControllerState
+from ops.serverproc import ServerProcess
+from protocol import requests as wire
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_history(data_dir: Path, grants: int) -> None:
+    """Write a data dir holding `grants` grants through the real log (snapshots included)."""
+
+    data_dir.mkdir(parents=True)
+
+    async def main() -> None:
+        state = ControllerState()
+        controller: Controller
+        metalog = MetadataLog(data_dir, 0, 0, lambda: controller.snapshot())
+        controller = Controller(state, metalog)
+        now = Now(int(time.time() * 1000), 0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(metalog.run)
+            controller.commit([ClusterCreated("bench-cluster", 1)], now)
+            controller.commit([BrokerRegistered(1, "inc", state.next_offset)], now)
+            for done in range(grants):
+                first = state.next_producer_id
+                controller.commit([ProducerIdsGranted(1, 1, first, first + 1000)], now)
+                if done % 5000 == 4999:
+                    await metalog.flush()
+            await metalog.flush()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def time_restart(data_dir: Path) -> tuple[float, float]:
+    """Seconds from spawning `pidctl serve` to its listening line, and recovery seconds."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "serve", "--listen", "127.0.0.1:0",
+         "--data-dir", str(data_dir)],
+        stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    recovery = float("nan")
+    for line in proc.stderr:
+        event = json.loads(line)
+        if event["event"] == "log recovered":
+            recovery = event["seconds"]
+        if event["event"] == "listening":
+            elapsed = time.monotonic() - started
+            break
+    proc.terminate()
+    proc.wait(30)
+    return elapsed, recovery
+
+
+def fsync_baseline(directory: Path, seconds: float) -> float:
+    """Grant-sized (~150 byte) appends with one fdatasync each: the disk's durable rate."""
+    record = b"x" * 150
+    fd = os.open(directory / "baseline.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    count, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        os.write(fd, record)
+        os.fdatasync(fd)
+        count += 1
+    os.close(fd)
+    return count / seconds
+
+
+def grants_per_second(bootstrap: str, cluster: str, brokers: int, seconds: float) -> float:
+    """Run the load in a separate process so client and server do not share a GIL."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.bench.core", "--load", bootstrap, cluster, str(brokers),
+         str(seconds)],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    return float(out.stdout.strip())
+
+
+async def _load(bootstrap: str, cluster: str, brokers: int, seconds: float) -> float:
+    count = 0
+    seen: set[int] = set()
+
+    async def broker(broker_id: int) -> None:
+        nonlocal count
+        async with await TrioClient.connect(bootstrap) as client:
+            reply = await client.request(wire.registration(broker_id, cluster, uuid.uuid4()))
+            epoch = reply.broker_epoch
+            deadline = trio.current_time() + seconds
+            while trio.current_time() < deadline:
+                r = await client.request(wire.allocate(broker_id, epoch))
+                if r.error_code or r.producer_id_start in seen:
+                    raise RuntimeError(f"bad grant {r}")
+                seen.add(r.producer_id_start)
+                count += 1
+
+    async with trio.open_nursery() as nursery:
+        # Fresh broker ids per run: re-registering a live id with a new incarnation is refused.
+        for b in range(brokers):
+            nursery.start_soon(broker, 1000 * brokers + b)
+    return count / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--grants-seconds", type=float, default=5.0)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.load:
+        bootstrap, cluster, brokers, seconds = args.load
+        print(trio.run(_load, bootstrap, cluster, int(brokers), float(seconds)))
+        return
+
+    rows: list[tuple[str, str, str]] = []
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        base = Path(tmp)
+        small, large = base / "small", base / "large"
+        build_history(small, 10)
+        t0 = time.monotonic()
+        build_history(large, args.history)
+        print(f"built {args.history} grants in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        small_t = min(time_restart(small) for _ in range(3))
+        large_t = min(time_restart(large) for _ in range(3))
+        rows.append(("restart, 10 grants (baseline)", f"{small_t[0]:.3f} s",
+                     f"recovery {small_t[1] * 1000:.1f} ms"))  # fmt: skip
+        ratio = large_t[0] / small_t[0]
+        rows.append((f"restart, {args.history:,} grants", f"{large_t[0]:.3f} s",
+                     f"recovery {large_t[1] * 1000:.1f} ms; ratio {ratio:.2f}x"))  # fmt: skip
+
+        disk = fsync_baseline(base, args.grants_seconds)
+        rows.append(("disk: 150 B append + fdatasync each (baseline)", f"{disk:,.0f} /s", ""))
+
+        with ServerProcess(base / "live") as server:
+            cluster = server.cluster_id()
+            for brokers in (1, 16):
+                rate = grants_per_second(server.bootstrap, cluster, brokers, args.grants_seconds)
+                rows.append((f"durable grants, {brokers} broker(s)", f"{rate:,.0f} /s",
+                             f"{rate / disk:.2f}x the fsync-per-append disk rate"))  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>12}  {note}")
+
+
+if __name__ == "__main__":
+    main()
