@@ -114,13 +114,24 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     try:
         trio.run(serve, settings)
-    except (LogCorruption, DataDirLocked, ClusterIdMismatch) as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"pidctl: cannot listen on {settings.listen}: {e.strerror or e}", file=sys.stderr)
-        return 1
+    except BaseException as e:
+        error = _single(e)
+        if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch):
+            print(f"pidctl: {error}", file=sys.stderr)
+            return 1
+        if isinstance(error, OSError):
+            reason = error.strerror or error
+            print(f"pidctl: cannot listen on {settings.listen}: {reason}", file=sys.stderr)
+            return 1
+        raise
     return 0
+
+
+def _single(error: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (trio's nurseries)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 def _log(args: argparse.Namespace) -> int:

@@ -1,0 +1,208 @@
+"""The `pidctl` command line as a user runs it, against real data dirs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.client import SyncClient
+from ops.serverproc import ServerProcess
+from tests import wire
+
+
+def pidctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.cli", *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def _grants(tmp_path: Path, count: int) -> tuple[Path, list[int]]:
+    data_dir = tmp_path / "data"
+    with ServerProcess(data_dir) as server:
+        with SyncClient(server.bootstrap) as client:
+            epoch = wire.register(client, 1, server.cluster_id())
+            starts = [r.producer_id_start for r in client.pipeline(
+                [wire.allocate(1, epoch) for _ in range(count)])]  # fmt: skip
+        assert server.terminate() == 0
+    return data_dir, starts
+
+
+def _segment(data_dir: Path) -> Path:
+    return sorted(data_dir.glob("*.log"))[-1]
+
+
+def _digest(data_dir: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in data_dir.iterdir()}
+
+
+def test_dump_json_is_the_audit_trail(tmp_path: Path) -> None:
+    data_dir, starts = _grants(tmp_path, 3)
+    result = pidctl("log", "dump", "--data-dir", str(data_dir), "--json")
+    assert result.returncode == 0
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["type"] for r in records] == [
+        "ClusterCreated", "BrokerRegistered", *["ProducerIdsGranted"] * 3,
+    ]  # fmt: skip
+    assert [r["offset"] for r in records] == list(range(5))
+    grants = [r for r in records if r["type"] == "ProducerIdsGranted"]
+    assert [g["first_producer_id"] for g in grants] == starts
+    assert all(g["broker_id"] == 1 and g["broker_epoch"] == 1 for g in grants)
+    assert all(g["time"].endswith("Z") for g in records)
+    text = pidctl("log", "dump", "--data-dir", str(data_dir))
+    assert "ProducerIdsGranted" in text.stdout and text.returncode == 0
+
+
+def test_verify_ok_and_missing_dir(tmp_path: Path) -> None:
+    data_dir, _ = _grants(tmp_path, 2)
+    ok = pidctl("log", "verify", "--data-dir", str(data_dir))
+    assert ok.returncode == 0 and ok.stdout.strip().endswith("OK")
+    missing = pidctl("log", "verify", "--data-dir", str(tmp_path / "nope"))
+    assert missing.returncode == 1
+
+
+def test_torn_tail_is_truncated_at_start_up_with_a_warning(tmp_path: Path) -> None:
+    data_dir, starts = _grants(tmp_path, 5)
+    segment = _segment(data_dir)
+    segment.write_bytes(segment.read_bytes()[:-9])  # cut the last grant mid-record
+    verify = pidctl("log", "verify", "--data-dir", str(data_dir))
+    assert verify.returncode == 0 and "torn tail" in verify.stdout
+    with ServerProcess(data_dir) as server:
+        warning = server.event("truncating torn tail")
+        assert warning["level"] == "warning" and warning["bytes"] > 0
+        with SyncClient(server.bootstrap) as client:
+            nxt = client.request(wire.allocate(1, 1))
+    # We cut a record ourselves (as a disk losing its tail would), so that grant is gone and
+    # its range is granted again; every grant before it survives.
+    assert nxt.producer_id_start == starts[-1]
+    assert pidctl("log", "verify", "--data-dir", str(data_dir)).returncode == 0
+
+
+def test_corruption_in_the_middle_stops_start_up_and_touches_nothing(tmp_path: Path) -> None:
+    data_dir, _ = _grants(tmp_path, 5)
+    segment = _segment(data_dir)
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    segment.write_bytes(bytes(data))
+    before = _digest(data_dir)
+
+    verify = pidctl("log", "verify", "--data-dir", str(data_dir))
+    assert verify.returncode == 1 and "CORRUPT" in verify.stdout
+    serve = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "serve", "--data-dir", str(data_dir),
+         "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert serve.returncode == 1
+    last_line = serve.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("pidctl: ") and segment.name in last_line
+    assert "corrupt record" in last_line
+    before.pop(".lock", None)
+    after = _digest(data_dir)
+    after.pop(".lock", None)
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--node-id", "x"], {}, "--node-id: invalid node_id"),
+        (["--listen", "nohost"], {}, "--listen: invalid listen"),
+        ([], {"PIDCTL_NO_SUCH_THING": "1"}, "PIDCTL_NO_SUCH_THING: unknown setting"),
+        ([], {"PIDCTL_MAX_FRAME_BYTES": "0"}, "PIDCTL_MAX_FRAME_BYTES: invalid max_frame_bytes"),
+        (["--first-producer-id", "10", "--last-producer-id", "5"], {}, "first_producer_id"),
+    ],
+)
+def test_bad_settings_stop_start_up_with_one_line(
+    tmp_path: Path, args: list[str], env: dict[str, str], names: str
+) -> None:
+    result = pidctl("serve", "--data-dir", str(tmp_path / "d"), *args, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0], result.stderr
+
+
+def test_config_file_env_and_flag_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "pidctl.toml"
+    config.write_text("first_producer_id = 10000\nlast_producer_id = 99999\nnode_id = 7\n")
+    env = {"PIDCTL_FIRST_PRODUCER_ID": "20000"}
+    with (
+        ServerProcess(
+            tmp_path / "d", "--config", str(config), "--last-producer-id", "20999", env=env
+        ) as server,
+        SyncClient(server.bootstrap) as client,
+    ):
+        epoch = wire.register(client, 1, server.cluster_id())
+        first, second = client.pipeline([wire.allocate(1, epoch)] * 2)
+    assert first.producer_id_start == 20000  # env beats the file
+    assert second.error_code == -1  # the flag's last_producer_id beats the file's
+
+
+def test_unknown_setting_in_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "pidctl.toml"
+    config.write_text("max_frame_byte = 10\n")
+    result = pidctl("serve", "--config", str(config))
+    assert result.returncode == 2 and "unknown setting 'max_frame_byte'" in result.stderr
+
+
+def test_max_frame_bytes_setting_is_enforced(tmp_path: Path) -> None:
+    from kio.schema.api_versions.v3 import ApiVersionsRequest
+
+    from protocol.codec import encode_request
+
+    big = encode_request(
+        ApiVersionsRequest(client_software_name="a" * 300, client_software_version="1"), 1, "c"
+    )
+    with ServerProcess(tmp_path / "d", "--max-frame-bytes", "256") as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(big)
+            assert sock.recv(10) == b""
+        small = ApiVersionsRequest(client_software_name="a", client_software_version="1")
+        with SyncClient(server.bootstrap) as client:  # smaller frames are still served
+            assert client.request(small).error_code == 0
+
+
+def test_register_and_allocate_commands(server: ServerProcess) -> None:
+    registered = pidctl("register", "--bootstrap", server.bootstrap, "--broker-id", "4",
+                        "--cluster-id", server.cluster_id())  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    epoch = registered.stdout.split()[-1]
+    allocated = pidctl("allocate", "--bootstrap", server.bootstrap, "--broker-id", "4",
+                       "--broker-epoch", epoch)  # fmt: skip
+    assert allocated.stdout.strip() == "producer ids 0..999"
+    refused = pidctl("allocate", "--bootstrap", server.bootstrap, "--broker-id", "4",
+                     "--broker-epoch", "999")  # fmt: skip
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "pidctl: allocation refused: stale_broker_epoch"
+
+
+def test_connection_refused_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = pidctl("allocate", "--bootstrap", f"127.0.0.1:{port}", "--broker-id", "1",
+                    "--broker-epoch", "1")  # fmt: skip
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_port_in_use_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = pidctl("serve", "--data-dir", str(tmp_path / "d"), "--listen",
+                        f"127.0.0.1:{port}")  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"pidctl: cannot listen on 127.0.0.1:{port}")
+    )
