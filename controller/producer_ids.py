@@ -66,6 +66,11 @@ def allocate(
     return _grant(state, pid_range, broker_id, broker_epoch, principal, client_id)
 
 
+def grant(state: ControllerState, pid_range: ProducerIdRange, *, holder_id: int) -> Allocation:
+    """A block for the controller's own InitProducerId pool: same rules, no broker epoch."""
+    return _grant(state, pid_range, holder_id, -1, None, None, holder="controller")
+
+
 def _grant(
     state: ControllerState,
     pid_range: ProducerIdRange,
@@ -73,12 +78,13 @@ def _grant(
     broker_epoch: int,
     principal: str | None,
     client_id: str | None,
+    holder: str = "broker",
 ) -> Allocation:
     first = next_block_start(state, pid_range)
     if first + BLOCK_SIZE - 1 > pid_range.last:
         return Allocation(ErrorCode.unknown_server_error)
     record = ProducerIdsGranted(
-        broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id
+        broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id, holder
     )
     return Allocation(ErrorCode.none, first, BLOCK_SIZE, record)
 

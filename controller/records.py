@@ -48,8 +48,10 @@ class ProducerIdsGranted:
     """A block ``[first_producer_id, next_producer_id)`` was granted.
 
     ``next_producer_id`` is the high-water mark Kafka's ProducerIdsRecord stores; the first id
-    is kept as well so the audit trail needs no arithmetic. ``broker_id``/``broker_epoch`` say
-    who received it; ``principal``/``client_id`` say over which connection.
+    is kept as well so the audit trail needs no arithmetic. ``holder`` says who holds the
+    block: a ``broker`` (``broker_id``/``broker_epoch``), or the ``controller`` itself (its
+    InitProducerId pool; ``broker_id`` is then the controller's node id).
+    ``principal``/``client_id`` say over which connection it was asked for.
     """
 
     TYPE: ClassVar[int] = 4
@@ -59,13 +61,52 @@ class ProducerIdsGranted:
     next_producer_id: int
     principal: str | None = None
     client_id: str | None = None
+    holder: str = "broker"
 
 
-Record = ClusterCreated | BrokerRegistered | BrokerUnregistered | ProducerIdsGranted
+@dataclass(frozen=True, slots=True)
+class TransactionalIdUpdated:
+    """A transactional id's producer id and epoch after InitProducerId (Kafka's
+    TransactionMetadata, minus the transaction state pidctl does not keep)."""
+
+    TYPE: ClassVar[int] = 5
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    previous_producer_id: int
+    last_producer_epoch: int
+    timeout_ms: int
+    updated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionalIdExpired:
+    """A transactional id unused for longer than ``transactional_id_expiration_ms``."""
+
+    TYPE: ClassVar[int] = 6
+    transactional_id: str
+    producer_id: int
+
+
+Record = (
+    ClusterCreated
+    | BrokerRegistered
+    | BrokerUnregistered
+    | ProducerIdsGranted
+    | TransactionalIdUpdated
+    | TransactionalIdExpired
+)
 
 RECORD_TYPES: dict[int, type[Record]] = {
     cls.TYPE: cls
-    for cls in (ClusterCreated, BrokerRegistered, BrokerUnregistered, ProducerIdsGranted)
+    for cls in (
+        ClusterCreated,
+        BrokerRegistered,
+        BrokerUnregistered,
+        ProducerIdsGranted,
+        TransactionalIdUpdated,
+        TransactionalIdExpired,
+    )
 }
 
 #: Version of every record payload written by this code.

@@ -10,13 +10,16 @@ queue fills, the reader stops reading, and TCP pushes back on the client.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -33,7 +36,7 @@ from protocol.framing import FrameDecoder, FrameError
 from .brokers import BrokerSessions
 from .metalog import MetadataLog, lock_data_dir, recover
 from .records import ClusterCreated, ProducerIdsGranted
-from .service import NO_WAIT, ConnectionInfo, Controller, Now
+from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
 from .settings import Settings
 
 log = structlog.get_logger("pidctl.server")
@@ -103,8 +106,14 @@ class PidctlServer:
         )
         sessions = BrokerSessions(settings.broker_session_timeout_ms)
         sessions.restore(list(state.brokers), now().mono_ms)
+        config = ControllerConfig(
+            node_id=settings.node_id,
+            pid_range=settings.pid_range,
+            max_transaction_timeout_ms=settings.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
+        )
         controller = Controller(
-            state, metalog, pid_range=settings.pid_range, sessions=sessions, on_grant=_log_grant
+            state, metalog, config=config, sessions=sessions, on_grant=_log_grant
         )
         self.controller = controller
         self.metalog = metalog
@@ -112,10 +121,19 @@ class PidctlServer:
             await log_nursery.start(metalog.run)
             self._initialise_cluster(controller)
             await metalog.flush()
+            log_nursery.start_soon(self._expire_transactional_ids, controller)
             await self._serve(controller, metalog, task_status)
             await metalog.flush()
             log_nursery.cancel_scope.cancel()
         log.info("stopped", next_offset=state.next_offset)
+
+    async def _expire_transactional_ids(self, controller: Controller) -> None:
+        interval = self.settings.transactional_id_cleanup_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            expired = controller.expire_transactional_ids(now())
+            if expired:
+                log.info("transactional ids expired", count=expired)
 
     def _initialise_cluster(self, controller: Controller) -> None:
         state, wanted = controller.state, self.settings.cluster_id
@@ -134,7 +152,15 @@ class PidctlServer:
         listen = self.settings.listen
         listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
         self.ports = [lst.socket.getsockname()[1] for lst in listeners]
-        log.info("listening", address=str(listen), ports=self.ports)
+        controller.config = dataclasses.replace(
+            controller.config, **advertised_address(self.settings, self.ports[0])
+        )
+        log.info(
+            "listening",
+            address=str(listen),
+            ports=self.ports,
+            advertised=f"{controller.config.advertised_host}:{controller.config.advertised_port}",
+        )
         async with trio.open_nursery() as connections:
             accept_scope = trio.CancelScope()
 
@@ -244,6 +270,18 @@ class PidctlServer:
 
 class ClusterIdMismatch(Exception):
     """The configured cluster id differs from the one stored in the log."""
+
+
+def advertised_address(settings: Settings, bound_port: int) -> dict[str, Any]:
+    """What clients are told to connect to: the advertised listener if set, else the listen
+    address with the port actually bound (port 0) and, for a wildcard host, this host's name."""
+    if settings.advertised_listener is not None:
+        chosen = settings.advertised_listener
+        return {"advertised_host": chosen.host, "advertised_port": chosen.port}
+    host = settings.listen.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return {"advertised_host": host, "advertised_port": bound_port}
 
 
 def _new_cluster_id() -> str:

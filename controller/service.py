@@ -8,27 +8,33 @@ time on the event loop, so the logic needs no locks.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i32, i64
+from kio.static.primitive import i16, i32, i64
 
 from protocol.api_versions import build_api_versions_response, has_valid_client_software
 from protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
 from protocol.codec import Request
 
-from . import brokers, producer_ids
+from . import brokers, producer_ids, transactions
 from .brokers import BrokerSessions
+from .pid_pool import ProducerIdPool
 from .producer_ids import ProducerIdRange
-from .records import ProducerIdsGranted, Record
+from .records import ProducerIdsGranted, Record, TransactionalIdExpired
 from .state import ControllerState
 
 #: Versions served, per API. kio's highest known versions, within what Kafka 4.x speaks.
 SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.METADATA: (0, 12),
+    ApiKey.FIND_COORDINATOR: (0, 6),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.BROKER_REGISTRATION: (0, 4),
     ApiKey.BROKER_HEARTBEAT: (0, 2),
     ApiKey.UNREGISTER_BROKER: (0, 0),
@@ -36,6 +42,9 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
 }
 
 NO_WAIT = -1
+
+#: FindCoordinator key types Kafka defines: group, transaction, share group.
+_COORDINATOR_KEY_TYPES = (0, 1, 2)
 
 
 class RecordSink(Protocol):
@@ -71,6 +80,18 @@ class ConnectionInfo:
 Handler = Callable[["Controller", Request, Now, ConnectionInfo], Reply]
 
 
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """The settings the decisions depend on."""
+
+    node_id: int = 1
+    advertised_host: str = "127.0.0.1"
+    advertised_port: int = 9093
+    pid_range: ProducerIdRange = field(default_factory=ProducerIdRange)
+    max_transaction_timeout_ms: int = transactions.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS
+    transactional_id_expiration_ms: int = transactions.DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
+
+
 class Controller:
     """Turns requests into records and responses against one :class:`ControllerState`."""
 
@@ -79,15 +100,17 @@ class Controller:
         state: ControllerState,
         sink: RecordSink,
         *,
-        pid_range: ProducerIdRange | None = None,
+        config: ControllerConfig | None = None,
         sessions: BrokerSessions | None = None,
         on_grant: Callable[[ProducerIdsGranted], None] | None = None,
     ) -> None:
         self.state = state
         self.sink = sink
-        self.pid_range = pid_range or ProducerIdRange()
+        self.config = config or ControllerConfig()
+        self.pid_range = self.config.pid_range
         self.sessions = sessions or BrokerSessions()
         self.on_grant = on_grant
+        self.pool = ProducerIdPool()
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self._handlers: dict[int, Handler] = {
             ApiKey.API_VERSIONS: Controller._api_versions,
@@ -95,6 +118,9 @@ class Controller:
             ApiKey.BROKER_HEARTBEAT: Controller._broker_heartbeat,
             ApiKey.UNREGISTER_BROKER: Controller._unregister_broker,
             ApiKey.ALLOCATE_PRODUCER_IDS: Controller._allocate_producer_ids,
+            ApiKey.METADATA: Controller._metadata,
+            ApiKey.FIND_COORDINATOR: Controller._find_coordinator,
+            ApiKey.INIT_PRODUCER_ID: Controller._init_producer_id,
         }
 
     def handle(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
@@ -114,6 +140,31 @@ class Controller:
 
     def snapshot(self) -> dict[str, Any]:
         return self.state.to_snapshot()
+
+    def expire_transactional_ids(self, now: Now) -> int:
+        """Log an expiry for every transactional id unused past the setting; return how many."""
+        expired = transactions.expired(
+            self.state.transactional_ids, now.wall_ms, self.config.transactional_id_expiration_ms
+        )
+        self.commit([TransactionalIdExpired(tid, pid) for tid, pid in expired], now)
+        return len(expired)
+
+    def _next_pool_producer_id(self, now: Now) -> tuple[int, int] | None:
+        """A PID from the controller's own pool (and the grant offset to wait for), topping
+        the pool up through the same grant path as a broker's AllocateProducerIds."""
+        if self.pool.wants_block():
+            allocation = producer_ids.grant(
+                self.state, self.pid_range, holder_id=self.config.node_id
+            )
+            if allocation.record is not None:
+                offset = self.sink.append(allocation.record, now.wall_ms)
+                self.state.replay(offset, allocation.record)
+                if self.on_grant is not None:
+                    self.on_grant(allocation.record)
+                self.pool.add_block(
+                    allocation.record.first_producer_id, allocation.record.next_producer_id, offset
+                )
+        return self.pool.take()
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -193,6 +244,125 @@ class Controller:
         )
         return Reply(response, offset)
 
+    def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """This node is the only broker and the controller; it hosts no topics."""
+        version, cls = request.api_version, response_class(request.api_key, request.api_version)
+        entities = sys.modules[cls.__module__]
+        broker = _build(
+            entities.MetadataResponseBroker,
+            node_id=i32(self.config.node_id),
+            host=self.config.advertised_host,
+            port=i32(self.config.advertised_port),
+            rack=None,
+        )
+        asked = request.body.topics
+        topics = []
+        for topic in asked or ():
+            # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those.
+            error = ErrorCode.unknown_topic_or_partition
+            if topic.name is None and version >= 10:
+                error = ErrorCode.unknown_topic_id
+            topics.append(
+                _build(
+                    entities.MetadataResponseTopic,
+                    error_code=error,
+                    name=topic.name,
+                    topic_id=getattr(topic, "topic_id", None),
+                    is_internal=False,
+                    partitions=(),
+                )
+            )
+        body = _build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            brokers=(broker,),
+            cluster_id=self.state.cluster_id,
+            controller_id=i32(self.config.node_id),
+            topics=tuple(topics),
+        )
+        return Reply(body)
+
+    def _find_coordinator(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """This node coordinates every group and transactional id."""
+        body, version = request.body, request.api_version
+        cls = response_class(request.api_key, version)
+        key_type = getattr(body, "key_type", 0)
+        error = ErrorCode.none if key_type in _COORDINATOR_KEY_TYPES else ErrorCode.invalid_request
+        message = None if error == ErrorCode.none else f"unknown key type {key_type}"
+        node = {"node_id": i32(self.config.node_id), "host": self.config.advertised_host,
+                "port": i32(self.config.advertised_port)}  # fmt: skip
+        if error:
+            node = {"node_id": i32(-1), "host": "", "port": i32(-1)}
+        if version >= 4:
+            entry = sys.modules[cls.__module__].Coordinator
+            coordinators = tuple(
+                entry(key=key, error_code=error, error_message=message, **node)
+                for key in body.coordinator_keys
+            )
+            return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=coordinators))
+        return Reply(
+            _build(cls, throttle_time=_NO_THROTTLE, error_code=error, error_message=message, **node)
+        )
+
+    def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        body, version = request.body, request.api_version
+        expected: Any = transactions.parse_expected(
+            getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1)
+        )
+        transactional_id = body.transactional_id
+        timeout_ms = int(body.transaction_timeout / datetime.timedelta(milliseconds=1))
+        if isinstance(expected, ErrorCode):
+            return self._init_reply(request, expected)
+        if transactional_id is None:
+            # Idempotent producer: a fresh PID with epoch 0, nothing persisted but the block.
+            # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
+            taken = self._next_pool_producer_id(now)
+            if taken is None:
+                # Never 15/16 here: kafka-python would then look for a coordinator.
+                return self._init_reply(request, ErrorCode.coordinator_load_in_progress)
+            pid, grant_offset = taken
+            return self._init_reply(request, ErrorCode.none, pid, 0, grant_offset)
+        if transactional_id == "":
+            return self._init_reply(request, ErrorCode.invalid_request)
+        if not 0 < timeout_ms <= self.config.max_transaction_timeout_ms:
+            return self._init_reply(request, ErrorCode.invalid_transaction_timeout)
+
+        def new_producer_id() -> int | None:
+            taken = self._next_pool_producer_id(now)
+            return None if taken is None else taken[0]
+
+        result = transactions.init_transactional(
+            self.state.transactional_ids.get(transactional_id),
+            transactional_id=transactional_id,
+            timeout_ms=timeout_ms,
+            expected=expected,
+            new_producer_id=new_producer_id,
+            now_ms=now.wall_ms,
+        )
+        offset = self.commit([result.record] if result.record else [], now)
+        error = result.error
+        if error == ErrorCode.producer_fenced and version < 4:
+            error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
+        return self._init_reply(request, error, result.producer_id, result.producer_epoch, offset)
+
+    def _init_reply(
+        self,
+        request: Request,
+        error: ErrorCode,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        durable_offset: int = NO_WAIT,
+    ) -> Reply:
+        if error:
+            producer_id, producer_epoch = -1, -1
+        body = _response(
+            request,
+            error_code=error,
+            producer_id=i64(producer_id),
+            producer_epoch=i16(producer_epoch),
+        )
+        return Reply(body, durable_offset)
+
 
 _NO_THROTTLE = datetime.timedelta(0)
 
@@ -201,3 +371,10 @@ def _response(request: Request, **fields: Any) -> Any:
     """The response entity for the request's API version (throttle time filled in)."""
     cls: Any = response_class(request.api_key, request.api_version)
     return cls(throttle_time=_NO_THROTTLE, **fields)
+
+
+def _build(cls: Any, **fields: Any) -> Any:
+    """Instantiate a kio entity with the given fields that its version has (older versions
+    lack e.g. throttle_time, cluster_id or rack)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in fields.items() if name in known})

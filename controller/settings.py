@@ -20,6 +20,10 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from .brokers import DEFAULT_SESSION_TIMEOUT_MS
 from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
 from .producer_ids import INT64_MAX, ProducerIdRange
+from .transactions import (
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+    DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
+)
 
 ENV_PREFIX = "PIDCTL_"
 
@@ -76,6 +80,22 @@ class Settings:
     broker_session_timeout_ms: int = _setting(
         DEFAULT_SESSION_TIMEOUT_MS, "a broker not heard from for this long is fenced", "ms"
     )
+    transaction_max_timeout_ms: int = _setting(
+        DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+        "largest transaction timeout InitProducerId accepts (Kafka's transaction.max.timeout.ms)",
+        "ms",
+    )
+    transactional_id_expiration_ms: int = _setting(
+        DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
+        "a transactional id unused this long expires (Kafka's transactional.id.expiration.ms)",
+        "ms",
+    )
+    transactional_id_cleanup_interval_ms: int = _setting(
+        3_600_000,
+        "how often expired transactional ids are removed (Kafka's "
+        "transaction.remove.expired.transaction.cleanup.interval.ms)",
+        "ms",
+    )
     segment_max_bytes: int = _setting(
         DEFAULT_SEGMENT_MAX_BYTES, "roll to a new log segment past this size", "bytes"
     )
@@ -105,6 +125,9 @@ class Settings:
 
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
 _POSITIVE = {
+    "transaction_max_timeout_ms",
+    "transactional_id_expiration_ms",
+    "transactional_id_cleanup_interval_ms",
     "max_frame_bytes",
     "max_in_flight_per_connection",
     "broker_session_timeout_ms",

@@ -16,6 +16,8 @@ from .records import (
     ClusterCreated,
     ProducerIdsGranted,
     Record,
+    TransactionalIdExpired,
+    TransactionalIdUpdated,
 )
 
 
@@ -32,6 +34,18 @@ class BrokerRegistration:
     listeners: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class TransactionalIdState:
+    """What pidctl keeps per transactional id (all of it in the log and in snapshots)."""
+
+    producer_id: int
+    producer_epoch: int
+    previous_producer_id: int
+    last_producer_epoch: int
+    timeout_ms: int
+    updated_ms: int
+
+
 @dataclass(slots=True)
 class ControllerState:
     """Everything the metadata log stores, as of ``next_offset``."""
@@ -42,6 +56,7 @@ class ControllerState:
     #: Kafka's "next producer id block" high-water mark: no PID at or above it was granted.
     next_producer_id: int = 0
     blocks_granted: int = 0
+    transactional_ids: dict[str, TransactionalIdState] = field(default_factory=dict)
     #: Offset the next record will get.
     next_offset: int = 0
 
@@ -75,6 +90,30 @@ class ControllerState:
                     raise InvariantViolation(f"offset {offset}: empty or inverted grant")
                 self.next_producer_id = record.next_producer_id
                 self.blocks_granted += 1
+            case TransactionalIdUpdated():
+                if not 0 <= record.producer_id < self.next_producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: transactional id {record.transactional_id!r} uses "
+                        f"producer id {record.producer_id}, which was never granted"
+                    )
+                if not 0 <= record.producer_epoch < 32767:
+                    raise InvariantViolation(f"offset {offset}: invalid epoch")
+                self.transactional_ids[record.transactional_id] = TransactionalIdState(
+                    record.producer_id,
+                    record.producer_epoch,
+                    record.previous_producer_id,
+                    record.last_producer_epoch,
+                    record.timeout_ms,
+                    record.updated_ms,
+                )
+            case TransactionalIdExpired():
+                held = self.transactional_ids.get(record.transactional_id)
+                if held is None or held.producer_id != record.producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: expires transactional id "
+                        f"{record.transactional_id!r}, which is not held"
+                    )
+                del self.transactional_ids[record.transactional_id]
         if self.cluster_id is None:
             raise InvariantViolation(f"offset {offset}: log does not start with ClusterCreated")
         self.next_offset = offset + 1
@@ -115,6 +154,19 @@ class ControllerState:
                 }
                 for b in self.brokers.values()
             ],
+            # Positional lists: a million transactional ids should not repeat field names.
+            "transactional_ids": [
+                [
+                    tid,
+                    t.producer_id,
+                    t.producer_epoch,
+                    t.previous_producer_id,
+                    t.last_producer_epoch,
+                    t.timeout_ms,
+                    t.updated_ms,
+                ]
+                for tid, t in self.transactional_ids.items()
+            ],
         }
 
     @classmethod
@@ -125,7 +177,11 @@ class ControllerState:
             )
             for b in data["brokers"]
         }
+        transactional_ids = {
+            row[0]: TransactionalIdState(*row[1:]) for row in data.get("transactional_ids", [])
+        }
         return cls(
+            transactional_ids=transactional_ids,
             cluster_id=data["cluster_id"],
             node_id=data["node_id"],
             brokers=brokers,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
+from typing import Any
 
 from kio.schema.allocate_producer_ids.v0 import AllocateProducerIdsRequest
 from kio.schema.broker_heartbeat.v2 import BrokerHeartbeatRequest
 from kio.schema.broker_registration.v4 import BrokerRegistrationRequest
 from kio.schema.types import BrokerId
 from kio.schema.unregister_broker.v0 import UnregisterBrokerRequest
-from kio.static.primitive import i64
+from kio.static.primitive import i8, i16, i64
+
+from .apis import ApiKey, request_class
 
 
 def registration(
@@ -47,3 +51,56 @@ def allocate(broker_id: int, epoch: int) -> AllocateProducerIdsRequest:
 def unregister(broker_id: int) -> UnregisterBrokerRequest:
     """An UnregisterBroker v0."""
     return UnregisterBrokerRequest(broker_id=BrokerId(broker_id))
+
+
+def init_producer_id(
+    transactional_id: str | None = None,
+    timeout_ms: int = 60_000,
+    *,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    version: int = 5,
+) -> Any:
+    """An InitProducerId at ``version``; (producer_id, producer_epoch) exist from v3 (KIP-360)."""
+    cls: Any = request_class(ApiKey.INIT_PRODUCER_ID, version)
+    fields: dict[str, Any] = {
+        "transactional_id": transactional_id,
+        "transaction_timeout": datetime.timedelta(milliseconds=timeout_ms),
+    }
+    if version >= 3:
+        fields["producer_id"] = i64(producer_id)
+        fields["producer_epoch"] = i16(producer_epoch)
+    return cls(**fields)
+
+
+def find_coordinator(key: str, key_type: int = 1, *, version: int = 6) -> Any:
+    """A FindCoordinator for one key (a list of keys from v4); key type 1 is transaction."""
+    cls: Any = request_class(ApiKey.FIND_COORDINATOR, version)
+    if version >= 4:
+        return cls(key_type=i8(key_type), coordinator_keys=(key,))
+    if version >= 1:
+        return cls(key=key, key_type=i8(key_type))
+    return cls(key=key)
+
+
+def metadata(topics: list[str] | None = None, *, version: int = 12) -> Any:
+    """A Metadata request; ``None`` asks for all topics (v1+), as clients do at start."""
+    import sys
+
+    cls: Any = request_class(ApiKey.METADATA, version)
+    topic_cls = sys.modules[cls.__module__].MetadataRequestTopic
+    entries = None
+    if topics is not None:
+        entries = tuple(
+            topic_cls(name=t, topic_id=None) if version >= 10 else topic_cls(name=t) for t in topics
+        )
+    if version == 0:
+        entries = entries or ()
+    fields: dict[str, Any] = {"topics": entries}
+    if version >= 4:
+        fields["allow_auto_topic_creation"] = False
+    if version >= 8:
+        fields["include_topic_authorized_operations"] = False
+    if 8 <= version <= 10:
+        fields["include_cluster_authorized_operations"] = False
+    return cls(**fields)

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from controller.brokers import BrokerSessions
 from controller.metalog import MetadataLog, recover
 from controller.records import ClusterCreated, Record
-from controller.service import ConnectionInfo, Controller, Now
+from controller.service import ConnectionInfo, Controller, ControllerConfig, Now
 from controller.state import ControllerState
+from protocol import requests
 from protocol.codec import decode_request, encode_request
 from tests import wire
 
@@ -34,6 +35,9 @@ operation = st.one_of(
     st.tuples(st.just("allocate_current"), st.integers(0, 3), st.just(0)),
     st.tuples(st.just("unregister"), st.integers(0, 3), st.just(0)),
     st.tuples(st.just("sleep"), st.integers(0, 20_000), st.just(0)),
+    st.tuples(st.just("init_idempotent"), st.just(0), st.just(0)),
+    st.tuples(st.just("init_transactional"), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("expire"), st.just(0), st.just(0)),
 )
 
 
@@ -60,8 +64,15 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
         if kind == "sleep":
             clock += a
             continue
-        if kind == "register":
-            body: object = wire.registration(a, CLUSTER, b)  # type: ignore[arg-type]
+        if kind == "expire":
+            controller.expire_transactional_ids(now)
+            continue
+        if kind == "init_idempotent":
+            body: object = requests.init_producer_id(None)
+        elif kind == "init_transactional":
+            body = _init_transactional(controller, f"tx-{a}", int(b))  # type: ignore[call-overload]
+        elif kind == "register":
+            body = wire.registration(a, CLUSTER, b)  # type: ignore[arg-type]
         elif kind == "heartbeat":
             body = wire.heartbeat(a, int(b))  # type: ignore[call-overload]
         elif kind == "allocate":
@@ -74,8 +85,25 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
         controller.handle(_request(body, controller.supported), now, conn)  # type: ignore[arg-type]
 
 
+def _init_transactional(controller: Controller, transactional_id: str, mode: int) -> object:
+    """Mode 0: a plain init; 1: KIP-360 with the current pair; 2: with a stale pair;
+    3: a retry carrying the last epoch."""
+    held = controller.state.transactional_ids.get(transactional_id)
+    if mode == 0 or held is None:
+        return requests.init_producer_id(transactional_id)
+    epoch = {1: held.producer_epoch, 2: 0, 3: held.last_producer_epoch}[mode]
+    return requests.init_producer_id(
+        transactional_id, producer_id=held.producer_id, producer_epoch=max(epoch, 0)
+    )
+
+
 def _fresh_controller(sink: object) -> Controller:
-    controller = Controller(ControllerState(), sink, sessions=BrokerSessions(9000))  # type: ignore[arg-type]
+    controller = Controller(
+        ControllerState(),
+        sink,  # type: ignore[arg-type]
+        config=ControllerConfig(transactional_id_expiration_ms=10_000),
+        sessions=BrokerSessions(9000),
+    )
     controller.commit([ClusterCreated(CLUSTER, 1)], Now(0, 0))
     return controller
 
