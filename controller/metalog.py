@@ -286,6 +286,7 @@ class MetadataLog:
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
         self._closed = False
+        self._snapshot_running = False
         self._fd = self._open_active_segment()
 
     def _open_active_segment(self) -> int:
@@ -316,25 +317,29 @@ class MetadataLog:
         await self.wait_durable(self.end_offset - 1)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: commit batches until cancelled, then commit what is left."""
-        task_status.started()
-        try:
-            while True:
-                await self._pending_event.wait()
-                await self._commit_batch()
-        finally:
-            with trio.CancelScope(shield=True):
-                while self._pending:
-                    await self._commit_batch()
-                self._closed = True
-                os.close(self._fd)
+        """The writer task: commit batches until cancelled, then commit what is left.
 
-    async def _commit_batch(self) -> None:
+        Snapshots are written by a task of their own, so commits go on meanwhile."""
+        task_status.started()
+        async with trio.open_nursery() as snapshots:
+            try:
+                while True:
+                    await self._pending_event.wait()
+                    await self._commit_batch(snapshots)
+            finally:
+                with trio.CancelScope(shield=True):
+                    while self._pending:
+                        await self._commit_batch(None)
+                    self._closed = True
+                    os.close(self._fd)
+
+    async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
         batch, self._pending = self._pending, []
         self._pending_event = trio.Event()
         batch_end = self.end_offset
         snapshot = None
-        if batch_end - self.snapshot_offset >= self.snapshot_interval_records:
+        due = batch_end - self.snapshot_offset >= self.snapshot_interval_records
+        if due and snapshots is not None and not self._snapshot_running:
             # Taken now, while state and log agree on batch_end (no await since the last append).
             snapshot = self._snapshot_source()
         data = b"".join(batch)
@@ -346,11 +351,22 @@ class MetadataLog:
         self.durable_end = batch_end
         done, self._durable_event = self._durable_event, trio.Event()
         done.set()
-        if snapshot is not None:
-            await trio.to_thread.run_sync(self._snapshot_and_clean, batch_end, snapshot)
-            self.snapshot_offset = batch_end
+        if snapshot is not None and snapshots is not None:
+            # Roll first, so that a snapshot at batch_end always has a segment starting there.
+            await trio.to_thread.run_sync(self._roll, batch_end)
+            self._snapshot_running = True
+            snapshots.start_soon(self._write_snapshot, batch_end, snapshot)
         elif size >= self.segment_max_bytes:
             await trio.to_thread.run_sync(self._roll, batch_end)
+
+    async def _write_snapshot(self, offset: int, state: dict[str, Any]) -> None:
+        # Shielded: a snapshot that has started is finished even during shutdown.
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
+                self.snapshot_offset = offset
+            finally:
+                self._snapshot_running = False
 
     def _write_and_sync(self, data: bytes) -> int:
         view = memoryview(data)
@@ -368,8 +384,6 @@ class MetadataLog:
         os.close(old)
 
     def _snapshot_and_clean(self, offset: int, state: dict[str, Any]) -> None:
-        # Roll first, so that a snapshot at `offset` always has a segment starting there.
-        self._roll(offset)
         write_snapshot_file(self.data_dir, offset, state)
         for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
             if _offset_of(old) < offset:

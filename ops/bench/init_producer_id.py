@@ -1,0 +1,71 @@
+"""InitProducerId throughput and latency against the framing ceiling, in one run.
+
+    python -m ops.bench.init_producer_id [--seconds 5] [--connections 16]
+
+The ceiling is ops/bench/ceiling.py: the same port type answering every frame with a fixed
+pre-encoded response. The load generator runs in its own process (ops/bench/loadgen.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ops.serverproc import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(bootstrap: str, scenario: str, connections: int, seconds: float,
+         *extra: str) -> dict[str, Any]:  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.bench.loadgen", bootstrap, "--scenario", scenario,
+         "--connections", str(connections), "--seconds", str(seconds), *extra],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args()
+    rows: list[tuple[str, dict[str, Any]]] = []
+
+    ceiling = subprocess.Popen(
+        [sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert ceiling.stdout is not None
+        port = int(ceiling.stdout.readline())
+        rows.append(("framing ceiling (baseline)", load(
+            f"127.0.0.1:{port}", "idempotent", args.connections, args.seconds,
+            "--no-unique-check")))  # fmt: skip
+    finally:
+        ceiling.kill()
+        ceiling.wait()
+
+    with tempfile.TemporaryDirectory() as tmp, ServerProcess(Path(tmp) / "d") as server:
+        for scenario in ("idempotent", "transactional"):
+            rows.append((f"pidctl {scenario}",
+                         load(server.bootstrap, scenario, args.connections, args.seconds)))  # fmt: skip
+
+    base = rows[0][1]["per_second"]
+    print(f"InitProducerId, {args.connections} connections, 1 request in flight each, "
+          f"{args.seconds:g} s per row")  # fmt: skip
+    print(f"{'':<28} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9}  vs ceiling")
+    for name, r in rows:
+        print(f"{name:<28} {r['per_second']:>9,.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+              f"{r['p999_ms']:>9.2f}  {r['per_second'] / base:.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
