@@ -29,10 +29,11 @@ from .producer_ids import ProducerIdRange
 from .records import ProducerIdsGranted, Record, TransactionalIdExpired
 from .state import ControllerState
 
-#: Versions served, per API. kio's highest known versions, within what Kafka 4.x speaks.
+#: Versions served, per API: what Kafka 4.x serves, as far as kio has the schemas.
+#: InitProducerId stops at v5: v6 is KIP-939's two-phase commit, which pidctl does not do.
 SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.API_VERSIONS: (0, 4),
-    ApiKey.METADATA: (0, 12),
+    ApiKey.METADATA: (0, 13),
     ApiKey.FIND_COORDINATOR: (0, 6),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.BROKER_REGISTRATION: (0, 4),
@@ -279,6 +280,7 @@ class Controller:
             cluster_id=self.state.cluster_id,
             controller_id=i32(self.config.node_id),
             topics=tuple(topics),
+            error_code=ErrorCode.none,  # v13+ (KIP-1102): a top-level error
         )
         return Reply(body)
 

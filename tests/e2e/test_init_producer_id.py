@@ -237,7 +237,7 @@ def test_transactional_ids_expire(tmp_path: Path) -> None:
     assert new.producer_id != old.producer_id and new.producer_epoch == 0
 
 
-@pytest.mark.parametrize("version", range(13))
+@pytest.mark.parametrize("version", range(14))
 def test_metadata_every_version(tmp_path: Path, version: int) -> None:
     with ServerProcess(
         tmp_path / "d", "--advertised-listener", "pidctl.example:19093", "--node-id", "7"
