@@ -55,8 +55,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(Path(tmp) / "d") as server:
         for scenario in ("idempotent", "transactional"):
-            rows.append((f"pidctl {scenario}",
-                         load(server.bootstrap, scenario, args.connections, args.seconds)))  # fmt: skip
+            result = load(server.bootstrap, scenario, args.connections, args.seconds)
+            rows.append((f"pidctl {scenario}", result))
 
     base = rows[0][1]["per_second"]
     print(f"InitProducerId, {args.connections} connections, 1 request in flight each, "

@@ -42,10 +42,18 @@ def digest(data_dir: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in data_dir.iterdir()}
 
 
-async def run_log(data_dir: Path, records: list[Record], **options: int) -> ControllerState:
+async def run_log(
+    data_dir: Path,
+    records: list[Record],
+    snapshot_interval_records: int = 10_000,
+    retention_bytes: int = 0,
+) -> ControllerState:
     """Write records through the real MetadataLog, as the server does."""
     state = ControllerState()
-    metalog = MetadataLog(data_dir, 0, 0, state.to_snapshot, **options)
+    metalog = MetadataLog(
+        data_dir, 0, 0, state.to_snapshot,
+        snapshot_interval_records=snapshot_interval_records, retention_bytes=retention_bytes,
+    )  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in records:

@@ -13,7 +13,7 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsRequestV
 from kio.schema.api_versions.v3 import ApiVersionsRequest as ApiVersionsRequestV3
 from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId
-from kio.static.primitive import i32
+from kio.static.primitive import i32, i32Timedelta
 
 from controller.service import SERVED_APIS
 from protocol.api_versions import (
@@ -185,7 +185,7 @@ def test_client_software_validation() -> None:
 def test_response_round_trip_keeps_correlation_id() -> None:
     header = decode_request(_body(encode_request(wire.allocate(1, 1), 77, "c")), SUPPORTED).header
     body = AllocateProducerIdsResponse(
-        throttle_time=datetime.timedelta(0),
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
         error_code=ErrorCode.none,
         producer_id_start=ProducerId(1000),
         producer_id_len=i32(1000),
