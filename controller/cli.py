@@ -13,6 +13,8 @@ EXAMPLES = """\
 examples:
   pidctl serve                                   # 127.0.0.1:9093, data in ./pidctl-data
   pidctl serve --listen 0.0.0.0:9093 --advertised-listener pidctl.internal:9093
+  pidctl status --bootstrap 127.0.0.1:9093
+  pidctl config show --config pidctl.toml
   pidctl register --bootstrap 127.0.0.1:9093 --broker-id 1
   pidctl allocate --bootstrap 127.0.0.1:9093 --broker-id 1 --broker-epoch 1
   pidctl log dump --data-dir ./pidctl-data --json
@@ -48,11 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_settings_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--config", type=Path, help="TOML file of settings")
-    from .settings import SETTING_NAMES
-
-    for name in SETTING_NAMES:
-        serve.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
+    _add_setting_flags(serve)
+    config_cmd = commands.add_parser("config", help="inspect settings")
+    config_commands = config_cmd.add_subparsers(dest="config_command", required=True,
+                                                metavar="COMMAND")  # fmt: skip
+    show = config_commands.add_parser(
+        "show", help="print the effective settings (flags, environment, file, defaults)"
+    )
+    _add_setting_flags(show)
 
     log_cmd = commands.add_parser("log", help="inspect a data dir (read-only)")
     log_commands = log_cmd.add_subparsers(dest="log_command", required=True, metavar="COMMAND")
@@ -70,11 +75,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--incarnation-id", type=uuid.UUID, help="default: a new random incarnation"
     )
 
+    status = commands.add_parser(
+        "status", help="cluster id, node id, API versions and registered brokers of a server"
+    )
+    status.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+
     allocate = commands.add_parser("allocate", help="ask for a block of producer ids")
     allocate.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     allocate.add_argument("--broker-id", type=int, required=True)
     allocate.add_argument("--broker-epoch", type=int, required=True)
     return parser
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    from .settings import SETTING_NAMES
+
+    parser.add_argument("--config", type=Path, help="TOML file of settings")
+    for name in SETTING_NAMES:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
+
+
+def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | None:
+    """Settings from flags, environment and file; None (problems printed) if invalid."""
+    from .settings import SETTING_NAMES, SettingsError, load_settings_with_sources
+
+    env_config = os.environ.get("PIDCTL_CONFIG")
+    config = args.config or (Path(env_config) if env_config else None)
+    flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
+    try:
+        return load_settings_with_sources(flags, os.environ, config)
+    except SettingsError as e:
+        for line in str(e).splitlines():
+            print(f"pidctl: {line}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,10 +117,20 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "log":
             return _log(args)
+        if args.command == "config":
+            loaded = _settings_from(args)
+            if loaded is None:
+                return 2
+            from .settings import show_settings
+
+            print("\n".join(show_settings(*loaded)))
+            return 0
         if args.command == "register":
             return _register(args)
         if args.command == "allocate":
             return _allocate(args)
+        if args.command == "status":
+            return _status(args)
     except (ConnectionError, OSError) as e:
         print(f"pidctl: {e}", file=sys.stderr)
         return 1
@@ -180,6 +223,36 @@ def _register(args: argparse.Namespace) -> int:
         print(f"pidctl: registration refused: {response.error_code.name}", file=sys.stderr)
         return 1
     print(f"broker {args.broker_id} registered with epoch {response.broker_epoch}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from protocol import requests
+    from protocol.apis import ApiKey
+
+    from .client import SyncClient
+
+    with SyncClient(args.bootstrap) as client:
+        versions, metadata, cluster = client.pipeline(
+            [requests.api_versions(), requests.metadata([]), requests.describe_cluster()]
+        )
+    node = metadata.brokers[0] if metadata.brokers else None
+    print(f"cluster id:  {metadata.cluster_id}")
+    print(f"node id:     {metadata.controller_id}")
+    if node is not None:
+        print(f"advertised:  {node.host}:{node.port}")
+    print("api versions:")
+    for api in versions.api_keys:
+        try:
+            name = ApiKey(api.api_key).name
+        except ValueError:
+            name = str(api.api_key)
+        print(f"  {name:<24} {api.api_key:>3}  v{api.min_version}-v{api.max_version}")
+    print(f"registered brokers: {len(cluster.brokers)}")
+    for broker in cluster.brokers:
+        where = f"{broker.host}:{broker.port}" if broker.port >= 0 else "(no listener)"
+        fenced = "fenced" if broker.is_fenced else "active"
+        print(f"  broker {broker.broker_id:<6} {where:<28} {fenced}")
     return 0
 
 

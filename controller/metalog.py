@@ -272,6 +272,7 @@ class MetadataLog:
         snapshot_interval_records: int = DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
         retention_bytes: int = 0,
         on_batch: Callable[[int, float], None] | None = None,
+        on_snapshot: Callable[[int], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.end_offset = end_offset
@@ -282,6 +283,7 @@ class MetadataLog:
         self.retention_bytes = retention_bytes
         self._snapshot_source = snapshot_source
         self._on_batch = on_batch
+        self._on_snapshot = on_snapshot
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
@@ -363,8 +365,10 @@ class MetadataLog:
         # Shielded: a snapshot that has started is finished even during shutdown.
         with trio.CancelScope(shield=True):
             try:
-                await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
+                size = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
                 self.snapshot_offset = offset
+                if self._on_snapshot is not None:
+                    self._on_snapshot(size)
             finally:
                 self._snapshot_running = False
 
@@ -383,8 +387,8 @@ class MetadataLog:
         old, self._fd = self._fd, fd
         os.close(old)
 
-    def _snapshot_and_clean(self, offset: int, state: dict[str, Any]) -> None:
-        write_snapshot_file(self.data_dir, offset, state)
+    def _snapshot_and_clean(self, offset: int, state: dict[str, Any]) -> int:
+        size = write_snapshot_file(self.data_dir, offset, state).stat().st_size
         for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
             if _offset_of(old) < offset:
                 old.unlink()
@@ -404,7 +408,8 @@ class MetadataLog:
                     old.unlink()
                 break
         _fsync_dir(self.data_dir)
-        log.info("snapshot written", offset=offset)
+        log.info("snapshot written", offset=offset, bytes=size)
+        return size
 
 
 def write_snapshot_file(data_dir: Path, offset: int, state: dict[str, Any]) -> Path:

@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 import trio
+from kio.schema.errors import ErrorCode
 
 from protocol.api_versions import unsupported_version_response
 from protocol.codec import (
@@ -35,6 +36,8 @@ from protocol.framing import FrameDecoder, FrameError
 
 from .brokers import BrokerSessions
 from .metalog import MetadataLog, lock_data_dir, recover
+from .metrics import HttpEndpoint, Metrics, StateView, api_name
+from .producer_ids import remaining_producer_ids
 from .records import ClusterCreated, ProducerIdsGranted
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
 from .settings import Settings
@@ -54,6 +57,8 @@ def now() -> Now:
 class _Outgoing:
     data: bytes
     durable_offset: int
+    api: str = "api_versions"
+    received: float = 0.0  # perf_counter() when the request arrived
 
 
 class PidctlServer:
@@ -65,6 +70,7 @@ class PidctlServer:
         self.ready = trio.Event()
         self._stopping = trio.Event()
         self._readers: set[trio.CancelScope] = set()
+        self.metrics = Metrics()
 
     def request_shutdown(self) -> None:
         """Stop accepting, stop reading, finish in-flight responses, flush, return."""
@@ -74,9 +80,16 @@ class PidctlServer:
         settings = self.settings
         data_dir = Path(settings.data_dir)
         lock_fd = lock_data_dir(data_dir)
+        # Up before recovery, so /healthz answers (and /readyz says 503) while it runs.
+        self.http = HttpEndpoint(self.metrics, settings.metrics_listen.host,
+                                 settings.metrics_listen.port)  # fmt: skip
+        self.http.start()
+        log.info("metrics listening", address=str(settings.metrics_listen), port=self.http.port)
         try:
             await self._run(data_dir, task_status)
         finally:
+            self.http.ready = False
+            self.http.stop()
             os.close(lock_fd)
 
     async def _run(self, data_dir: Path, task_status: trio.TaskStatus[None]) -> None:
@@ -84,6 +97,7 @@ class PidctlServer:
         started = time.monotonic()
         recovery = await trio.to_thread.run_sync(recover, data_dir)
         state = recovery.state
+        self.metrics.recovery_seconds.set(time.monotonic() - started)
         log.info(
             "log recovered",
             data_dir=str(data_dir),
@@ -103,6 +117,8 @@ class PidctlServer:
             segment_max_bytes=settings.segment_max_bytes,
             snapshot_interval_records=settings.snapshot_interval_records,
             retention_bytes=settings.log_retention_bytes,
+            on_batch=self.metrics.log_batch,
+            on_snapshot=self.metrics.snapshot_written,
         )
         sessions = BrokerSessions(settings.broker_session_timeout_ms)
         sessions.restore(list(state.brokers), now().mono_ms)
@@ -113,7 +129,16 @@ class PidctlServer:
             transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
         )
         controller = Controller(
-            state, metalog, config=config, sessions=sessions, on_grant=_log_grant
+            state, metalog, config=config, sessions=sessions, on_grant=self._granted
+        )
+        self.metrics.state_view = StateView(
+            next_producer_id=lambda: state.next_producer_id,
+            remaining_producer_ids=lambda: remaining_producer_ids(state, config.pid_range),
+            registered_brokers=lambda: len(state.brokers),
+            fenced_brokers=lambda: sum(
+                sessions.is_fenced(b, now().mono_ms) for b in list(state.brokers)
+            ),
+            transactional_ids=lambda: len(state.transactional_ids),
         )
         self.controller = controller
         self.metalog = metalog
@@ -171,8 +196,10 @@ class PidctlServer:
 
             connections.start_soon(accept)
             self.ready.set()
+            self.http.ready = True
             task_status.started()
             await self._stopping.wait()
+            self.http.ready = False
             log.info("shutting down", connections=len(self._readers))
             accept_scope.cancel()
             for listener in listeners:
@@ -201,14 +228,22 @@ class PidctlServer:
             )
             reader_scope = trio.CancelScope()
             self._readers.add(reader_scope)
+            metrics = self.metrics
+            metrics.connections_accepted.inc()
+            metrics.connections.inc()
+            reason = "client"
             try:
                 async with stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_responses, stream, receive, metalog, nursery)
                     with reader_scope:
-                        await self._read_requests(stream, send, controller, conn)
+                        reason = await self._read_requests(stream, send, controller, conn)
+                    if reader_scope.cancelled_caught:
+                        reason = "shutdown"
                     await send.aclose()
             finally:
                 self._readers.discard(reader_scope)
+                metrics.connections.dec()
+                metrics.connections_closed.labels(reason).inc()
 
         return handle
 
@@ -218,33 +253,53 @@ class PidctlServer:
         send: trio.MemorySendChannel[_Outgoing],
         controller: Controller,
         conn: ConnectionInfo,
-    ) -> None:
+    ) -> str:
+        """Read, decide and queue requests until the client leaves or must be cut off;
+        return why the connection ends (a metric label)."""
         decoder = FrameDecoder(self.settings.max_frame_bytes)
+        metrics = self.metrics
         while True:
             try:
                 data = await stream.receive_some(RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                return "broken"
             if not data:
-                return
+                return "client"
+            metrics.bytes_received.inc(len(data))
+            arrived = time.perf_counter()
             try:
                 frames = decoder.feed(data)
             except FrameError as e:
                 log.warning("closing connection", peer=conn.peer, reason=str(e))
-                return
+                return "frame_too_large"
             for frame in frames:
                 try:
                     request = decode_request(frame, controller.supported)
                 except UnsupportedApiVersionsVersion as e:
                     body = unsupported_version_response(controller.supported)
+                    self._count("api_versions", e.header.api_version, body)
                     await send.send(_Outgoing(encode_response(e.header, body), NO_WAIT))
                     continue
                 except ProtocolViolation as e:
                     log.warning("closing connection", peer=conn.peer, reason=str(e))
-                    return
+                    return "protocol_error"
                 reply = controller.handle(request, now(), conn)
+                api = api_name(request.api_key)
+                self._count(api, request.api_version, reply.body)
+                log.debug(
+                    "request", api=api, version=request.api_version, peer=conn.peer,
+                    client_id=request.header.client_id,
+                    correlation_id=request.header.correlation_id,
+                    error=getattr(reply.body, "error_code", 0),
+                )  # fmt: skip
                 data_out = encode_response(request.header, reply.body)
-                await send.send(_Outgoing(data_out, reply.durable_offset))
+                await send.send(_Outgoing(data_out, reply.durable_offset, api, arrived))
+
+    def _count(self, api: str, version: int, body: object) -> None:
+        self.metrics.requests.labels(api, str(version)).inc()
+        error = getattr(body, "error_code", ErrorCode.none)
+        if error:
+            self.metrics.errors.labels(api, str(version), ErrorCode(error).name).inc()
 
     async def _write_responses(
         self,
@@ -263,9 +318,20 @@ class PidctlServer:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 await metalog.wait_durable(max(item.durable_offset for item in batch))
-                await stream.send_all(b"".join(item.data for item in batch))
+                data = b"".join(item.data for item in batch)
+                await stream.send_all(data)
+                self.metrics.bytes_sent.inc(len(data))
+                sent = time.perf_counter()
+                for item in batch:
+                    if item.received:
+                        self.metrics.latency.labels(item.api).observe(sent - item.received)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             nursery.cancel_scope.cancel()  # the client is gone; stop reading too
+
+    def _granted(self, record: ProducerIdsGranted) -> None:
+        count = record.next_producer_id - record.first_producer_id
+        self.metrics.granted(record.holder, record.broker_id, count)
+        _log_grant(record)
 
 
 class ClusterIdMismatch(Exception):

@@ -36,6 +36,7 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.METADATA: (0, 13),
     ApiKey.FIND_COORDINATOR: (0, 6),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
     ApiKey.BROKER_REGISTRATION: (0, 4),
     ApiKey.BROKER_HEARTBEAT: (0, 2),
     ApiKey.UNREGISTER_BROKER: (0, 0),
@@ -122,6 +123,7 @@ class Controller:
             ApiKey.METADATA: Controller._metadata,
             ApiKey.FIND_COORDINATOR: Controller._find_coordinator,
             ApiKey.INIT_PRODUCER_ID: Controller._init_producer_id,
+            ApiKey.DESCRIBE_CLUSTER: Controller._describe_cluster,
         }
 
     def handle(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
@@ -284,6 +286,39 @@ class Controller:
         )
         return Reply(body)
 
+    def _describe_cluster(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """The brokers registered with this controller (endpoint type 1), or this controller
+        itself (type 2, KIP-919). Fenced brokers are listed from v2 only if asked for."""
+        body, cls = request.body, response_class(request.api_key, request.api_version)
+        entry = sys.modules[cls.__module__].DescribeClusterBroker
+        endpoint_type = getattr(body, "endpoint_type", 1)
+        include_fenced = getattr(body, "include_fenced_brokers", False)
+        listed = []
+        if endpoint_type == 2:
+            listed.append(_build(
+                entry, broker_id=i32(self.config.node_id), host=self.config.advertised_host,
+                port=i32(self.config.advertised_port), rack=None, is_fenced=False,
+            ))  # fmt: skip
+        elif endpoint_type == 1:
+            for registration in sorted(self.state.brokers.values(), key=lambda b: b.broker_id):
+                fenced = self.sessions.is_fenced(registration.broker_id, now.mono_ms)
+                if fenced and not include_fenced and request.api_version >= 2:
+                    continue
+                host, port = _first_listener(registration.listeners)
+                listed.append(_build(
+                    entry, broker_id=i32(registration.broker_id), host=host, port=i32(port),
+                    rack=registration.rack, is_fenced=fenced,
+                ))  # fmt: skip
+        error = ErrorCode.none if endpoint_type in (1, 2) else ErrorCode.unsupported_endpoint_type
+        response = _build(
+            cls, throttle_time=_NO_THROTTLE, error_code=error,
+            error_message=None if not error else f"unknown endpoint type {endpoint_type}",
+            endpoint_type=endpoint_type, cluster_id=self.state.cluster_id or "",
+            controller_id=i32(self.config.node_id), brokers=tuple(listed),
+            cluster_authorized_operations=i32(-(2**31)),
+        )  # fmt: skip
+        return Reply(response)
+
     def _find_coordinator(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """This node coordinates every group and transactional id."""
         body, version = request.body, request.api_version
@@ -373,6 +408,16 @@ def _response(request: Request, **fields: Any) -> Any:
     """The response entity for the request's API version (throttle time filled in)."""
     cls: Any = response_class(request.api_key, request.api_version)
     return cls(throttle_time=_NO_THROTTLE, **fields)
+
+
+def _first_listener(listeners: tuple[str, ...]) -> tuple[str, int]:
+    """(host, port) of a registration's first ``NAME://host:port`` listener, or ("", -1)."""
+    for listener in listeners:
+        address = listener.split("://", 1)[-1]
+        host, _, port = address.rpartition(":")
+        if port.isdigit():
+            return host.strip("[]"), int(port)
+    return "", -1
 
 
 def _build(cls: Any, **fields: Any) -> Any:

@@ -8,6 +8,7 @@ start-up with one line naming the setting.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -48,8 +49,8 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def _setting(default: Any, doc: str, unit: str = "") -> Any:
-    return field(default=default, metadata={"doc": doc, "unit": unit})
+def _setting(default: Any, doc: str, unit: str = "", *, secret: bool = False) -> Any:
+    return field(default=default, metadata={"doc": doc, "unit": unit, "secret": secret})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,9 @@ class Settings:
     )
     advertised_listener: HostPort | None = _setting(
         None, "HOST:PORT given to clients in Metadata (default: the listen address)"
+    )
+    metrics_listen: HostPort = _setting(
+        HostPort("127.0.0.1", 9464), "HTTP for /metrics, /healthz and /readyz (HOST:PORT)"
     )
     data_dir: Path = _setting(Path("pidctl-data"), "directory of the metadata log")
     node_id: int = _setting(1, "this controller's node id")
@@ -139,8 +143,10 @@ _CHOICES = {"log_format": ("json", "console"), "log_level": ("debug", "info", "w
 
 def _convert(name: str, raw: Any) -> Any:
     """Turn a raw value (string from env/flag, or TOML value) into the setting's type."""
-    if name in ("listen", "advertised_listener"):
-        return None if raw in (None, "") and name != "listen" else HostPort.parse(str(raw))
+    if name in ("listen", "advertised_listener", "metrics_listen"):
+        if raw in (None, "") and name == "advertised_listener":
+            return None
+        return HostPort.parse(str(raw))
     if name == "data_dir":
         return Path(str(raw))
     if name == "cluster_id":
@@ -172,7 +178,17 @@ def load_settings(
     environ: Mapping[str, str] = os.environ,
     config_file: Path | None = None,
 ) -> Settings:
-    """Merge file < env < flags over the defaults; raise :class:`SettingsError` on a problem."""
+    """Merge file < env < flags over the defaults; raise :class:`SettingsError` listing every
+    problem, one line each."""
+    return load_settings_with_sources(flags, environ, config_file)[0]
+
+
+def load_settings_with_sources(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] = os.environ,
+    config_file: Path | None = None,
+) -> tuple[Settings, dict[str, str]]:
+    """As :func:`load_settings`, also saying where each non-default value came from."""
     merged: dict[str, tuple[str, Any]] = {}
     if config_file is not None:
         try:
@@ -189,19 +205,40 @@ def load_settings(
         if value is not None:
             merged[name] = ("--" + name.replace("_", "-"), value)
     values: dict[str, Any] = {}
+    problems: list[str] = []
     for name, (source, raw) in merged.items():
         if name not in SETTING_NAMES:
-            raise SettingsError(f"{source}: unknown setting {name!r}")
+            problems.append(f"{source}: unknown setting {name!r}")
+            continue
         try:
             values[name] = _convert(name, raw)
         except ValueError as e:
-            raise SettingsError(f"{source}: invalid {name}: {e}") from None
+            problems.append(f"{source}: invalid {name}: {e}")
+    if problems:
+        raise SettingsError("\n".join(problems))
     settings = Settings(**values)
     try:
         settings.pid_range  # noqa: B018 - validates first/last together
     except ValueError as e:
         raise SettingsError(f"first_producer_id/last_producer_id: {e}") from None
-    return settings
+    return settings, {name: source for name, (source, _) in merged.items()}
+
+
+def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
+    """The effective settings as TOML lines, secrets masked, each with where it came from."""
+    lines = []
+    for f in dataclasses.fields(Settings):
+        value = getattr(settings, f.name)
+        if value is None:
+            text = '""'
+        elif f.metadata["secret"]:
+            text = '"********"'
+        elif isinstance(value, int):
+            text = str(value)
+        else:
+            text = json.dumps(str(value))
+        lines.append(f"{f.name} = {text}  # {sources.get(f.name, 'default')}")
+    return lines
 
 
 def describe_settings() -> list[tuple[str, str, str, str]]:

@@ -33,15 +33,22 @@ class ServerProcess:
         self.stderr_lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
+        self.metrics_port = 0
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
     def command(self) -> list[str]:
+        """Loopback ports picked by the kernel, unless the extra arguments say otherwise."""
+        defaults = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
         return [
-            sys.executable, "-m", "controller.cli", "serve",
-            "--listen", "127.0.0.1:0", "--data-dir", str(self.data_dir), *self.extra,
+            sys.executable, "-m", "controller.cli", "serve", *defaults,
+            "--data-dir", str(self.data_dir), *self.extra,
         ]  # fmt: skip
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
@@ -75,6 +82,8 @@ class ServerProcess:
             except ValueError:
                 continue
             self.events.append(event)
+            if event.get("event") == "metrics listening":
+                self.metrics_port = event["port"]
             if event.get("event") == "listening":
                 self.port = event["ports"][0]
                 listening.set()

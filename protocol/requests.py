@@ -104,3 +104,19 @@ def metadata(topics: list[str] | None = None, *, version: int = 12) -> Any:
     if 8 <= version <= 10:
         fields["include_cluster_authorized_operations"] = False
     return cls(**fields)
+
+
+def describe_cluster(*, include_fenced_brokers: bool = True, endpoint_type: int = 1) -> Any:
+    """A DescribeCluster v2 (registered brokers, fenced ones too by default)."""
+    cls: Any = request_class(ApiKey.DESCRIBE_CLUSTER, 2)
+    return cls(
+        include_cluster_authorized_operations=False,
+        endpoint_type=i8(endpoint_type),
+        include_fenced_brokers=include_fenced_brokers,
+    )
+
+
+def api_versions() -> Any:
+    """An ApiVersions v3 naming this software (KIP-511)."""
+    cls: Any = request_class(ApiKey.API_VERSIONS, 3)
+    return cls(client_software_name="pidctl", client_software_version="0.1.0")

@@ -66,7 +66,7 @@ def time_restart(data_dir: Path) -> tuple[float, float]:
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "controller.cli", "serve", "--listen", "127.0.0.1:0",
-         "--data-dir", str(data_dir)],
+         "--metrics-listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
         stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.stderr is not None

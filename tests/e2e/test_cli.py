@@ -97,7 +97,7 @@ def test_corruption_in_the_middle_stops_start_up_and_touches_nothing(tmp_path: P
     assert verify.returncode == 1 and "CORRUPT" in verify.stdout
     serve = subprocess.run(
         [sys.executable, "-m", "controller.cli", "serve", "--data-dir", str(data_dir),
-         "--listen", "127.0.0.1:0"],
+         "--metrics-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert serve.returncode == 1
@@ -198,8 +198,8 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = pidctl("serve", "--data-dir", str(tmp_path / "d"), "--listen",
-                        f"127.0.0.1:{port}")  # fmt: skip
+        result = pidctl("serve", "--data-dir", str(tmp_path / "d"), "--metrics-listen",
+                        "127.0.0.1:0", "--listen", f"127.0.0.1:{port}")  # fmt: skip
     assert result.returncode == 1
     assert (
         result.stderr.strip()
