@@ -15,9 +15,10 @@ examples:
   pidctl serve --listen 0.0.0.0:9093 --advertised-listener pidctl.internal:9093
   pidctl status --bootstrap 127.0.0.1:9093
   pidctl config show --config pidctl.toml
-  pidctl register --bootstrap 127.0.0.1:9093 --broker-id 1
+  pidctl register --bootstrap 127.0.0.1:9093 --broker-id 1 --listener PLAINTEXT://kafka-1:9092
   pidctl allocate --bootstrap 127.0.0.1:9093 --broker-id 1 --broker-epoch 1
   pidctl log dump --data-dir ./pidctl-data --json
+  pidctl log dump --data-dir ./pidctl-data --broker 1 --since 2026-11-01T00:00:00Z --summary
   pidctl log verify --data-dir ./pidctl-data
 """
 
@@ -64,16 +65,28 @@ def build_parser() -> argparse.ArgumentParser:
     dump = log_commands.add_parser("dump", help="print every record with its offset and time")
     dump.add_argument("--data-dir", type=Path, required=True)
     dump.add_argument("--json", action="store_true", help="one JSON object per line")
+    dump.add_argument("--broker", type=int, metavar="ID", help="only records about this broker")
+    dump.add_argument("--since", metavar="TIME", help="ISO 8601 time or epoch ms (inclusive)")
+    dump.add_argument("--until", metavar="TIME", help="ISO 8601 time or epoch ms (inclusive)")
+    dump.add_argument(
+        "--summary", action="store_true",
+        help="blocks and producer ids per holder, holes, restarts (instead of the records)",
+    )  # fmt: skip
     verify = log_commands.add_parser("verify", help="check checksums and invariants")
     verify.add_argument("--data-dir", type=Path, required=True)
 
     register = commands.add_parser("register", help="register a broker; prints its epoch")
     register.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     register.add_argument("--broker-id", type=int, required=True)
-    register.add_argument("--cluster-id", help="the cluster id, as `pidctl log verify` prints it")
+    register.add_argument("--cluster-id", help="default: the server's, from Metadata")
     register.add_argument(
         "--incarnation-id", type=uuid.UUID, help="default: a new random incarnation"
     )
+    register.add_argument(
+        "--listener", action="append", default=[], metavar="NAME://HOST:PORT",
+        help="an advertised listener of the broker (repeatable)",
+    )  # fmt: skip
+    register.add_argument("--rack")
 
     status = commands.add_parser(
         "status", help="cluster id, node id, API versions and registered brokers of a server"
@@ -177,8 +190,24 @@ def _single(error: BaseException) -> BaseException:
     return error
 
 
+def _progress(label: str) -> Any:
+    """A progress bar on stderr for long reads, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        share = done / total if total else 1.0
+        bar = "#" * int(share * 30)
+        sys.stderr.write(f"\r{label} [{bar:<30}] {share:4.0%}")
+        if done >= total:
+            sys.stderr.write("\r" + " " * (len(label) + 40) + "\r")
+        sys.stderr.flush()
+
+    return show
+
+
 def _log(args: argparse.Namespace) -> int:
-    from .logtools import dump_lines, verify
+    from .logtools import DumpFilter, dump_lines, parse_time, selected, summary_lines, verify
     from .metalog import LogCorruption
 
     if args.log_command == "dump":
@@ -186,7 +215,20 @@ def _log(args: argparse.Namespace) -> int:
             print(f"pidctl: {args.data_dir}: no such data dir", file=sys.stderr)
             return 1
         try:
-            for line in dump_lines(args.data_dir, args.json):
+            keep = DumpFilter(
+                args.broker,
+                parse_time(args.since) if args.since else None,
+                parse_time(args.until) if args.until else None,
+            )
+        except ValueError as e:
+            print(f"pidctl: --since/--until: {e}", file=sys.stderr)
+            return 2
+        try:
+            if args.summary:
+                lines = summary_lines(selected(args.data_dir, keep, _progress("reading"))[1])
+            else:
+                lines = list(dump_lines(args.data_dir, args.json, keep, _progress("reading")))
+            for line in lines:
                 print(line)
         except LogCorruption as e:
             print(f"pidctl: CORRUPT: {e}", file=sys.stderr)
@@ -194,31 +236,28 @@ def _log(args: argparse.Namespace) -> int:
         except BrokenPipeError:
             sys.stderr.close()
         return 0
-    report = verify(args.data_dir)
+    report = verify(args.data_dir, _progress("verifying"))
     for line in report.lines:
         print(line)
     return 0 if report.ok else 1
 
 
 def _register(args: argparse.Namespace) -> int:
-    from kio.schema.broker_registration.v4 import BrokerRegistrationRequest
-    from kio.schema.types import BrokerId
+    from protocol import requests
 
     from .client import SyncClient
 
-    if args.cluster_id is None:
-        print("pidctl: --cluster-id is required (see `pidctl log verify`)", file=sys.stderr)
+    try:
+        with SyncClient(args.bootstrap) as client:
+            cluster_id = args.cluster_id or client.request(requests.metadata([])).cluster_id
+            request = requests.registration(
+                args.broker_id, cluster_id, args.incarnation_id,
+                listeners=tuple(args.listener), rack=args.rack,
+            )  # fmt: skip
+            response = client.request(request)
+    except ValueError as e:
+        print(f"pidctl: {e}", file=sys.stderr)
         return 2
-    request = BrokerRegistrationRequest(
-        broker_id=BrokerId(args.broker_id),
-        cluster_id=args.cluster_id,
-        incarnation_id=args.incarnation_id or uuid.uuid4(),
-        listeners=(),
-        features=(),
-        rack=None,
-    )
-    with SyncClient(args.bootstrap) as client:
-        response = client.request(request)
     if response.error_code:
         print(f"pidctl: registration refused: {response.error_code.name}", file=sys.stderr)
         return 1

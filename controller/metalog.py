@@ -133,8 +133,10 @@ class LogContents:
         return [e for s in self.segments for e in s.scan.entries if e.offset >= from_offset]
 
 
-def read_log(data_dir: Path) -> LogContents:
+def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None) -> LogContents:
     """Read and check every file in ``data_dir`` without changing anything.
+
+    ``progress(bytes_read, bytes_total)`` is called after each segment.
 
     Raises :class:`LogCorruption` for damage anywhere but a torn tail of the last segment,
     which is reported in ``torn_tail_bytes`` instead.
@@ -150,6 +152,8 @@ def read_log(data_dir: Path) -> LogContents:
         contents.snapshot_offset = offset
         contents.snapshot_state = state
     paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=_offset_of)
+    total = sum(p.stat().st_size for p in paths)
+    done = 0
     expected_base: int | None = None
     for index, path in enumerate(paths):
         base = _offset_of(path)
@@ -167,6 +171,9 @@ def read_log(data_dir: Path) -> LogContents:
             contents.torn_tail_problem = scan.problem
         contents.segments.append(SegmentRead(path, base, scan))
         expected_base = base + len(scan.entries)
+        done += path.stat().st_size
+        if progress is not None:
+            progress(done, total)
     if contents.snapshot_path is not None:
         first_base = contents.segments[0].base_offset if contents.segments else None
         if first_base is None or first_base > contents.snapshot_offset:

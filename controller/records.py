@@ -88,8 +88,19 @@ class TransactionalIdExpired:
     producer_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class ControllerStarted:
+    """A controller process started on this log: the audit trail's restart marker (blocks
+    the controller's own pool held before it are abandoned, as a restarted broker's are)."""
+
+    TYPE: ClassVar[int] = 7
+    node_id: int
+    software_version: str
+
+
 Record = (
     ClusterCreated
+    | ControllerStarted
     | BrokerRegistered
     | BrokerUnregistered
     | ProducerIdsGranted
@@ -101,6 +112,7 @@ RECORD_TYPES: dict[int, type[Record]] = {
     cls.TYPE: cls
     for cls in (
         ClusterCreated,
+        ControllerStarted,
         BrokerRegistered,
         BrokerUnregistered,
         ProducerIdsGranted,

@@ -25,6 +25,7 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
+from protocol import __version__
 from protocol.api_versions import unsupported_version_response
 from protocol.codec import (
     ProtocolViolation,
@@ -38,7 +39,7 @@ from .brokers import BrokerSessions
 from .metalog import MetadataLog, lock_data_dir, recover
 from .metrics import HttpEndpoint, Metrics, StateView, api_name
 from .producer_ids import remaining_producer_ids
-from .records import ClusterCreated, ProducerIdsGranted
+from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
 from .settings import Settings
 
@@ -170,6 +171,7 @@ class PidctlServer:
             raise ClusterIdMismatch(
                 f"cluster_id {wanted!r} does not match {state.cluster_id!r} stored in the log"
             )
+        controller.commit([ControllerStarted(self.settings.node_id, __version__)], now())
 
     async def _serve(
         self, controller: Controller, metalog: MetadataLog, task_status: trio.TaskStatus[None]
@@ -299,7 +301,7 @@ class PidctlServer:
         self.metrics.requests.labels(api, str(version)).inc()
         error = getattr(body, "error_code", ErrorCode.none)
         if error:
-            self.metrics.errors.labels(api, str(version), ErrorCode(error).name).inc()
+            self.metrics.errors.labels(api, str(version), ErrorCode(error).name.upper()).inc()
 
     async def _write_responses(
         self,

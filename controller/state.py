@@ -14,6 +14,7 @@ from .records import (
     BrokerRegistered,
     BrokerUnregistered,
     ClusterCreated,
+    ControllerStarted,
     ProducerIdsGranted,
     Record,
     TransactionalIdExpired,
@@ -90,6 +91,8 @@ class ControllerState:
                     raise InvariantViolation(f"offset {offset}: empty or inverted grant")
                 self.next_producer_id = record.next_producer_id
                 self.blocks_granted += 1
+            case ControllerStarted():
+                pass  # an audit marker: no state
             case TransactionalIdUpdated():
                 if not 0 <= record.producer_id < self.next_producer_id:
                     raise InvariantViolation(

@@ -5,14 +5,18 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${PIDCTL_VENV:-$root/.venv}"
+venv="${VENV:-$root/.venv}"  # not PIDCTL_*: those are all settings
 
 ensure_venv() {
     local extras="$1" stamp="$venv/.installed$1"
     if [[ ! -x "$venv/bin/python" ]]; then
         python3 -m venv "$venv"
     fi
-    # Reinstall when pyproject.toml changed since the last install.
+    # The test install includes the plain one.
+    if [[ -z "$extras" && -f "$venv/.installed[test]" ]]; then
+        stamp="$venv/.installed[test]"
+    fi
+    # Install when never done here, or when pyproject.toml changed since.
     if [[ ! -f "$stamp" || "$root/pyproject.toml" -nt "$stamp" ]]; then
         "$venv/bin/python" -m pip install --quiet --upgrade pip
         "$venv/bin/python" -m pip install --quiet -e "$root$extras"

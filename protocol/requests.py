@@ -9,25 +9,46 @@ from typing import Any
 from kio.schema.allocate_producer_ids.v0 import AllocateProducerIdsRequest
 from kio.schema.broker_heartbeat.v2 import BrokerHeartbeatRequest
 from kio.schema.broker_registration.v4 import BrokerRegistrationRequest
+from kio.schema.broker_registration.v4.request import Listener
 from kio.schema.types import BrokerId
 from kio.schema.unregister_broker.v0 import UnregisterBrokerRequest
-from kio.static.primitive import i8, i16, i64
+from kio.static.primitive import i8, i16, i64, u16
 
 from .apis import ApiKey, request_class
 
 
 def registration(
-    broker_id: int, cluster_id: str, incarnation: uuid.UUID | None = None
+    broker_id: int,
+    cluster_id: str,
+    incarnation: uuid.UUID | None = None,
+    *,
+    listeners: tuple[str, ...] = (),
+    rack: str | None = None,
 ) -> BrokerRegistrationRequest:
-    """A BrokerRegistration v4 with no listeners or features (a new incarnation by default)."""
+    """A BrokerRegistration v4 (a new incarnation by default); ``listeners`` are
+    ``NAME://HOST:PORT`` strings, as in Kafka's ``advertised.listeners``."""
     return BrokerRegistrationRequest(
         broker_id=BrokerId(broker_id),
         cluster_id=cluster_id,
         incarnation_id=incarnation or uuid.uuid4(),
-        listeners=(),
+        listeners=tuple(_listener(text) for text in listeners),
         features=(),
-        rack=None,
+        rack=rack,
     )
+
+
+def _listener(text: str) -> Listener:
+    name, sep, address = text.partition("://")
+    host, _, port = address.rpartition(":")
+    if not sep or not name or not port.isdigit():
+        raise ValueError(f"listener must be NAME://HOST:PORT, got {text!r}")
+    # Security protocol ids (Kafka's SecurityProtocol): PLAINTEXT 0, SSL 1, SASL_PLAINTEXT 2,
+    # SASL_SSL 3; a listener named after one uses it, any other name is PLAINTEXT.
+    protocols = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
+    return Listener(
+        name=name, host=host.strip("[]"), port=u16(int(port)),
+        security_protocol=i16(protocols.get(name.upper(), 0)),
+    )  # fmt: skip
 
 
 def heartbeat(
@@ -119,4 +140,6 @@ def describe_cluster(*, include_fenced_brokers: bool = True, endpoint_type: int 
 def api_versions() -> Any:
     """An ApiVersions v3 naming this software (KIP-511)."""
     cls: Any = request_class(ApiKey.API_VERSIONS, 3)
-    return cls(client_software_name="pidctl", client_software_version="0.1.0")
+    from . import __version__
+
+    return cls(client_software_name="pidctl", client_software_version=__version__)

@@ -35,15 +35,19 @@ from protocol import requests as wire
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_history(data_dir: Path, grants: int) -> None:
-    """Write a data dir holding `grants` grants through the real log (snapshots included)."""
-
+def build_history(
+    data_dir: Path, grants: int, snapshot_interval_records: int = 10_000
+) -> None:
+    """Write a data dir holding `grants` grants through the real log (and its snapshots)."""
     data_dir.mkdir(parents=True)
 
     async def main() -> None:
         state = ControllerState()
         controller: Controller
-        metalog = MetadataLog(data_dir, 0, 0, lambda: controller.snapshot())
+        metalog = MetadataLog(
+            data_dir, 0, 0, lambda: controller.snapshot(),
+            snapshot_interval_records=snapshot_interval_records,
+        )  # fmt: skip
         controller = Controller(state, metalog)
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:

@@ -24,7 +24,8 @@ def pidctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
     )  # fmt: skip
 
 
-def _grants(tmp_path: Path, count: int) -> tuple[Path, list[int]]:
+def _grants(tmp_path: Path, count: int) -> tuple[Path, list[int], int]:
+    """A data dir where broker 1 registered and got ``count`` blocks: (dir, starts, epoch)."""
     data_dir = tmp_path / "data"
     with ServerProcess(data_dir) as server:
         with SyncClient(server.bootstrap) as client:
@@ -32,7 +33,7 @@ def _grants(tmp_path: Path, count: int) -> tuple[Path, list[int]]:
             starts = [r.producer_id_start for r in client.pipeline(
                 [wire.allocate(1, epoch) for _ in range(count)])]  # fmt: skip
         assert server.terminate() == 0
-    return data_dir, starts
+    return data_dir, starts, epoch
 
 
 def _segment(data_dir: Path) -> Path:
@@ -44,24 +45,26 @@ def _digest(data_dir: Path) -> dict[str, str]:
 
 
 def test_dump_json_is_the_audit_trail(tmp_path: Path) -> None:
-    data_dir, starts = _grants(tmp_path, 3)
+    data_dir, starts, epoch = _grants(tmp_path, 3)
     result = pidctl("log", "dump", "--data-dir", str(data_dir), "--json")
     assert result.returncode == 0
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["type"] for r in records] == [
-        "ClusterCreated", "BrokerRegistered", *["ProducerIdsGranted"] * 3,
+        "ClusterCreated", "ControllerStarted", "BrokerRegistered", *["ProducerIdsGranted"] * 3,
     ]  # fmt: skip
-    assert [r["offset"] for r in records] == list(range(5))
+    assert [r["offset"] for r in records] == list(range(6))
+    assert records[2]["broker_epoch"] == epoch == 2  # the registration record's offset
     grants = [r for r in records if r["type"] == "ProducerIdsGranted"]
     assert [g["first_producer_id"] for g in grants] == starts
-    assert all(g["broker_id"] == 1 and g["broker_epoch"] == 1 for g in grants)
+    assert all(g["broker_id"] == 1 and g["broker_epoch"] == epoch for g in grants)
+    assert all(g["holder"] == "broker" and g["principal"] == "User:ANONYMOUS" for g in grants)
     assert all(g["time"].endswith("Z") for g in records)
     text = pidctl("log", "dump", "--data-dir", str(data_dir))
     assert "ProducerIdsGranted" in text.stdout and text.returncode == 0
 
 
 def test_verify_ok_and_missing_dir(tmp_path: Path) -> None:
-    data_dir, _ = _grants(tmp_path, 2)
+    data_dir, _, _ = _grants(tmp_path, 2)
     ok = pidctl("log", "verify", "--data-dir", str(data_dir))
     assert ok.returncode == 0 and ok.stdout.strip().endswith("OK")
     missing = pidctl("log", "verify", "--data-dir", str(tmp_path / "nope"))
@@ -69,7 +72,7 @@ def test_verify_ok_and_missing_dir(tmp_path: Path) -> None:
 
 
 def test_torn_tail_is_truncated_at_start_up_with_a_warning(tmp_path: Path) -> None:
-    data_dir, starts = _grants(tmp_path, 5)
+    data_dir, starts, epoch = _grants(tmp_path, 5)
     segment = _segment(data_dir)
     segment.write_bytes(segment.read_bytes()[:-9])  # cut the last grant mid-record
     verify = pidctl("log", "verify", "--data-dir", str(data_dir))
@@ -78,7 +81,7 @@ def test_torn_tail_is_truncated_at_start_up_with_a_warning(tmp_path: Path) -> No
         warning = server.event("truncating torn tail")
         assert warning["level"] == "warning" and warning["bytes"] > 0
         with SyncClient(server.bootstrap) as client:
-            nxt = client.request(wire.allocate(1, 1))
+            nxt = client.request(wire.allocate(1, epoch))
     # We cut a record ourselves (as a disk losing its tail would), so that grant is gone and
     # its range is granted again; every grant before it survives.
     assert nxt.producer_id_start == starts[-1]
@@ -86,7 +89,7 @@ def test_torn_tail_is_truncated_at_start_up_with_a_warning(tmp_path: Path) -> No
 
 
 def test_corruption_in_the_middle_stops_start_up_and_touches_nothing(tmp_path: Path) -> None:
-    data_dir, _ = _grants(tmp_path, 5)
+    data_dir, _, _ = _grants(tmp_path, 5)
     segment = _segment(data_dir)
     data = bytearray(segment.read_bytes())
     data[len(data) // 2] ^= 0x01

@@ -1,0 +1,277 @@
+"""pidctl as operators run it: the README's and the Dockerfile's start commands, metrics and
+health over HTTP, graceful shutdown under load, the deployment examples."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import yaml
+
+from controller.client import SyncClient
+from ops.bench.core import build_history
+from ops.serverproc import ServerProcess
+from protocol import requests
+from tests import wire
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text format to {'name{labels}': value}, comments skipped."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def http_status(url: str) -> int:
+    try:
+        return int(urllib.request.urlopen(url, timeout=5).status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def wait_for(url: str, status: int = 200, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if http_status(url) == status:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never answered {status}"
+        time.sleep(0.1)
+
+
+def dockerfile() -> tuple[dict[str, str], list[str], list[str]]:
+    """The Dockerfile's ENV, its ENTRYPOINT + CMD, and its HEALTHCHECK command."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    command: list[str] = []
+    health: list[str] = []
+    for line in text.splitlines():
+        keyword, _, rest = line.strip().partition(" ")
+        if keyword == "ENV":
+            env.update(dict(pair.split("=", 1) for pair in shlex.split(rest)))
+        elif keyword in ("ENTRYPOINT", "CMD"):
+            command += json.loads(rest)
+        elif keyword == "HEALTHCHECK":
+            health = json.loads(rest.split(" CMD ", 1)[1])
+    return env, command, health
+
+
+def drive_traffic(bootstrap: str) -> None:
+    with SyncClient(bootstrap) as client:
+        cluster = client.request(requests.metadata([])).cluster_id
+        epoch = wire.register(client, 1, cluster)
+        client.pipeline([wire.allocate(1, epoch)] * 3 + [requests.init_producer_id()] * 5)
+        client.request(wire.allocate(1, epoch + 99))  # a STALE_BROKER_EPOCH
+
+
+def check_metrics_follow_traffic(bootstrap: str, metrics_url: str) -> None:
+    assert http_status(metrics_url + "/healthz") == 200
+    wait_for(metrics_url + "/readyz")
+    before = scrape(metrics_url)
+    drive_traffic(bootstrap)
+    after = scrape(metrics_url)
+    allocate = 'pidctl_requests_total{api="allocate_producer_ids",version="0"}'
+    assert after[allocate] - before.get(allocate, 0) == 4
+    stale = ('pidctl_request_errors_total{api="allocate_producer_ids",'
+             'error="STALE_BROKER_EPOCH",version="0"}')  # fmt: skip
+    assert after[stale] == 1
+    assert after["pidctl_next_producer_id"] >= before["pidctl_next_producer_id"] + 4000
+    assert after["pidctl_log_appended_records_total"] > before["pidctl_log_appended_records_total"]
+    assert after['pidctl_producer_id_blocks_granted_total{broker="1",holder="broker"}'] == 3
+    assert after["pidctl_registered_brokers"] == 1
+    assert after["pidctl_connections_accepted_total"] > before["pidctl_connections_accepted_total"]
+    assert after["pidctl_received_bytes_total"] > before["pidctl_received_bytes_total"]
+    assert after['pidctl_request_duration_seconds_count{api="init_producer_id"}'] == 5
+    assert after["pidctl_log_fsync_duration_seconds_count"] > 0
+
+
+def test_readme_command_serves_metrics_and_readiness(tmp_path: Path) -> None:
+    """`ops/dev.sh serve`, as the README says, on its embedded defaults (9093 and 9464)."""
+    env = {**os.environ, "VENV": str(VENV_BIN.parent)}
+    proc = subprocess.Popen([str(ROOT / "ops" / "dev.sh"), "serve"], cwd=tmp_path, env=env,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for("http://127.0.0.1:9464/readyz")
+        check_metrics_follow_traffic("127.0.0.1:9093", "http://127.0.0.1:9464")
+        assert (tmp_path / "pidctl-data").is_dir()  # the embedded default data dir
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def test_dockerfile_entrypoint_outside_docker(tmp_path: Path) -> None:
+    """The image's ENTRYPOINT + CMD with its ENV (only the data dir moved into a temporary
+    directory: there is no Docker engine here), then its HEALTHCHECK command."""
+    env, command, health = dockerfile()
+    assert command == ["pidctl", "serve"] and env["PIDCTL_DATA_DIR"] == "/data"
+    env["PIDCTL_DATA_DIR"] = str(tmp_path / "data")
+    run_env = {**os.environ, **env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(command, env=run_env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("http://127.0.0.1:9464/readyz")
+        assert health[0] == "python"
+        assert subprocess.run([sys.executable, *health[1:]], timeout=10).returncode == 0
+        check_metrics_follow_traffic("127.0.0.1:9093", "http://127.0.0.1:9464")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    # After shutdown the health check fails, as it must.
+    assert subprocess.run([sys.executable, *health[1:]], timeout=10,
+                          stderr=subprocess.DEVNULL).returncode != 0  # fmt: skip
+
+
+def test_dockerfile_lints_clean() -> None:
+    result = subprocess.run([str(VENV_BIN / "hadolint"), str(ROOT / "Dockerfile")],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readyz_is_503_while_the_log_recovers(tmp_path: Path) -> None:
+    """A long log without snapshots takes a while to replay: /healthz answers at once,
+    /readyz says 503 until recovery is done and the listener is bound, then 200."""
+    data_dir = tmp_path / "d"
+    build_history(data_dir, 200_000, snapshot_interval_records=10**9)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    server = ServerProcess(data_dir, "--metrics-listen", f"127.0.0.1:{metrics_port}")
+    proc = subprocess.Popen(server.command(), stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{metrics_port}"
+    seen: list[int] = []
+    try:
+        wait_for(url + "/healthz")
+        deadline = time.monotonic() + 60
+        while not seen or seen[-1] != 200:
+            assert time.monotonic() < deadline
+            seen.append(http_status(url + "/readyz"))
+            time.sleep(0.01)
+        assert http_status(url + "/nope") == 404
+    finally:
+        proc.kill()
+        proc.wait()
+    assert seen[0] == 503 and seen[-1] == 200
+
+
+def test_sigterm_under_load_loses_no_acknowledged_grant(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "d").start()
+    cluster = server.cluster_id()
+    acked: list[int] = []
+    lock = threading.Lock()
+
+    def broker(broker_id: int) -> None:
+        try:
+            with SyncClient(server.bootstrap) as client:
+                epoch = wire.register(client, broker_id, cluster)
+                while True:
+                    for r in client.pipeline([wire.allocate(broker_id, epoch)] * 4):
+                        assert r.error_code == 0
+                        with lock:
+                            acked.append(r.producer_id_start)
+        except (ConnectionError, OSError):
+            return
+
+    threads = [threading.Thread(target=broker, args=(b,)) for b in range(1, 9)]
+    for t in threads:
+        t.start()
+    time.sleep(random.uniform(0.5, 1.0))
+    assert server.terminate() == 0
+    for t in threads:
+        t.join(30)
+    assert acked, "no grant was acknowledged before SIGTERM"
+    stopped = server.event("stopped")
+    assert stopped["level"] == "info"
+    server.start()
+    try:
+        with SyncClient(server.bootstrap) as client:
+            epoch = wire.register(client, 99, cluster)
+            nxt = client.request(wire.allocate(99, epoch))
+    finally:
+        server.kill()
+    assert nxt.producer_id_start >= max(acked) + 1000
+
+
+def test_status_and_config_show(server: ServerProcess) -> None:
+    registered = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "register", "--bootstrap", server.bootstrap,
+         "--broker-id", "4", "--listener", "PLAINTEXT://kafka-4:9092", "--rack", "r1"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "status", "--bootstrap", server.bootstrap],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert status.returncode == 0
+    assert f"cluster id:  {server.cluster_id()}" in status.stdout
+    assert "node id:     1" in status.stdout
+    assert re.search(r"ALLOCATE_PRODUCER_IDS\s+67\s+v0-v0", status.stdout)
+    assert re.search(r"broker 4\s+kafka-4:9092\s+fenced", status.stdout)
+    shown = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "config", "show", "--node-id", "9"],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "PIDCTL_LOG_LEVEL": "debug"},
+    )  # fmt: skip
+    assert "node_id = 9  # --node-id" in shown.stdout
+    assert 'log_level = "debug"  # PIDCTL_LOG_LEVEL' in shown.stdout
+    assert "max_frame_bytes = 1048576  # default" in shown.stdout
+
+
+def test_describe_cluster_lists_registered_brokers(server: ServerProcess) -> None:
+    with SyncClient(server.bootstrap) as client:
+        cluster = server.cluster_id()
+        registration = requests.registration(
+            5, cluster, uuid.uuid4(), listeners=("PLAINTEXT://kafka-5:9092",)
+        )
+        epoch = client.request(registration).broker_epoch
+        fenced_only = client.request(requests.describe_cluster(include_fenced_brokers=False))
+        client.request(wire.heartbeat(5, epoch))
+        active = client.request(requests.describe_cluster(include_fenced_brokers=False))
+        controllers = client.request(requests.describe_cluster(endpoint_type=2))
+    assert fenced_only.brokers == ()  # registered brokers start fenced
+    [broker] = active.brokers
+    assert (broker.broker_id, broker.host, broker.port, broker.is_fenced) == (5, "kafka-5", 9092,
+                                                                              False)  # fmt: skip
+    assert active.cluster_id == cluster and active.controller_id == 1
+    assert [c.broker_id for c in controllers.brokers] == [1]
+
+
+def test_deployment_examples_match_the_image() -> None:
+    env, _, _ = dockerfile()
+    pod = yaml.safe_load((ROOT / "ops/deploy/kubernetes-sidecar.yaml").read_text())
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    sidecar = containers["pidctl"]
+    assert {"kafka", "pidctl"} <= set(containers)
+    assert sidecar["args"] == ["serve"]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports == {"pidctl": 9093, "metrics": 9464}
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert sidecar["securityContext"]["runAsUser"] == 10001
+    mounts = {m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert env["PIDCTL_DATA_DIR"] in mounts
+    prometheus = yaml.safe_load((ROOT / "ops/deploy/prometheus.yml").read_text())
+    assert any(job["job_name"] == "pidctl" for job in prometheus["scrape_configs"])
+    alerts = yaml.safe_load((ROOT / "ops/deploy/pidctl-alerts.yml").read_text())
+    names = {rule["alert"] for group in alerts["groups"] for rule in group["rules"]}
+    assert "PidctlProducerIdsRunningOut" in names
