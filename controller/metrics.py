@@ -129,6 +129,15 @@ class Metrics:
         self.bytes_received = Counter("pidctl_received_bytes", "Bytes received from clients.",
                                       registry=r)  # fmt: skip
         self.bytes_sent = Counter("pidctl_sent_bytes", "Bytes sent to clients.", registry=r)
+        self.throttled = Counter(
+            "pidctl_throttled_requests",
+            "Requests answered with throttle_time_ms > 0 (api=connection: delayed accepts).",
+            ["api"], registry=r,
+        )  # fmt: skip
+        self.throttle_seconds = Counter(
+            "pidctl_throttle_seconds", "Time connections were muted or delayed by quotas.",
+            ["api"], registry=r,
+        )  # fmt: skip
         self.log_appends = Counter("pidctl_log_appended_records", "Records made durable.",
                                    registry=r)  # fmt: skip
         self.fsync = Histogram(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from protocol import __version__
 from protocol.api_versions import unsupported_version_response
+from protocol.apis import ApiKey
 from protocol.codec import (
     ProtocolViolation,
     UnsupportedApiVersionsVersion,
@@ -39,6 +41,7 @@ from .brokers import BrokerSessions
 from .metalog import MetadataLog, lock_data_dir, recover
 from .metrics import HttpEndpoint, Metrics, StateView, api_name
 from .producer_ids import remaining_producer_ids
+from .quotas import Quotas
 from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
 from .settings import Settings
@@ -72,6 +75,14 @@ class PidctlServer:
         self._stopping = trio.Event()
         self._readers: set[trio.CancelScope] = set()
         self.metrics = Metrics()
+        self.quotas = Quotas(
+            {
+                ApiKey.ALLOCATE_PRODUCER_IDS: settings.allocate_producer_ids_quota,
+                ApiKey.INIT_PRODUCER_ID: settings.init_producer_id_quota,
+            },
+            connection_rate=settings.connection_creation_rate,
+            window_s=settings.quota_window_ms / 1000,
+        )
 
     def request_shutdown(self) -> None:
         """Stop accepting, stop reading, finish in-flight responses, flush, return."""
@@ -221,10 +232,15 @@ class PidctlServer:
 
         async def handle(stream: trio.SocketStream) -> None:
             try:
-                peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+                address, port = stream.socket.getpeername()[:2]
             except OSError:
                 return
-            conn = ConnectionInfo(peer=peer)
+            conn = ConnectionInfo(peer=f"{address}:{port}")
+            delay = self.quotas.connection(address, time.monotonic())
+            if delay:
+                # KIP-612: over the creation rate, the connection waits before it is served.
+                self._throttled("connection", delay)
+                await trio.sleep(delay)
             send, receive = trio.open_memory_channel[_Outgoing](
                 settings.max_in_flight_per_connection
             )
@@ -287,15 +303,32 @@ class PidctlServer:
                     return "protocol_error"
                 reply = controller.handle(request, now(), conn)
                 api = api_name(request.api_key)
-                self._count(api, request.api_version, reply.body)
+                body = reply.body
+                throttle = self.quotas.request(
+                    request.api_key, conn.principal, request.header.client_id, time.monotonic()
+                )
+                if throttle:
+                    body = dataclasses.replace(
+                        body, throttle_time=datetime.timedelta(milliseconds=round(throttle * 1000))
+                    )
+                    self._throttled(api, throttle)
+                self._count(api, request.api_version, body)
                 log.debug(
                     "request", api=api, version=request.api_version, peer=conn.peer,
                     client_id=request.header.client_id,
                     correlation_id=request.header.correlation_id,
                     error=getattr(reply.body, "error_code", 0),
                 )  # fmt: skip
-                data_out = encode_response(request.header, reply.body)
+                data_out = encode_response(request.header, body)
                 await send.send(_Outgoing(data_out, reply.durable_offset, api, arrived))
+                if throttle:
+                    # KIP-219: answer at once, then read nothing more from this client until
+                    # the throttle time has passed, whether or not it honours the field.
+                    await trio.sleep(throttle)
+
+    def _throttled(self, api: str, seconds: float) -> None:
+        self.metrics.throttled.labels(api).inc()
+        self.metrics.throttle_seconds.labels(api).inc(seconds)
 
     def _count(self, api: str, version: int, body: object) -> None:
         self.metrics.requests.labels(api, str(version)).inc()

@@ -100,6 +100,24 @@ class Settings:
         "transaction.remove.expired.transaction.cleanup.interval.ms)",
         "ms",
     )
+    allocate_producer_ids_quota: float = _setting(
+        0.0,
+        "AllocateProducerIds per second per (principal, client id) before responses carry "
+        "throttle_time_ms and the connection is muted for it; 0: no quota",
+        "requests/s",
+    )
+    init_producer_id_quota: float = _setting(
+        0.0, "InitProducerId per second per (principal, client id); 0: no quota", "requests/s"
+    )
+    connection_creation_rate: float = _setting(
+        0.0,
+        "new connections per second per source address; more are accepted only after a delay "
+        "(Kafka's max.connection.creation.rate); 0: no limit",
+        "connections/s",
+    )
+    quota_window_ms: int = _setting(
+        1000, "burst allowance of every rate above: rate x window", "ms"
+    )
     segment_max_bytes: int = _setting(
         DEFAULT_SEGMENT_MAX_BYTES, "roll to a new log segment past this size", "bytes"
     )
@@ -128,7 +146,9 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+_FLOATS = {"allocate_producer_ids_quota", "init_producer_id_quota", "connection_creation_rate"}
 _POSITIVE = {
+    "quota_window_ms",
     "transaction_max_timeout_ms",
     "transactional_id_expiration_ms",
     "transactional_id_cleanup_interval_ms",
@@ -156,6 +176,14 @@ def _convert(name: str, raw: Any) -> Any:
         if value not in _CHOICES[name]:
             raise ValueError(f"expected one of {', '.join(_CHOICES[name])}, got {raw!r}")
         return value
+    if name in _FLOATS:
+        try:
+            rate = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if not rate >= 0 or rate == float("inf"):
+            raise ValueError(f"must be a finite number >= 0, got {raw!r}")
+        return rate
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise ValueError(f"expected an integer, got {raw!r}")
     try:
@@ -233,7 +261,7 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
             text = '""'
         elif f.metadata["secret"]:
             text = '"********"'
-        elif isinstance(value, int):
+        elif isinstance(value, int | float):
             text = str(value)
         else:
             text = json.dumps(str(value))

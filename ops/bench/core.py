@@ -35,9 +35,7 @@ from protocol import requests as wire
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_history(
-    data_dir: Path, grants: int, snapshot_interval_records: int = 10_000
-) -> None:
+def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 10_000) -> None:
     """Write a data dir holding `grants` grants through the real log (and its snapshots)."""
     data_dir.mkdir(parents=True)
 

@@ -1,0 +1,66 @@
+"""Quotas over the wire: throttle_time_ms in the answer, then a muted connection (KIP-219),
+whatever the client does with the field; delayed connections over the creation rate."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+from controller.client import SyncClient
+from ops.serverproc import ServerProcess
+from protocol import requests
+from tests import wire
+from tests.e2e.test_operations import scrape
+
+
+def test_allocate_quota_throttles_and_mutes_the_connection(tmp_path: Path) -> None:
+    server = ServerProcess(
+        tmp_path / "d", "--allocate-producer-ids-quota", "5", "--quota-window-ms", "1000"
+    )
+    with server, SyncClient(server.bootstrap, client_id="greedy") as client:
+        epoch = wire.register(client, 1, server.cluster_id())
+        started = time.monotonic()
+        # The client ignores throttle_time_ms and pipelines everything at once.
+        responses = client.pipeline([wire.allocate(1, epoch)] * 10)
+        elapsed = time.monotonic() - started
+        with SyncClient(server.bootstrap, client_id="polite") as other:
+            other_start = time.monotonic()
+            polite = other.request(wire.allocate(1, epoch))
+            other_elapsed = time.monotonic() - other_start
+        metrics = scrape(server.metrics_url)
+    throttles = [r.throttle_time / datetime.timedelta(milliseconds=1) for r in responses]
+    assert all(r.error_code == 0 for r in responses)  # throttled, still answered
+    assert throttles[:5] == [0] * 5
+    assert all(t > 0 for t in throttles[5:])
+    # Muted: after each throttled answer the server read nothing more from the connection
+    # for that long, so every answer after it came that much later (the last one's mute
+    # follows the last answer).
+    assert elapsed >= 0.95 * sum(throttles[5:-1]) / 1000 >= 0.7
+    # Quotas are per (principal, client id): another client id is not held back.
+    assert polite.throttle_time == datetime.timedelta(0) and other_elapsed < 0.5
+    assert metrics['pidctl_throttled_requests_total{api="allocate_producer_ids"}'] == 5
+    assert metrics['pidctl_throttle_seconds_total{api="allocate_producer_ids"}'] > 0.8
+
+
+def test_init_producer_id_quota(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "d", "--init-producer-id-quota", "100")
+    with server, SyncClient(server.bootstrap) as client:
+        responses = client.pipeline([requests.init_producer_id()] * 150)
+    throttled = [r.throttle_time > datetime.timedelta(0) for r in responses]
+    assert not any(throttled[:100])  # the burst: rate x 1 s window
+    assert sum(throttled[100:]) >= 40  # refills while muted let a few through
+    assert all(r.error_code == 0 for r in responses)
+
+
+def test_connection_creation_rate_delays_new_connections(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "d", "--connection-creation-rate", "4")
+    with server:
+        started = time.monotonic()
+        for _ in range(8):
+            with SyncClient(server.bootstrap) as client:
+                client.request(requests.api_versions())
+        elapsed = time.monotonic() - started
+        metrics = scrape(server.metrics_url)
+    assert elapsed >= 0.9  # 4 in the burst, then one every 250 ms
+    assert metrics['pidctl_throttled_requests_total{api="connection"}'] >= 4
