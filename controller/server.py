@@ -74,6 +74,7 @@ class PidctlServer:
         self.ready = trio.Event()
         self._stopping = trio.Event()
         self._readers: set[trio.CancelScope] = set()
+        self._per_address: dict[str, int] = {}
         self.metrics = Metrics()
         self.quotas = Quotas(
             {
@@ -236,6 +237,32 @@ class PidctlServer:
             except OSError:
                 return
             conn = ConnectionInfo(peer=f"{address}:{port}")
+            refused = self._over_connection_limits(address)
+            if refused:
+                log.warning("connection refused", peer=conn.peer, reason=refused)
+                self.metrics.connections_closed.labels(refused).inc()
+                await stream.aclose()
+                return
+            self._per_address[address] = self._per_address.get(address, 0) + 1
+            try:
+                await serve_connection(stream, address, conn)
+            except Exception:
+                # A bug met by one connection must not take the server down: that
+                # connection is closed, the others go on. Nothing half-done can have reached
+                # the log (records are checked before they are appended).
+                log.exception("connection failed", peer=conn.peer)
+                self.metrics.connections_closed.labels("internal_error").inc()
+                await trio.aclose_forcefully(stream)
+            finally:
+                left = self._per_address[address] - 1
+                if left:
+                    self._per_address[address] = left
+                else:
+                    del self._per_address[address]
+
+        async def serve_connection(
+            stream: trio.SocketStream, address: str, conn: ConnectionInfo
+        ) -> None:
             delay = self.quotas.connection(address, time.monotonic())
             if delay:
                 # KIP-612: over the creation rate, the connection waits before it is served.
@@ -265,6 +292,13 @@ class PidctlServer:
 
         return handle
 
+    def _over_connection_limits(self, address: str) -> str | None:
+        if len(self._readers) >= self.settings.max_connections:
+            return "max_connections"
+        if self._per_address.get(address, 0) >= self.settings.max_connections_per_address:
+            return "max_connections_per_address"
+        return None
+
     async def _read_requests(
         self,
         stream: trio.SocketStream,
@@ -276,20 +310,34 @@ class PidctlServer:
         return why the connection ends (a metric label)."""
         decoder = FrameDecoder(self.settings.max_frame_bytes)
         metrics = self.metrics
+        idle_s = self.settings.connections_max_idle_ms / 1000
+        frame_s = self.settings.frame_timeout_ms / 1000
+        frame_deadline = float("inf")
         while True:
-            try:
-                data = await stream.receive_some(RECEIVE_BYTES)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return "broken"
+            # Between requests a client may idle up to connections_max_idle_ms; once a frame
+            # has begun, all of it must arrive within frame_timeout_ms (no slowloris).
+            deadline = frame_deadline if decoder.in_frame else trio.current_time() + idle_s
+            with trio.move_on_at(deadline) as waited:
+                try:
+                    data = await stream.receive_some(RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return "broken"
+            if waited.cancelled_caught:
+                reason = "frame_timeout" if decoder.in_frame else "idle"
+                log.info("closing connection", peer=conn.peer, reason=reason)
+                return reason
             if not data:
                 return "client"
             metrics.bytes_received.inc(len(data))
             arrived = time.perf_counter()
+            was_in_frame = decoder.in_frame
             try:
                 frames = decoder.feed(data)
             except FrameError as e:
                 log.warning("closing connection", peer=conn.peer, reason=str(e))
                 return "frame_too_large"
+            if decoder.in_frame and (frames or not was_in_frame):
+                frame_deadline = trio.current_time() + frame_s  # a new frame has begun
             for frame in frames:
                 try:
                     request = decode_request(frame, controller.supported)

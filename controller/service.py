@@ -131,15 +131,24 @@ class Controller:
         return self._handlers[request.api_key](self, request, now, conn)
 
     def commit(self, records: list[Record], now: Now) -> int:
-        """Append records and apply them to the state; return the offset to wait for."""
+        """Apply records to the state and append them; return the offset to wait for."""
         for record in records:
-            offset = self.sink.append(record, now.wall_ms)
-            self.state.replay(offset, record)
-            if isinstance(record, ProducerIdsGranted) and self.on_grant is not None:
-                self.on_grant(record)
+            self._commit_one(record, now)
         # Wait for everything decided so far, not just our records: a response may report
         # state (a retried registration's epoch) that an earlier, still pending record made.
         return self.state.next_offset - 1
+
+    def _commit_one(self, record: Record, now: Now) -> int:
+        # Replay first: it checks every invariant before it changes anything, so a record
+        # that would corrupt the log is refused (the request fails) before it is appended.
+        offset = self.state.next_offset
+        self.state.replay(offset, record)
+        appended = self.sink.append(record, now.wall_ms)
+        if appended != offset:
+            raise AssertionError(f"log offset {appended} != state offset {offset}")
+        if isinstance(record, ProducerIdsGranted) and self.on_grant is not None:
+            self.on_grant(record)
+        return offset
 
     def snapshot(self) -> dict[str, Any]:
         return self.state.to_snapshot()
@@ -160,10 +169,7 @@ class Controller:
                 self.state, self.pid_range, holder_id=self.config.node_id
             )
             if allocation.record is not None:
-                offset = self.sink.append(allocation.record, now.wall_ms)
-                self.state.replay(offset, allocation.record)
-                if self.on_grant is not None:
-                    self.on_grant(allocation.record)
+                offset = self._commit_one(allocation.record, now)
                 self.pool.add_block(
                     allocation.record.first_producer_id, allocation.record.next_producer_id, offset
                 )

@@ -81,6 +81,25 @@ class Settings:
     max_in_flight_per_connection: int = _setting(
         64, "pipelined requests read ahead per connection before reading pauses", "requests"
     )
+    max_connections: int = _setting(
+        10_000, "client connections open at once; more are closed at once", "connections"
+    )
+    max_connections_per_address: int = _setting(
+        1000,
+        "connections open at once from one source address; more are closed at once",
+        "connections",
+    )
+    connections_max_idle_ms: int = _setting(
+        600_000,
+        "a connection with no request for this long is closed (Kafka's connections.max.idle.ms)",
+        "ms",
+    )
+    frame_timeout_ms: int = _setting(
+        30_000,
+        "time a client may take to send one whole request once it has begun "
+        "(slowloris); the connection is closed after it",
+        "ms",
+    )
     broker_session_timeout_ms: int = _setting(
         DEFAULT_SESSION_TIMEOUT_MS, "a broker not heard from for this long is fenced", "ms"
     )
@@ -148,6 +167,10 @@ class Settings:
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
 _FLOATS = {"allocate_producer_ids_quota", "init_producer_id_quota", "connection_creation_rate"}
 _POSITIVE = {
+    "max_connections",
+    "max_connections_per_address",
+    "connections_max_idle_ms",
+    "frame_timeout_ms",
     "quota_window_ms",
     "transaction_max_timeout_ms",
     "transactional_id_expiration_ms",

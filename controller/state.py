@@ -63,8 +63,11 @@ class ControllerState:
 
     def replay(self, offset: int, record: Record) -> None:
         """Apply one record at ``offset``; raise :class:`InvariantViolation` if it cannot be."""
+        # Every check comes before any change, so a refused record leaves the state as it was.
         if offset != self.next_offset:
             raise InvariantViolation(f"record at offset {offset}, expected {self.next_offset}")
+        if self.cluster_id is None and not isinstance(record, ClusterCreated):
+            raise InvariantViolation(f"offset {offset}: log does not start with ClusterCreated")
         match record:
             case ClusterCreated():
                 if self.cluster_id is not None:
@@ -117,8 +120,6 @@ class ControllerState:
                         f"{record.transactional_id!r}, which is not held"
                     )
                 del self.transactional_ids[record.transactional_id]
-        if self.cluster_id is None:
-            raise InvariantViolation(f"offset {offset}: log does not start with ClusterCreated")
         self.next_offset = offset + 1
 
     def _replay_registered(self, offset: int, record: BrokerRegistered) -> None:

@@ -51,7 +51,10 @@ class UnsupportedVersion(ProtocolViolation):
 
 
 class MalformedRequest(ProtocolViolation):
-    """The header or body does not parse, or bytes are left over after the body."""
+    """The header or body does not parse, or bytes are left over after the body.
+
+    This includes tagged fields kio does not know: kio refuses them where Kafka would skip
+    them (none of the request versions pidctl serves defines any the clients send)."""
 
 
 class UnsupportedApiVersionsVersion(Exception):
@@ -102,7 +105,7 @@ def decode_request(frame: bytes, supported: SupportedApis) -> Request:
     header, offset = _parse_header(frame, api_key, api_version)
     try:
         body, size = entity_reader(request_class(api_key, api_version))(frame, offset)
-    except (DecodeError, ValueError, UnicodeDecodeError) as e:
+    except Exception as e:
         raise MalformedRequest(
             f"API key {api_key} v{api_version}: body does not parse ({e})"
         ) from e
@@ -117,7 +120,7 @@ def decode_request(frame: bytes, supported: SupportedApis) -> Request:
 def _parse_header(frame: bytes, api_key: int, api_version: int) -> tuple[RequestHeader, int]:
     try:
         return parse_request_header(frame, request_header_version(api_key, api_version))
-    except (DecodeError, ValueError, UnicodeDecodeError) as e:
+    except Exception as e:
         raise MalformedRequest(f"API key {api_key} v{api_version}: bad header ({e})") from e
 
 

@@ -193,3 +193,10 @@ def test_response_round_trip_keeps_correlation_id() -> None:
     out = encode_response(header, body)
     assert int.from_bytes(out[4:8], "big") == 77
     assert decode_response(_body(out), 67, 0) == body
+
+
+def test_unknown_tagged_field_is_malformed_not_a_crash() -> None:
+    """Found by the live fuzz test: kio raises KeyError for a tagged field it does not know."""
+    frame = b"\x00<\x00\x02\x00a\x00\r|\x04f\x11\xffz\xc9\x00\x01\x01\x00"
+    with pytest.raises(MalformedRequest):
+        decode_request(frame, SUPPORTED)
