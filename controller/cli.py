@@ -20,6 +20,7 @@ examples:
   pidctl log dump --data-dir ./pidctl-data --json
   pidctl log dump --data-dir ./pidctl-data --broker 1 --since 2026-11-01T00:00:00Z --summary
   pidctl log verify --data-dir ./pidctl-data
+  echo "$PASSWORD" | pidctl users add --credentials-file users.json --user broker-1 --password-stdin
 """
 
 
@@ -88,6 +89,24 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     register.add_argument("--rack")
 
+    users = commands.add_parser("users", help="SASL users in a credentials file (salted, hashed)")
+    user_commands = users.add_subparsers(dest="users_command", required=True, metavar="COMMAND")
+    add = user_commands.add_parser("add", help="add a user or change its password")
+    add.add_argument("--credentials-file", type=Path, required=True)
+    add.add_argument("--user", required=True)
+    add.add_argument(
+        "--mechanism", action="append", choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
+        help="default: both (PLAIN checks passwords against these too)",
+    )  # fmt: skip
+    add.add_argument("--iterations", type=int, default=4096)
+    add.add_argument("--password-stdin", action="store_true",
+                     help="read the password from standard input instead of a prompt")  # fmt: skip
+    remove = user_commands.add_parser("remove", help="remove a user")
+    remove.add_argument("--credentials-file", type=Path, required=True)
+    remove.add_argument("--user", required=True)
+    listing = user_commands.add_parser("list", help="list users and their mechanisms")
+    listing.add_argument("--credentials-file", type=Path, required=True)
+
     status = commands.add_parser(
         "status", help="cluster id, node id, API versions and registered brokers of a server"
     )
@@ -144,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             return _allocate(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "users":
+            return _users(args)
     except (ConnectionError, OSError) as e:
         print(f"pidctl: {e}", file=sys.stderr)
         return 1
@@ -156,20 +177,22 @@ def _serve(args: argparse.Namespace) -> int:
     from .logs import configure_logging
     from .metalog import DataDirLocked, LogCorruption
     from .server import ClusterIdMismatch, serve
-    from .settings import SETTING_NAMES, SettingsError, load_settings
 
-    config = args.config or (
-        Path(os.environ["PIDCTL_CONFIG"]) if "PIDCTL_CONFIG" in os.environ else None
-    )
-    flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
-    try:
-        settings = load_settings(flags, os.environ, config)
-    except SettingsError as e:
-        print(f"pidctl: {e}", file=sys.stderr)
+    loaded = _settings_from(args)
+    if loaded is None:
         return 2
+    settings = loaded[0]
     configure_logging(settings.log_format, settings.log_level)
+
+    def reload() -> Any:
+        """SIGHUP: the same flags, the environment and the config file read again."""
+        again = _settings_from(args)
+        if again is None:
+            raise ValueError("invalid settings (see above)")
+        return again[0]
+
     try:
-        trio.run(serve, settings)
+        trio.run(serve, settings, reload)
     except BaseException as e:
         error = _single(e)
         if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch):
@@ -262,6 +285,46 @@ def _register(args: argparse.Namespace) -> int:
         print(f"pidctl: registration refused: {response.error_code.name}", file=sys.stderr)
         return 1
     print(f"broker {args.broker_id} registered with epoch {response.broker_epoch}")
+    return 0
+
+
+def _users(args: argparse.Namespace) -> int:
+    import getpass
+
+    from .sasl import MIN_ITERATIONS, CredentialStore, ScramCredential
+
+    try:
+        store = CredentialStore.load(args.credentials_file)
+    except ValueError as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 1
+    if args.users_command == "list":
+        for user, mechanisms in sorted(store.users.items()):
+            print(f"{user}: {', '.join(sorted(mechanisms))}")
+        return 0
+    if args.users_command == "remove":
+        if store.users.pop(args.user, None) is None:
+            print(f"pidctl: no user {args.user!r}", file=sys.stderr)
+            return 1
+        store.save(args.credentials_file)
+        print(f"removed {args.user} (running servers take it on SIGHUP)")
+        return 0
+    if args.iterations < MIN_ITERATIONS:
+        print(f"pidctl: --iterations must be at least {MIN_ITERATIONS}", file=sys.stderr)
+        return 2
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass(f"password for {args.user}: ")
+    if not password:
+        print("pidctl: empty password", file=sys.stderr)
+        return 2
+    chosen: list[str] = args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    store.users[args.user] = {
+        m: ScramCredential.create(password, m, args.iterations) for m in chosen
+    }
+    store.save(args.credentials_file)
+    print(f"{args.user}: {', '.join(chosen)} (running servers take it on SIGHUP)")
     return 0
 
 

@@ -4,13 +4,16 @@ a trio client. Used by the CLI, the tests, the broker library and the Spark hook
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
 import trio
 from kio.static.protocol import RequestPayload
 
+from protocol import requests
 from protocol.client import ClientProtocol
+from protocol.sasl_client import ScramClient, plain_token
 
 _RECEIVE_BYTES = 64 * 1024
 
@@ -23,17 +26,60 @@ def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class AuthenticationError(Exception):
+    """The server refused the SASL handshake or authentication."""
+
+
 class SyncClient:
-    """A blocking Kafka-protocol client over one TCP connection."""
+    """A blocking Kafka-protocol client over one TCP (or TLS) connection."""
 
     def __init__(
-        self, bootstrap: str, *, client_id: str | None = "pidctl", timeout: float = 10.0
+        self,
+        bootstrap: str,
+        *,
+        client_id: str | None = "pidctl",
+        timeout: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+        sasl: tuple[str, str, str] | None = None,
     ) -> None:
-        """Connect to ``bootstrap`` (``HOST:PORT``); ``timeout`` bounds every socket wait."""
+        """Connect to ``bootstrap`` (``HOST:PORT``); ``timeout`` bounds every socket wait.
+
+        ``ssl_context`` makes it a TLS connection; ``sasl`` = (mechanism, user, password)
+        authenticates with PLAIN or SCRAM-SHA-256/512 first (raises AuthenticationError)."""
         host, port = parse_bootstrap(bootstrap)
-        self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            sock = ssl_context.wrap_socket(sock, server_hostname=host)
+        self._sock = sock
         self._protocol = ClientProtocol(client_id)
+        if sasl is not None:
+            try:
+                self._authenticate(*sasl)
+            except BaseException:
+                self.close()
+                raise
+
+    def _authenticate(self, mechanism: str, user: str, password: str) -> None:
+        handshake = self.request(requests.sasl_handshake(mechanism))
+        if handshake.error_code:
+            raise AuthenticationError(f"SASL handshake refused: {handshake.error_code.name}")
+        if mechanism == "PLAIN":
+            self._sasl_step(plain_token(user, password))
+            return
+        scram = ScramClient(mechanism, user, password)
+        server_first = self._sasl_step(scram.first())
+        if not scram.verify(self._sasl_step(scram.final(server_first))):
+            raise AuthenticationError("the server's SCRAM signature does not verify")
+
+    def _sasl_step(self, token: bytes) -> bytes:
+        try:
+            response = self.request(requests.sasl_authenticate(token))
+        except ConnectionError as e:
+            raise AuthenticationError(f"connection closed during SASL: {e}") from e
+        if response.error_code:
+            raise AuthenticationError(response.error_message or response.error_code.name)
+        return bytes(response.auth_bytes)
 
     def __enter__(self) -> SyncClient:
         return self

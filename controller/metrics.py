@@ -138,6 +138,11 @@ class Metrics:
             "pidctl_throttle_seconds", "Time connections were muted or delayed by quotas.",
             ["api"], registry=r,
         )  # fmt: skip
+        self.authentication_failures = Counter(
+            "pidctl_authentication_failures",
+            "Failed SASL authentications and TLS handshakes, by mechanism.",
+            ["mechanism"], registry=r,
+        )  # fmt: skip
         self.log_appends = Counter("pidctl_log_appended_records", "Records made durable.",
                                    registry=r)  # fmt: skip
         self.fsync = Histogram(

@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import functools
 import os
 import signal
 import socket
+import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,12 +39,16 @@ from protocol.codec import (
 )
 from protocol.framing import FrameDecoder, FrameError
 
+from .acl import Authorizer
 from .brokers import BrokerSessions
+from .listeners import ListenerSpec, principal_from_certificate, server_ssl_context
 from .metalog import MetadataLog, lock_data_dir, recover
 from .metrics import HttpEndpoint, Metrics, StateView, api_name
 from .producer_ids import remaining_producer_ids
 from .quotas import Quotas
 from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted
+from .sasl import CredentialStore
+from .sasl_session import ALLOWED_BEFORE_AUTHENTICATION, SaslSession
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
 from .settings import Settings
 
@@ -84,6 +90,19 @@ class PidctlServer:
             connection_rate=settings.connection_creation_rate,
             window_s=settings.quota_window_ms / 1000,
         )
+
+        self.authorizer = build_authorizer(settings)
+        self.credentials = load_credentials(settings)
+        self.controller: Controller | None = None
+
+    def reload(self, settings: Settings) -> None:
+        """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes."""
+        self.authorizer = build_authorizer(settings)
+        self.credentials = load_credentials(settings)
+        if self.controller is not None:
+            self.controller.authorizer = self.authorizer
+        log.info("configuration reloaded", acls=len(self.authorizer.acls),
+                 users=len(self.credentials.users))  # fmt: skip
 
     def request_shutdown(self) -> None:
         """Stop accepting, stop reading, finish in-flight responses, flush, return."""
@@ -142,8 +161,15 @@ class PidctlServer:
             transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
         )
         controller = Controller(
-            state, metalog, config=config, sessions=sessions, on_grant=self._granted
-        )
+            state, metalog, config=config, sessions=sessions, on_grant=self._granted,
+            authorizer=self.authorizer,
+        )  # fmt: skip
+        self.controller = controller
+        if not self.authorizer.enabled:
+            log.warning(
+                "no authorizer: every client may do everything, as Kafka without an authorizer;"
+                ' set authorizer = "acl" and acls to restrict'
+            )
         self.metrics.state_view = StateView(
             next_producer_id=lambda: state.next_producer_id,
             remaining_producer_ids=lambda: remaining_producer_ids(state, config.pid_range),
@@ -188,25 +214,39 @@ class PidctlServer:
     async def _serve(
         self, controller: Controller, metalog: MetadataLog, task_status: trio.TaskStatus[None]
     ) -> None:
-        listen = self.settings.listen
-        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
-        self.ports = [lst.socket.getsockname()[1] for lst in listeners]
-        controller.config = dataclasses.replace(
-            controller.config, **advertised_address(self.settings, self.ports[0])
-        )
+        bound: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
+        for index, (protocol, address) in enumerate(self.settings.listener_list):
+            tcp = await trio.open_tcp_listeners(address.port, host=address.host)
+            port = tcp[0].socket.getsockname()[1]
+            if index == 0:
+                advertised = advertised_address(self.settings, port)
+                controller.config = dataclasses.replace(controller.config, **advertised)
+                host, port = advertised["advertised_host"], advertised["advertised_port"]
+            else:
+                host = socket.getfqdn() if address.host in ("0.0.0.0", "::", "") else address.host
+            bound.append((ListenerSpec(protocol, host, port), tcp))
+        self.ports = [spec.port for spec, _ in bound]
+        context = None
+        if any(spec.tls for spec, _ in bound):
+            context = server_ssl_context(self.settings)
         log.info(
             "listening",
-            address=str(listen),
             ports=self.ports,
-            advertised=f"{controller.config.advertised_host}:{controller.config.advertised_port}",
+            listeners=[f"{spec.protocol}://{spec.host}:{spec.port}" for spec, _ in bound],
         )
         async with trio.open_nursery() as connections:
             accept_scope = trio.CancelScope()
 
             async def accept() -> None:
                 with accept_scope:
-                    handler = self._connection_handler(controller, metalog)
-                    await trio.serve_listeners(handler, listeners, handler_nursery=connections)
+                    async with trio.open_nursery() as acceptors:
+                        for spec, tcp in bound:
+                            handler = self._connection_handler(controller, metalog, spec, context)
+                            acceptors.start_soon(
+                                functools.partial(
+                                    trio.serve_listeners, handler, tcp, handler_nursery=connections
+                                )
+                            )
 
             connections.start_soon(accept)
             self.ready.set()
@@ -216,8 +256,9 @@ class PidctlServer:
             self.http.ready = False
             log.info("shutting down", connections=len(self._readers))
             accept_scope.cancel()
-            for listener in listeners:
-                await listener.aclose()
+            for _, tcp in bound:
+                for listener in tcp:
+                    await listener.aclose()
             for reader in list(self._readers):
                 reader.cancel()
             # In-flight responses get a grace period; whatever is still stuck after it (a
@@ -227,16 +268,24 @@ class PidctlServer:
             )
 
     def _connection_handler(
-        self, controller: Controller, metalog: MetadataLog
+        self,
+        controller: Controller,
+        metalog: MetadataLog,
+        spec: ListenerSpec,
+        context: ssl.SSLContext | None,
     ) -> Callable[[trio.SocketStream], Awaitable[None]]:
         settings = self.settings
 
-        async def handle(stream: trio.SocketStream) -> None:
+        async def handle(tcp: trio.SocketStream) -> None:
             try:
-                address, port = stream.socket.getpeername()[:2]
+                address, port = tcp.socket.getpeername()[:2]
             except OSError:
                 return
-            conn = ConnectionInfo(peer=f"{address}:{port}")
+            conn = ConnectionInfo(
+                peer=f"{address}:{port}", host=address,
+                advertised_host=spec.host, advertised_port=spec.port,
+            )  # fmt: skip
+            stream: trio.abc.Stream = tcp
             refused = self._over_connection_limits(address)
             if refused:
                 log.warning("connection refused", peer=conn.peer, reason=refused)
@@ -245,6 +294,20 @@ class PidctlServer:
                 return
             self._per_address[address] = self._per_address.get(address, 0) + 1
             try:
+                if spec.tls and context is not None:
+                    tls = trio.SSLStream(tcp, context, server_side=True)
+                    with trio.move_on_after(settings.frame_timeout_ms / 1000):
+                        try:
+                            await tls.do_handshake()
+                        except (trio.BrokenResourceError, ssl.SSLError) as e:
+                            log.warning("tls handshake failed", peer=conn.peer, reason=str(e))
+                            self.metrics.authentication_failures.labels("TLS").inc()
+                            await trio.aclose_forcefully(tcp)
+                            return
+                    certified = principal_from_certificate(tls.getpeercert())
+                    if certified and not spec.sasl:
+                        conn = dataclasses.replace(conn, principal=certified)
+                    stream = tls
                 await serve_connection(stream, address, conn)
             except Exception:
                 # A bug met by one connection must not take the server down: that
@@ -252,7 +315,7 @@ class PidctlServer:
                 # the log (records are checked before they are appended).
                 log.exception("connection failed", peer=conn.peer)
                 self.metrics.connections_closed.labels("internal_error").inc()
-                await trio.aclose_forcefully(stream)
+                await trio.aclose_forcefully(tcp)
             finally:
                 left = self._per_address[address] - 1
                 if left:
@@ -261,7 +324,7 @@ class PidctlServer:
                     del self._per_address[address]
 
         async def serve_connection(
-            stream: trio.SocketStream, address: str, conn: ConnectionInfo
+            stream: trio.abc.Stream, address: str, conn: ConnectionInfo
         ) -> None:
             delay = self.quotas.connection(address, time.monotonic())
             if delay:
@@ -281,7 +344,12 @@ class PidctlServer:
                 async with stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_responses, stream, receive, metalog, nursery)
                     with reader_scope:
-                        reason = await self._read_requests(stream, send, controller, conn)
+                        sasl = SaslSession(
+                            tuple(settings.sasl_enabled_mechanisms.split(",")),
+                            lambda: self.credentials,
+                            active=spec.sasl,
+                        )
+                        reason = await self._read_requests(stream, send, controller, conn, sasl)
                     if reader_scope.cancelled_caught:
                         reason = "shutdown"
                     await send.aclose()
@@ -301,10 +369,11 @@ class PidctlServer:
 
     async def _read_requests(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         send: trio.MemorySendChannel[_Outgoing],
         controller: Controller,
         conn: ConnectionInfo,
+        sasl: SaslSession,
     ) -> str:
         """Read, decide and queue requests until the client leaves or must be cut off;
         return why the connection ends (a metric label)."""
@@ -349,6 +418,32 @@ class PidctlServer:
                 except ProtocolViolation as e:
                     log.warning("closing connection", peer=conn.peer, reason=str(e))
                     return "protocol_error"
+                if request.api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
+                    outcome = await sasl.handle(request)
+                    # Account for the outcome before the answer can reach the client.
+                    self._count(api_name(request.api_key), request.api_version, outcome.body)
+                    if outcome.principal is not None:
+                        conn = dataclasses.replace(conn, principal=outcome.principal)
+                        log.info("authenticated", peer=conn.peer, principal=conn.principal,
+                                 mechanism=outcome.mechanism)  # fmt: skip
+                    if outcome.failure is not None:
+                        log.warning(
+                            "authentication failed", peer=conn.peer,
+                            mechanism=outcome.mechanism, reason=outcome.failure,
+                        )  # fmt: skip
+                        self.metrics.authentication_failures.labels(
+                            outcome.mechanism or "unknown"
+                        ).inc()
+                    out = encode_response(request.header, outcome.body)
+                    await send.send(_Outgoing(out, NO_WAIT, api_name(request.api_key), arrived))
+                    if outcome.close:
+                        return "authentication_failed"
+                    continue
+                if not sasl.authenticated and request.api_key not in ALLOWED_BEFORE_AUTHENTICATION:
+                    # Kafka: "Unexpected Kafka request ... during SASL handshake": closed.
+                    log.warning("request before authentication", peer=conn.peer,
+                                api=api_name(request.api_key))  # fmt: skip
+                    return "unauthenticated_request"
                 reply = controller.handle(request, now(), conn)
                 api = api_name(request.api_key)
                 body = reply.body
@@ -386,7 +481,7 @@ class PidctlServer:
 
     async def _write_responses(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         receive: trio.MemoryReceiveChannel[_Outgoing],
         metalog: MetadataLog,
         nursery: trio.Nursery,
@@ -421,13 +516,24 @@ class ClusterIdMismatch(Exception):
     """The configured cluster id differs from the one stored in the log."""
 
 
+def build_authorizer(settings: Settings) -> Authorizer:
+    super_users = [u.strip() for u in settings.super_users.split(",") if u.strip()]
+    return Authorizer(settings.acls, super_users, enabled=settings.authorizer == "acl")
+
+
+def load_credentials(settings: Settings) -> CredentialStore:
+    if not settings.credentials_file:
+        return CredentialStore()
+    return CredentialStore.load(Path(settings.credentials_file))
+
+
 def advertised_address(settings: Settings, bound_port: int) -> dict[str, Any]:
     """What clients are told to connect to: the advertised listener if set, else the listen
     address with the port actually bound (port 0) and, for a wildcard host, this host's name."""
     if settings.advertised_listener is not None:
         chosen = settings.advertised_listener
         return {"advertised_host": chosen.host, "advertised_port": chosen.port}
-    host = settings.listen.host
+    host = settings.listener_list[0][1].host
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     return {"advertised_host": host, "advertised_port": bound_port}
@@ -450,17 +556,26 @@ def _log_grant(record: ProducerIdsGranted) -> None:
     )
 
 
-async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads ACLs and
+    credentials through ``reload``."""
     server = PidctlServer(settings)
     async with trio.open_nursery() as nursery:
 
         async def watch_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            with trio.open_signal_receiver(*wanted) as signals:
                 async for signum in signals:
                     log.info("signal received", signal=signal.Signals(signum).name)
-                    server.request_shutdown()
-                    return
+                    if signum != signal.SIGHUP:
+                        server.request_shutdown()
+                        return
+                    if reload is not None:
+                        try:
+                            server.reload(reload())
+                        except (ValueError, OSError) as e:
+                            log.error("reload failed; the previous configuration stays",
+                                      error=str(e))  # fmt: skip
 
         nursery.start_soon(watch_signals)
         await server.run()

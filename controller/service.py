@@ -23,6 +23,7 @@ from protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
 from protocol.codec import Request
 
 from . import brokers, producer_ids, transactions
+from .acl import CLUSTER, Authorizer
 from .brokers import BrokerSessions
 from .pid_pool import ProducerIdPool
 from .producer_ids import ProducerIdRange
@@ -37,6 +38,10 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.FIND_COORDINATOR: (0, 6),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
+    # Answered by the connection (controller/sasl_session.py), not by the controller.
+    # SaslHandshake v0 (raw tokens after it) is gone from Kafka 4.0, and from pidctl.
+    ApiKey.SASL_HANDSHAKE: (1, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.BROKER_REGISTRATION: (0, 4),
     ApiKey.BROKER_HEARTBEAT: (0, 2),
     ApiKey.UNREGISTER_BROKER: (0, 0),
@@ -73,10 +78,15 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
-    """Who is asking: recorded in grants (the audit trail) and used for authorisation."""
+    """Who is asking, and through which listener: the principal is recorded in grants (the
+    audit trail) and authorised; Metadata and FindCoordinator answer with the listener's
+    advertised address."""
 
     principal: str = "User:ANONYMOUS"
     peer: str = ""
+    host: str = "*"
+    advertised_host: str | None = None
+    advertised_port: int | None = None
 
 
 Handler = Callable[["Controller", Request, Now, ConnectionInfo], Reply]
@@ -105,8 +115,10 @@ class Controller:
         config: ControllerConfig | None = None,
         sessions: BrokerSessions | None = None,
         on_grant: Callable[[ProducerIdsGranted], None] | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.state = state
+        self.authorizer = authorizer or Authorizer()
         self.sink = sink
         self.config = config or ControllerConfig()
         self.pid_range = self.config.pid_range
@@ -137,6 +149,15 @@ class Controller:
         # Wait for everything decided so far, not just our records: a response may report
         # state (a retried registration's epoch) that an earlier, still pending record made.
         return self.state.next_offset - 1
+
+    def _may(self, conn: ConnectionInfo, operation: str, resource_type: str = "Cluster",
+             name: str = CLUSTER) -> bool:  # fmt: skip
+        return self.authorizer.authorize(conn.principal, operation, resource_type, name, conn.host)
+
+    def _advertised(self, conn: ConnectionInfo) -> tuple[str, int]:
+        if conn.advertised_host is not None and conn.advertised_port is not None:
+            return conn.advertised_host, conn.advertised_port
+        return self.config.advertised_host, self.config.advertised_port
 
     def _commit_one(self, record: Record, now: Now) -> int:
         # Replay first: it checks every invariant before it changes anything, so a record
@@ -188,7 +209,9 @@ class Controller:
     def _broker_registration(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
         listeners = tuple(f"{lst.name}://{lst.host}:{lst.port}" for lst in body.listeners)
-        if body.incarnation_id is None:
+        if not self._may(conn, "ClusterAction"):
+            decision = brokers.Decision(ErrorCode.cluster_authorization_failed)
+        elif body.incarnation_id is None:
             decision = brokers.Decision(ErrorCode.invalid_request)
         else:
             decision = brokers.register(
@@ -209,6 +232,9 @@ class Controller:
 
     def _broker_heartbeat(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
+        if not self._may(conn, "ClusterAction"):
+            return Reply(_response(request, error_code=ErrorCode.cluster_authorization_failed,
+                                   should_shut_down=False))  # fmt: skip
         decision = brokers.heartbeat(
             self.state,
             self.sessions,
@@ -228,6 +254,9 @@ class Controller:
         return Reply(response, self.commit(decision.records, now))
 
     def _unregister_broker(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        if not self._may(conn, "Alter"):  # Kafka: Alter on the cluster for this one
+            return Reply(_response(request, error_code=ErrorCode.cluster_authorization_failed,
+                                   error_message="Alter on the cluster is needed"))  # fmt: skip
         decision = brokers.unregister(self.state, self.sessions, broker_id=request.body.broker_id)
         offset = self.commit(decision.records, now)
         message = None if decision.error == ErrorCode.none else "broker is not registered"
@@ -235,6 +264,9 @@ class Controller:
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
+        if not self._may(conn, "ClusterAction"):
+            return Reply(_response(request, error_code=ErrorCode.cluster_authorization_failed,
+                                   producer_id_start=i64(0), producer_id_len=i32(0)))  # fmt: skip
         allocation = producer_ids.allocate(
             self.state,
             self.pid_range,
@@ -257,11 +289,12 @@ class Controller:
         """This node is the only broker and the controller; it hosts no topics."""
         version, cls = request.api_version, response_class(request.api_key, request.api_version)
         entities = sys.modules[cls.__module__]
+        host, port = self._advertised(conn)
         broker = _build(
             entities.MetadataResponseBroker,
             node_id=i32(self.config.node_id),
-            host=self.config.advertised_host,
-            port=i32(self.config.advertised_port),
+            host=host,
+            port=i32(port),
             rack=None,
         )
         asked = request.body.topics
@@ -298,12 +331,19 @@ class Controller:
         body, cls = request.body, response_class(request.api_key, request.api_version)
         entry = sys.modules[cls.__module__].DescribeClusterBroker
         endpoint_type = getattr(body, "endpoint_type", 1)
+        if not self._may(conn, "Describe"):
+            return Reply(_build(
+                cls, throttle_time=_NO_THROTTLE, error_code=ErrorCode.cluster_authorization_failed,
+                error_message=None, endpoint_type=endpoint_type, cluster_id="",
+                controller_id=i32(-1), brokers=(), cluster_authorized_operations=i32(-(2**31)),
+            ))  # fmt: skip
+        advertised_host, advertised_port = self._advertised(conn)
         include_fenced = getattr(body, "include_fenced_brokers", False)
         listed = []
         if endpoint_type == 2:
             listed.append(_build(
-                entry, broker_id=i32(self.config.node_id), host=self.config.advertised_host,
-                port=i32(self.config.advertised_port), rack=None, is_fenced=False,
+                entry, broker_id=i32(self.config.node_id), host=advertised_host,
+                port=i32(advertised_port), rack=None, is_fenced=False,
             ))  # fmt: skip
         elif endpoint_type == 1:
             for registration in sorted(self.state.brokers.values(), key=lambda b: b.broker_id):
@@ -330,22 +370,28 @@ class Controller:
         body, version = request.body, request.api_version
         cls = response_class(request.api_key, version)
         key_type = getattr(body, "key_type", 0)
-        error = ErrorCode.none if key_type in _COORDINATOR_KEY_TYPES else ErrorCode.invalid_request
-        message = None if error == ErrorCode.none else f"unknown key type {key_type}"
-        node = {"node_id": i32(self.config.node_id), "host": self.config.advertised_host,
-                "port": i32(self.config.advertised_port)}  # fmt: skip
-        if error:
-            node = {"node_id": i32(-1), "host": "", "port": i32(-1)}
+        host, port = self._advertised(conn)
+
+        def answer(key: str) -> dict[str, Any]:
+            error, message = ErrorCode.none, None
+            if key_type not in _COORDINATOR_KEY_TYPES:
+                error, message = ErrorCode.invalid_request, f"unknown key type {key_type}"
+            elif key_type == 1 and not self._may(conn, "Describe", "TransactionalId", key):
+                error = ErrorCode.transactional_id_authorization_failed
+            elif key_type != 1 and not self._may(conn, "Describe", "Group", key):
+                error = ErrorCode.group_authorization_failed
+            if error:
+                return {"error_code": error, "error_message": message, "node_id": i32(-1),
+                        "host": "", "port": i32(-1)}  # fmt: skip
+            node = i32(self.config.node_id)
+            return {"error_code": error, "error_message": None, "node_id": node,
+                    "host": host, "port": i32(port)}  # fmt: skip
+
         if version >= 4:
             entry = sys.modules[cls.__module__].Coordinator
-            coordinators = tuple(
-                entry(key=key, error_code=error, error_message=message, **node)
-                for key in body.coordinator_keys
-            )
+            coordinators = tuple(entry(key=key, **answer(key)) for key in body.coordinator_keys)
             return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=coordinators))
-        return Reply(
-            _build(cls, throttle_time=_NO_THROTTLE, error_code=error, error_message=message, **node)
-        )
+        return Reply(_build(cls, throttle_time=_NO_THROTTLE, **answer(body.key)))
 
     def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body, version = request.body, request.api_version
@@ -354,6 +400,11 @@ class Controller:
         )
         transactional_id = body.transactional_id
         timeout_ms = int(body.transaction_timeout / datetime.timedelta(milliseconds=1))
+        if transactional_id is not None:
+            if not self._may(conn, "Write", "TransactionalId", transactional_id):
+                return self._init_reply(request, ErrorCode.transactional_id_authorization_failed)
+        elif not self._may(conn, "IdempotentWrite"):
+            return self._init_reply(request, ErrorCode.cluster_authorization_failed)
         if isinstance(expected, ErrorCode):
             return self._init_reply(request, expected)
         if transactional_id is None:

@@ -18,9 +18,11 @@ from typing import Any
 
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
+from .acl import Acl, AclError, parse_acl
 from .brokers import DEFAULT_SESSION_TIMEOUT_MS
 from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
 from .producer_ids import INT64_MAX, ProducerIdRange
+from .sasl import MECHANISMS
 from .transactions import (
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
@@ -58,6 +60,11 @@ class Settings:
     listen: HostPort = _setting(
         HostPort("127.0.0.1", 9093), "Kafka-protocol listener (HOST:PORT; port 0 picks one)"
     )
+    listeners: str = _setting(
+        "",
+        "comma-separated PROTOCOL://HOST:PORT with PROTOCOL one of PLAINTEXT, SSL, "
+        "SASL_PLAINTEXT, SASL_SSL; replaces `listen` when set",
+    )
     advertised_listener: HostPort | None = _setting(
         None, "HOST:PORT given to clients in Metadata (default: the listen address)"
     )
@@ -72,6 +79,30 @@ class Settings:
     first_producer_id: int = _setting(0, "lowest producer id this controller may grant")
     last_producer_id: int = _setting(
         INT64_MAX - 1, "highest producer id this controller may grant (inclusive)"
+    )
+    ssl_certfile: str = _setting("", "PEM certificate (chain) of SSL and SASL_SSL listeners")
+    ssl_keyfile: str = _setting("", "PEM private key of that certificate")
+    ssl_keyfile_password: str = _setting("", "password of the private key", secret=True)
+    ssl_cafile: str = _setting("", "PEM CA bundle that client certificates are checked against")
+    ssl_client_auth: str = _setting(
+        "none",
+        "client certificates on SSL listeners: none, requested or required (Kafka's "
+        "ssl.client.auth); the principal is User:<certificate subject>",
+    )
+    sasl_enabled_mechanisms: str = _setting(
+        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", "SASL mechanisms of SASL_* listeners"
+    )
+    credentials_file: str = _setting(
+        "", "SCRAM credentials (salted, hashed) of SASL users; see `pidctl users`"
+    )
+    authorizer: str = _setting(
+        "none", "none (everyone may do everything) or acl (the acls below, deny by default)"
+    )
+    super_users: str = _setting("", "comma-separated principals allowed everything")
+    acls: tuple[Acl, ...] = _setting(
+        (),
+        "ACLs: an array of tables in the config file (principal, operation, resource_type, "
+        "resource_name, pattern_type, permission, host), or JSON in PIDCTL_ACLS",
     )
     max_frame_bytes: int = _setting(
         DEFAULT_MAX_FRAME_BYTES,
@@ -160,6 +191,13 @@ class Settings:
         return self.advertised_listener or self.listen
 
     @property
+    def listener_list(self) -> list[tuple[str, HostPort]]:
+        """(security protocol, address) of every listener."""
+        if self.listeners:
+            return parse_listeners(self.listeners)
+        return [("PLAINTEXT", self.listen)]
+
+    @property
     def pid_range(self) -> ProducerIdRange:
         return ProducerIdRange(self.first_producer_id, self.last_producer_id)
 
@@ -181,7 +219,17 @@ _POSITIVE = {
     "segment_max_bytes",
     "snapshot_interval_records",
 }
-_CHOICES = {"log_format": ("json", "console"), "log_level": ("debug", "info", "warning", "error")}
+_CHOICES = {
+    "log_format": ("json", "console"),
+    "log_level": ("debug", "info", "warning", "error"),
+    "ssl_client_auth": ("none", "requested", "required"),
+    "authorizer": ("none", "acl"),
+}
+_STRINGS = {
+    "ssl_certfile", "ssl_keyfile", "ssl_keyfile_password", "ssl_cafile", "credentials_file",
+    "super_users",
+}  # fmt: skip
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 
 def _convert(name: str, raw: Any) -> Any:
@@ -192,6 +240,25 @@ def _convert(name: str, raw: Any) -> Any:
         return HostPort.parse(str(raw))
     if name == "data_dir":
         return Path(str(raw))
+    if name in _STRINGS:
+        return str(raw)
+    if name == "listeners":
+        parse_listeners(str(raw))  # validates
+        return str(raw)
+    if name == "sasl_enabled_mechanisms":
+        mechanisms = [m.strip().upper() for m in str(raw).split(",") if m.strip()]
+        unknown = set(mechanisms) - set(MECHANISMS)
+        if unknown or not mechanisms:
+            raise ValueError(f"mechanisms must be among {', '.join(MECHANISMS)}, got {raw!r}")
+        return ",".join(mechanisms)
+    if name == "acls":
+        entries = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError("expected an array of tables")
+        try:
+            return tuple(parse_acl(entry) for entry in entries)
+        except AclError as e:
+            raise ValueError(str(e)) from None
     if name == "cluster_id":
         return None if raw in (None, "") else str(raw)
     if name in _CHOICES:
@@ -222,6 +289,40 @@ def _check_range(name: str, value: int) -> int:
     if value < 0 and name != "node_id":
         raise ValueError(f"must not be negative, got {value}")
     return value
+
+
+def parse_listeners(text: str) -> list[tuple[str, HostPort]]:
+    result = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        protocol, sep, address = item.partition("://")
+        if not sep or protocol.upper() not in PROTOCOLS:
+            raise ValueError(f"listener {item!r} is not PROTOCOL://HOST:PORT with PROTOCOL one of "
+                             f"{', '.join(PROTOCOLS)}")  # fmt: skip
+        result.append((protocol.upper(), HostPort.parse(address)))
+    if not result:
+        raise ValueError("no listener given")
+    return result
+
+
+def _check_together(settings: Settings) -> list[str]:
+    """Problems that involve several settings at once."""
+    problems = []
+    protocols = {protocol for protocol, _ in settings.listener_list}
+    if protocols & {"SSL", "SASL_SSL"} and not (settings.ssl_certfile and settings.ssl_keyfile):
+        problems.append("ssl_certfile and ssl_keyfile: required by SSL and SASL_SSL listeners")
+    if settings.ssl_client_auth != "none" and not settings.ssl_cafile:
+        problems.append("ssl_cafile: required to check client certificates (ssl_client_auth)")
+    if protocols & {"SASL_PLAINTEXT", "SASL_SSL"} and not settings.credentials_file:
+        problems.append("credentials_file: required by SASL listeners (see `pidctl users add`)")
+    for name in ("ssl_certfile", "ssl_keyfile", "ssl_cafile"):
+        path = getattr(settings, name)
+        if path and not Path(path).is_file():
+            problems.append(f"{name}: no such file {path!r}")
+    try:
+        settings.pid_range  # noqa: B018 - validates first/last together
+    except ValueError as e:
+        problems.append(f"first_producer_id/last_producer_id: {e}")
+    return problems
 
 
 def load_settings(
@@ -268,10 +369,9 @@ def load_settings_with_sources(
     if problems:
         raise SettingsError("\n".join(problems))
     settings = Settings(**values)
-    try:
-        settings.pid_range  # noqa: B018 - validates first/last together
-    except ValueError as e:
-        raise SettingsError(f"first_producer_id/last_producer_id: {e}") from None
+    problems = _check_together(settings)
+    if problems:
+        raise SettingsError("\n".join(problems))
     return settings, {name: source for name, (source, _) in merged.items()}
 
 
@@ -286,6 +386,8 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
             text = '"********"'
         elif isinstance(value, int | float):
             text = str(value)
+        elif isinstance(value, tuple):
+            text = json.dumps([dataclasses.asdict(acl) for acl in value])
         else:
             text = json.dumps(str(value))
         lines.append(f"{f.name} = {text}  # {sources.get(f.name, 'default')}")

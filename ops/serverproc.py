@@ -33,6 +33,7 @@ class ServerProcess:
         self.stderr_lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
+        self.ports: list[int] = []
         self.metrics_port = 0
 
     @property
@@ -85,7 +86,8 @@ class ServerProcess:
             if event.get("event") == "metrics listening":
                 self.metrics_port = event["port"]
             if event.get("event") == "listening":
-                self.port = event["ports"][0]
+                self.ports = event["ports"]
+                self.port = self.ports[0]
                 listening.set()
 
     def cluster_id(self) -> str:

@@ -143,3 +143,15 @@ def api_versions() -> Any:
     from . import __version__
 
     return cls(client_software_name="pidctl", client_software_version=__version__)
+
+
+def sasl_handshake(mechanism: str) -> Any:
+    """A SaslHandshake v1 (SaslAuthenticate requests carry the tokens after it)."""
+    cls: Any = request_class(ApiKey.SASL_HANDSHAKE, 1)
+    return cls(mechanism=mechanism)
+
+
+def sasl_authenticate(token: bytes) -> Any:
+    """A SaslAuthenticate v2 carrying one SASL token."""
+    cls: Any = request_class(ApiKey.SASL_AUTHENTICATE, 2)
+    return cls(auth_bytes=token)

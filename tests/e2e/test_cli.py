@@ -209,3 +209,13 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
         .splitlines()[-1]
         .startswith(f"pidctl: cannot listen on 127.0.0.1:{port}")
     )
+
+
+def test_every_bad_setting_is_named_on_its_own_line(tmp_path: Path) -> None:
+    result = pidctl("serve", "--data-dir", str(tmp_path / "d"), "--node-id", "x",
+                    "--max-frame-bytes", "0", "--listeners", "SSL://127.0.0.1:0")  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2
+    assert all(line.startswith("pidctl: ") for line in lines)
+    assert any("node_id" in line for line in lines)
+    assert any("max_frame_bytes" in line for line in lines)
