@@ -89,6 +89,7 @@ class PidctlServer:
             },
             connection_rate=settings.connection_creation_rate,
             window_s=settings.quota_window_ms / 1000,
+            overrides=settings.quota_overrides,
         )
 
         self.authorizer = build_authorizer(settings)

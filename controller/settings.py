@@ -22,6 +22,7 @@ from .acl import Acl, AclError, parse_acl
 from .brokers import DEFAULT_SESSION_TIMEOUT_MS
 from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
 from .producer_ids import INT64_MAX, ProducerIdRange
+from .quotas import QuotaOverride
 from .sasl import MECHANISMS
 from .transactions import (
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
@@ -165,6 +166,12 @@ class Settings:
         "(Kafka's max.connection.creation.rate); 0: no limit",
         "connections/s",
     )
+    quota_overrides: tuple[QuotaOverride, ...] = _setting(
+        (),
+        "rates for given principals and/or client ids: an array of tables in the config "
+        "file with principal and/or client_id, and allocate_producer_ids_quota and/or "
+        "init_producer_id_quota; the most specific applies, as in Kafka",
+    )
     quota_window_ms: int = _setting(
         1000, "burst allowance of every rate above: rate x window", "ms"
     )
@@ -251,6 +258,8 @@ def _convert(name: str, raw: Any) -> Any:
         if unknown or not mechanisms:
             raise ValueError(f"mechanisms must be among {', '.join(MECHANISMS)}, got {raw!r}")
         return ",".join(mechanisms)
+    if name == "quota_overrides":
+        return _quota_overrides(json.loads(raw) if isinstance(raw, str) else raw)
     if name == "acls":
         entries = json.loads(raw) if isinstance(raw, str) else raw
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -289,6 +298,28 @@ def _check_range(name: str, value: int) -> int:
     if value < 0 and name != "node_id":
         raise ValueError(f"must not be negative, got {value}")
     return value
+
+
+_QUOTA_APIS = {"allocate_producer_ids_quota": 67, "init_producer_id_quota": 22}
+
+
+def _quota_overrides(entries: Any) -> tuple[QuotaOverride, ...]:
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("expected an array of tables")
+    result = []
+    for entry in entries:
+        unknown = set(entry) - {"principal", "client_id", *_QUOTA_APIS}
+        if unknown or not ({"principal", "client_id"} & set(entry)):
+            raise ValueError(f"{entry}: needs principal and/or client_id, and known quotas only")
+        for name, api_key in _QUOTA_APIS.items():
+            if name in entry:
+                rate = float(entry[name])
+                if not rate >= 0:
+                    raise ValueError(f"{entry}: {name} must be >= 0")
+                result.append(
+                    QuotaOverride(api_key, rate, entry.get("principal"), entry.get("client_id"))
+                )
+    return tuple(result)
 
 
 def parse_listeners(text: str) -> list[tuple[str, HostPort]]:
@@ -387,7 +418,7 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
         elif isinstance(value, int | float):
             text = str(value)
         elif isinstance(value, tuple):
-            text = json.dumps([dataclasses.asdict(acl) for acl in value])
+            text = json.dumps([dataclasses.asdict(item) for item in value])
         else:
             text = json.dumps(str(value))
         lines.append(f"{f.name} = {text}  # {sources.get(f.name, 'default')}")

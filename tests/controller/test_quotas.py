@@ -38,3 +38,20 @@ def test_quotas_by_api_principal_and_client_id() -> None:
     assert quotas.request(22, "User:a", "c1", 0.0) == 0.0  # no quota on this API
     assert quotas.connection("10.0.0.1", 0.0) == quotas.connection("10.0.0.1", 0.0) == 0.0
     assert quotas.connection("10.0.0.1", 0.0) == pytest.approx(0.5)
+
+
+def test_the_most_specific_override_applies() -> None:
+    from controller.quotas import QuotaOverride
+
+    quotas = Quotas({67: 10.0}, overrides=(
+        QuotaOverride(67, 1.0, principal="User:a", client_id="c"),
+        QuotaOverride(67, 2.0, principal="User:a"),
+        QuotaOverride(67, 3.0, client_id="c"),
+        QuotaOverride(67, 0.0, principal="User:vip"),
+    ))  # fmt: skip
+    assert quotas.rate(67, "User:a", "c") == 1.0
+    assert quotas.rate(67, "User:a", "other") == 2.0
+    assert quotas.rate(67, "User:b", "c") == 3.0
+    assert quotas.rate(67, "User:b", "other") == 10.0
+    assert quotas.rate(67, "User:vip", "c") == 0.0  # no quota for this one
+    assert all(quotas.request(67, "User:vip", "c", 0.0) == 0.0 for _ in range(100))

@@ -64,3 +64,16 @@ def test_connection_creation_rate_delays_new_connections(tmp_path: Path) -> None
         metrics = scrape(server.metrics_url)
     assert elapsed >= 0.9  # 4 in the burst, then one every 250 ms
     assert metrics['pidctl_throttled_requests_total{api="connection"}'] >= 4
+
+
+def test_quota_override_for_one_client_id(tmp_path: Path) -> None:
+    config = tmp_path / "pidctl.toml"
+    config.write_text('[[quota_overrides]]\nclient_id = "batch-job"\ninit_producer_id_quota = 2\n')
+    server = ServerProcess(tmp_path / "d", "--config", str(config))
+    with server:
+        with SyncClient(server.bootstrap, client_id="batch-job") as limited:
+            slow = limited.pipeline([requests.init_producer_id()] * 4)
+        with SyncClient(server.bootstrap, client_id="web") as free:
+            fast = free.pipeline([requests.init_producer_id()] * 50)
+    assert [r.throttle_time > datetime.timedelta(0) for r in slow] == [False, False, True, True]
+    assert not any(r.throttle_time > datetime.timedelta(0) for r in fast)
