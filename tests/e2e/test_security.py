@@ -37,6 +37,8 @@ ACLS = [
     {"principal": "User:CN=broker-tls,OU=brokers,O=acme", "operation": "ClusterAction",
      "resource_type": "Cluster"},
     {"principal": "User:producer", "operation": "IdempotentWrite", "resource_type": "Cluster"},
+    {"principal": "User:CN=producer-tls,OU=apps,O=acme", "operation": "IdempotentWrite",
+     "resource_type": "Cluster"},
     {"principal": "User:producer", "operation": "Write", "resource_type": "TransactionalId",
      "resource_name": "app-", "pattern_type": "prefixed"},
     {"principal": "User:producer", "operation": "Write", "resource_type": "TransactionalId",
@@ -230,14 +232,25 @@ def test_plaintext_client_cannot_talk_to_a_tls_listener(secured: Secured) -> Non
         client.request(requests.api_versions())
 
 
-def test_librdkafka_over_tls(secured: Secured) -> None:
-    config = {"security.protocol": "SSL", "ssl.ca.location": str(secured.tmp / "ca.pem")}
-    # An anonymous TLS client may not write idempotently: librdkafka keeps retrying, so ask
-    # over the wire instead and check the refusal, then use a client certificate that may.
-    with SyncClient(secured.tls, ssl_context=secured.client_context()) as client:
-        refused = client.request(requests.init_producer_id(None))
+def test_librdkafka_over_mtls(secured: Secured) -> None:
+    """A librdkafka idempotent producer over TLS with a client certificate whose subject the
+    ACLs allow IdempotentWrite; without the certificate the same request is refused."""
+    cert = secured.ca.issue_cert(
+        "producer-tls", common_name="producer-tls", organization_name="acme",
+        organization_unit_name="apps",
+    )  # fmt: skip
+    cert.cert_chain_pems[0].write_to_path(str(secured.tmp / "producer.pem"))
+    cert.private_key_pem.write_to_path(str(secured.tmp / "producer.key"))
+    config = {
+        "security.protocol": "SSL", "ssl.ca.location": str(secured.tmp / "ca.pem"),
+        "ssl.certificate.location": str(secured.tmp / "producer.pem"),
+        "ssl.key.location": str(secured.tmp / "producer.key"), "enable.idempotence": True,
+    }  # fmt: skip
+    pid, epoch = librdkafka_pid(secured.tls, **config)
+    assert pid >= 0 and epoch == 0
+    with SyncClient(secured.tls, ssl_context=secured.client_context()) as anonymous:
+        refused = anonymous.request(requests.init_producer_id(None))
     assert refused.error_code == ErrorCode.cluster_authorization_failed
-    assert config["security.protocol"] == "SSL"
 
 
 # -- ACL matrix ---------------------------------------------------------------------------
