@@ -8,7 +8,15 @@ from controller.client import SyncClient
 from ops.serverproc import stored_cluster_id
 from protocol.requests import allocate, heartbeat, registration, unregister
 
-__all__ = ["allocate", "cluster_id_of", "heartbeat", "register", "registration", "unregister"]
+__all__ = [
+    "allocate",
+    "assert_pids_outside_blocks",
+    "cluster_id_of",
+    "heartbeat",
+    "register",
+    "registration",
+    "unregister",
+]
 
 
 def cluster_id_of(data_dir: Path) -> str:
@@ -21,3 +29,10 @@ def register(client: SyncClient, broker_id: int, cluster_id: str) -> int:
     response = client.request(registration(broker_id, cluster_id))
     assert response.error_code == 0, response
     return int(response.broker_epoch)
+
+
+def assert_pids_outside_blocks(pids: list[int], blocks: list[tuple[int, int]]) -> None:
+    """No PID handed to a producer twice, and none inside a block granted to a broker."""
+    assert len(set(pids)) == len(pids)
+    for start, length in blocks:
+        assert not any(start <= pid < start + length for pid in pids), (start, length)

@@ -206,9 +206,7 @@ def test_idempotent_pids_never_collide_with_broker_blocks_across_restarts(
                     blocks.append((grant.producer_id_start, grant.producer_id_len))
             server.kill()
             server.start()
-    assert len(set(pids)) == len(pids)
-    for start, length in blocks:
-        assert not any(start <= p < start + length for p in pids)
+    wire.assert_pids_outside_blocks(pids, blocks)
 
 
 def test_idempotent_pool_exhausted_is_coordinator_load_in_progress(tmp_path: Path) -> None:
