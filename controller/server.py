@@ -216,9 +216,11 @@ class PidctlServer:
         self, controller: Controller, metalog: MetadataLog, task_status: trio.TaskStatus[None]
     ) -> None:
         bound: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
+        self.ports = []
         for index, (protocol, address) in enumerate(self.settings.listener_list):
             tcp = await trio.open_tcp_listeners(address.port, host=address.host)
             port = tcp[0].socket.getsockname()[1]
+            self.ports.append(port)
             if index == 0:
                 advertised = advertised_address(self.settings, port)
                 controller.config = dataclasses.replace(controller.config, **advertised)
@@ -226,7 +228,6 @@ class PidctlServer:
             else:
                 host = socket.getfqdn() if address.host in ("0.0.0.0", "::", "") else address.host
             bound.append((ListenerSpec(protocol, host, port), tcp))
-        self.ports = [spec.port for spec, _ in bound]
         context = None
         if any(spec.tls for spec, _ in bound):
             context = server_ssl_context(self.settings)
