@@ -23,11 +23,44 @@ from protocol.client import ClientProtocol
 RequestFactory = Callable[[int, int], Any]  # (connection index, request index) -> request
 
 
-def _factories() -> dict[str, RequestFactory]:
-    return {
-        "idempotent": lambda c, i: requests.init_producer_id(None),
-        "transactional": lambda c, i: requests.init_producer_id(f"bench-{c}-{i % 64}"),
-    }
+SCENARIOS = ("idempotent", "transactional", "allocate")
+
+
+def _factory(scenario: str, broker_base: int, epochs: dict[int, int]) -> RequestFactory:
+    if scenario == "idempotent":
+        return lambda c, i: requests.init_producer_id(None)
+    if scenario == "transactional":
+        return lambda c, i: requests.init_producer_id(f"bench-{c}-{i % 64}")
+    # allocate: each connection is one broker, registered first by _register.
+    return lambda c, i: requests.allocate(broker_base + c, epochs[c])
+
+
+async def _register(host: str, port: int, broker_id: int) -> int:
+    """For the allocate scenario: register a broker; return its epoch."""
+    import uuid
+
+    stream = await trio.open_tcp_stream(host, port)
+    protocol = ClientProtocol("loadgen-setup")
+    async with stream:
+        _, data = protocol.send(requests.metadata([]))
+        await stream.send_all(data)
+        cluster = (await _one(stream, protocol)).cluster_id
+        _, data = protocol.send(requests.registration(broker_id, cluster, uuid.uuid4()))
+        await stream.send_all(data)
+        response = await _one(stream, protocol)
+        if response.error_code:
+            raise RuntimeError(f"registration refused: {response.error_code!r}")
+        return int(response.broker_epoch)
+
+
+async def _one(stream: trio.SocketStream, protocol: ClientProtocol) -> Any:
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        got = protocol.receive(data)
+        if got:
+            return got[0][1]
 
 
 async def _connection(
@@ -59,7 +92,11 @@ async def _connection(
                 if response.error_code != 0:
                     raise RuntimeError(f"unexpected error {response.error_code!r}")
                 if pids is not None:
-                    key = (response.producer_id, response.producer_epoch)
+                    key = (
+                        (response.producer_id_start, -1)
+                        if hasattr(response, "producer_id_start")
+                        else (response.producer_id, response.producer_epoch)
+                    )
                     if key in pids:
                         raise RuntimeError(f"producer id and epoch handed out twice: {key}")
                     pids.add(key)
@@ -74,11 +111,16 @@ async def run(
     in_flight: int,
     seconds: float,
     check_unique: bool = True,
+    broker_base: int = 10_000,
 ) -> dict[str, float]:
     host, _, port = bootstrap.rpartition(":")
-    make = _factories()[scenario]
+    epochs: dict[int, int] = {}
+    make = _factory(scenario, broker_base, epochs)
     latencies: list[float] = []
     pids: set[tuple[int, int]] | None = set() if check_unique else None
+    if scenario == "allocate":
+        for index in range(connections):
+            epochs[index] = await _register(host, int(port), broker_base + index)
     started = time.perf_counter()
     deadline = started + seconds
     async with trio.open_nursery() as nursery:
@@ -102,19 +144,76 @@ async def run(
     }
 
 
+async def storm(
+    bootstrap: str, producers: int, spread_s: float, deadline_s: float
+) -> dict[str, Any]:
+    """``producers`` idempotent producers connect within ``spread_s`` seconds, each asking
+    for a PID and retrying COORDINATOR_LOAD_IN_PROGRESS (the only error allowed) 50 ms later,
+    as clients do. Reports when the last one was served."""
+    host, _, port = bootstrap.rpartition(":")
+    served: list[float] = []
+    retries = 0
+    pids: set[int] = set()
+    started = time.perf_counter()
+
+    async def producer(index: int) -> None:
+        nonlocal retries
+        await trio.sleep(spread_s * index / producers)
+        stream = await trio.open_tcp_stream(host, int(port))
+        protocol = ClientProtocol(f"storm-{index}")
+        async with stream:
+            while True:
+                _, data = protocol.send(requests.init_producer_id(None))
+                await stream.send_all(data)
+                response = await _one(stream, protocol)
+                if response.error_code == 0:
+                    if response.producer_id in pids:
+                        raise RuntimeError(f"producer id {response.producer_id} handed out twice")
+                    pids.add(response.producer_id)
+                    served.append(time.perf_counter() - started)
+                    return
+                if response.error_code != 14:
+                    raise RuntimeError(f"unexpected error {response.error_code!r}")
+                retries += 1
+                await trio.sleep(0.05)
+
+    with trio.fail_after(deadline_s):
+        async with trio.open_nursery() as nursery:
+            for index in range(producers):
+                nursery.start_soon(producer, index)
+    served.sort()
+    return {
+        "producers": producers,
+        "served": len(served),
+        "last_served_s": served[-1],
+        "p50_s": served[len(served) // 2],
+        "p99_s": served[int(0.99 * (len(served) - 1))],
+        "retries_14": retries,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("bootstrap")
-    parser.add_argument("--scenario", choices=sorted(_factories()), default="idempotent")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="idempotent")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--in-flight", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument(
         "--no-unique-check", action="store_true", help="for the fixed-response ceiling server"
     )
+    parser.add_argument(
+        "--broker-base", type=int, default=10_000,
+        help="allocate scenario: first broker id (each run needs its own)",
+    )  # fmt: skip
+    parser.add_argument("--storm", type=int, metavar="PRODUCERS",
+                        help="instead: PRODUCERS producers connect within one second")  # fmt: skip
     args = parser.parse_args()
+    if args.storm:
+        json.dump(trio.run(storm, args.bootstrap, args.storm, 1.0, 60.0), sys.stdout)
+        return
     result = trio.run(run, args.bootstrap, args.scenario, args.connections, args.in_flight,
-                      args.seconds, not args.no_unique_check)  # fmt: skip
+                      args.seconds, not args.no_unique_check, args.broker_base)  # fmt: skip
     json.dump(result, sys.stdout)
 
 

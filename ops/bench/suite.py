@@ -1,0 +1,291 @@
+"""Every benchmark scenario with its baselines, in one run: a table, a JSON file and a chart.
+
+    python -m ops.bench.suite [--seconds 3] [--history 10000000] [--out ops/bench/results]
+
+Baselines measured in the same run on the same machine:
+- framing ceiling: ops/bench/ceiling.py answers every frame with a fixed pre-encoded response;
+- disk: grant-sized appends with an fdatasync each, and one per group of 8 and of 64;
+- the seed's design: blocks allocated by a conditional setData on ZooKeeper's
+  /latest_producer_id_block (Debian's zookeeper, started here on loopback with a temporary
+  data dir; python client kazoo), from 1, 4 and 16 concurrent allocators.
+The load generator runs in its own process; it checks every response (ops/bench/loadgen.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ops.bench.core import build_history, time_restart
+from ops.serverproc import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOOKEEPER = Path("/usr/share/zookeeper/bin/zkServer.sh")
+STORM_LIMITS = ("--max-connections", "30000", "--max-connections-per-address", "30000")
+
+
+def loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "ops.bench.loadgen", bootstrap, *args],
+                         capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def disk_rate(directory: Path, group: int, seconds: float) -> float:
+    record = b"x" * 150
+    fd = os.open(directory / f"disk-{group}.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    count, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        os.write(fd, record * group)
+        os.fdatasync(fd)
+        count += group
+    os.close(fd)
+    return count / seconds
+
+
+class ZooKeeper:
+    """A throwaway standalone ZooKeeper on a loopback port (fsync on, as by default)."""
+
+    def __init__(self, directory: Path, port: int = 21811) -> None:
+        self.port = port
+        (directory / "data").mkdir(parents=True)
+        (directory / "zoo.cfg").write_text(
+            f"tickTime=2000\ndataDir={directory / 'data'}\nclientPort={port}\n"
+            "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+        )
+        env = {**os.environ, "ZOOCFGDIR": str(directory), "ZOO_LOG_DIR": str(directory)}
+        self.proc = subprocess.Popen(
+            [str(ZOOKEEPER), "start-foreground", str(directory / "zoo.cfg")],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def allocations_per_second(self, allocators: int, seconds: float) -> float:
+        """KIP-730's ZooKeeper scheme: read the latest block, write the next one with a
+        conditional setData on its version, retry on conflict."""
+        from kazoo.client import KazooClient
+        from kazoo.exceptions import BadVersionError
+
+        path = "/latest_producer_id_block"
+        granted: list[int] = []
+        lock = threading.Lock()
+
+        def allocator(broker: int) -> None:
+            zk = KazooClient(hosts=f"127.0.0.1:{self.port}")
+            zk.start(timeout=30)
+            zk.ensure_path(path)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                data, stat = zk.get(path)
+                end = json.loads(data)["block_end"] if data else "-1"
+                start = int(end) + 1
+                block = {"version": 1, "broker": broker, "block_start": str(start),
+                         "block_end": str(start + 999)}  # fmt: skip
+                try:
+                    zk.set(path, json.dumps(block).encode(), version=stat.version)
+                except BadVersionError:
+                    continue
+                with lock:
+                    granted.append(start)
+            zk.stop()
+
+        threads = [threading.Thread(target=allocator, args=(b,)) for b in range(allocators)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if len(set(granted)) != len(granted):
+            raise RuntimeError("ZooKeeper baseline granted a block twice")
+        return len(granted) / seconds
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def build_transactional_ids(data_dir: Path, count: int) -> None:
+    """A data dir holding ``count`` transactional ids, written through the real log."""
+    import trio
+
+    from controller.metalog import MetadataLog
+    from controller.records import ClusterCreated, ProducerIdsGranted, TransactionalIdUpdated
+    from controller.service import Controller, Now
+    from controller.state import ControllerState
+
+    data_dir.mkdir(parents=True)
+
+    async def main() -> None:
+        state = ControllerState()
+        controller: Controller
+        metalog = MetadataLog(data_dir, 0, 0, lambda: controller.snapshot(),
+                              snapshot_interval_records=10**9)  # fmt: skip
+        controller = Controller(state, metalog)
+        now = Now(int(time.time() * 1000), 0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(metalog.run)
+            controller.commit([ClusterCreated("bench", 1)], now)
+            controller.commit([ProducerIdsGranted(1, -1, 0, count, holder="controller")], now)
+            for i in range(count):
+                record = TransactionalIdUpdated(f"app-{i:08d}", i, 0, i, -1, 60_000, now.wall_ms)
+                controller.commit([record], now)
+                if i % 20_000 == 19_999:
+                    await metalog.flush()
+            await metalog.flush()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--history", type=int, default=10_000_000)
+    parser.add_argument("--transactional-ids", type=int, default=1_000_000)
+    parser.add_argument("--storm", type=int, default=10_000)
+    parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
+    args = parser.parse_args()
+    secs = str(args.seconds)
+    results: dict[str, Any] = {"seconds_per_run": args.seconds, "rows": []}
+    rows: list[dict[str, Any]] = results["rows"]
+
+    def row(group: str, name: str, per_second: float | None, **extra: Any) -> None:
+        rows.append({"group": group, "name": name, "per_second": per_second, **extra})
+        shown = f"{per_second:>10,.0f}/s" if per_second is not None else " " * 12
+        details = "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in extra.items())  # fmt: skip
+        print(f"{group:<14} {name:<44} {shown}  {details}", flush=True)
+
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name:
+        tmp = Path(tmp_name)
+        # -- framing ceiling and InitProducerId ------------------------------------------
+        ceiling = subprocess.Popen([sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
+                                   stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+        assert ceiling.stdout is not None
+        ceiling_addr = f"127.0.0.1:{int(ceiling.stdout.readline())}"
+        ceilings: dict[tuple[int, int], float] = {}
+        with ServerProcess(tmp / "init", *STORM_LIMITS) as server:
+            for conns in (1, 16, 64):
+                for depth in (1, 8):
+                    flags = ["--connections", str(conns), "--in-flight", str(depth),
+                             "--seconds", secs]  # fmt: skip
+                    base = loadgen(ceiling_addr, *flags, "--no-unique-check")
+                    ceilings[(conns, depth)] = base["per_second"]
+                    row("ceiling", f"fixed answer, {conns} conn x {depth} in flight",
+                        base["per_second"], p50_ms=base["p50_ms"], p99_ms=base["p99_ms"],
+                        p999_ms=base["p999_ms"])  # fmt: skip
+                    r = loadgen(server.bootstrap, *flags, "--scenario", "idempotent")
+                    row("idempotent", f"InitProducerId, {conns} conn x {depth} in flight",
+                        r["per_second"], p50_ms=r["p50_ms"], p99_ms=r["p99_ms"],
+                        p999_ms=r["p999_ms"],
+                        vs_ceiling=r["per_second"] / base["per_second"])  # fmt: skip
+            r = loadgen(server.bootstrap, "--connections", "16", "--seconds", secs,
+                        "--scenario", "transactional")  # fmt: skip
+            row("transactional", "InitProducerId, 16 conn x 1 (each durable)", r["per_second"],
+                p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], p999_ms=r["p999_ms"],
+                vs_ceiling=r["per_second"] / ceilings[(16, 1)])  # fmt: skip
+        ceiling.kill()
+
+        # -- durable grants against the disk and ZooKeeper ----------------------------------
+        disk = {g: disk_rate(tmp, g, args.seconds) for g in (1, 8, 64)}
+        for g, rate in disk.items():
+            row("disk", f"150 B appends, one fdatasync per {g}", rate)
+        zk_rates: dict[int, float] = {}
+        if ZOOKEEPER.exists():
+            zk = ZooKeeper(tmp / "zk")
+            try:
+                time.sleep(3)
+                for n in (1, 4, 16):
+                    zk_rates[n] = zk.allocations_per_second(n, args.seconds)
+                    row("zookeeper", f"conditional setData, {n} allocators", zk_rates[n])
+            finally:
+                zk.stop()
+        with ServerProcess(tmp / "grants") as server:
+            for n in (1, 4, 16):
+                r = loadgen(server.bootstrap, "--connections", str(n), "--seconds", secs,
+                            "--scenario", "allocate", "--broker-base", str(1000 * n))  # fmt: skip
+                extra: dict[str, Any] = {
+                    "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "p999_ms": r["p999_ms"],
+                    "vs_group_commit_64": r["per_second"] / disk[64],
+                }  # fmt: skip
+                if n in zk_rates:
+                    extra["vs_zookeeper"] = r["per_second"] / zk_rates[n]
+                row("grants", f"AllocateProducerIds, {n} brokers", r["per_second"], **extra)
+
+        # -- start-up storm -------------------------------------------------------------------
+        with ServerProcess(tmp / "storm", *STORM_LIMITS) as server:
+            storm = loadgen(server.bootstrap, "--storm", str(args.storm))
+        row("storm", f"{args.storm:,} producers connect within 1 s", None,
+            served=storm["served"], last_served_s=storm["last_served_s"],
+            p50_s=storm["p50_s"], p99_s=storm["p99_s"], retries_14=storm["retries_14"])  # fmt: skip
+
+        # -- restart time and memory ---------------------------------------------------------
+        for grants in (1_000, args.history):
+            directory = tmp / f"history-{grants}"
+            t0 = time.monotonic()
+            build_history(directory, grants)
+            built = time.monotonic() - t0
+            took = min(time_restart(directory) for _ in range(3))
+            row("restart", f"to listening, {grants:,} grants in history", None,
+                seconds=took[0], recovery_ms=took[1] * 1000, build_s=built)  # fmt: skip
+            shutil.rmtree(directory)
+        empty = ServerProcess(tmp / "empty").start()
+        assert empty.proc is not None
+        empty_kib = rss_kib(empty.proc.pid)
+        empty.kill()
+        build_transactional_ids(tmp / "txn", args.transactional_ids)
+        held = ServerProcess(tmp / "txn").start(timeout=600)
+        assert held.proc is not None
+        held_kib = rss_kib(held.proc.pid)
+        held.kill()
+        per_id = (held_kib - empty_kib) * 1024 / args.transactional_ids
+        row(
+            "memory", f"RSS with {args.transactional_ids:,} transactional ids", None,
+            rss_mib=held_kib / 1024, empty_rss_mib=empty_kib / 1024, bytes_per_id=per_id,
+        )  # fmt: skip
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    chart(rows, args.out / "results.png")
+    print(f"results: {args.out / 'results.json'}, chart: {args.out / 'results.png'}")
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rated = [r for r in rows if r["per_second"] is not None]
+    colours = {
+        "ceiling": "#999999", "disk": "#bbbbbb", "zookeeper": "#d9822b",
+        "idempotent": "#2b6cb0", "transactional": "#2f855a", "grants": "#6b46c1",
+    }  # fmt: skip
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(rated) + 1.5))
+    names = [f"{r['group']}: {r['name']}" for r in rated]
+    ax.barh(names, [r["per_second"] for r in rated],
+            color=[colours.get(r["group"], "#444444") for r in rated])  # fmt: skip
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("operations per second (log scale); grey and orange: baselines of the same run")
+    ax.set_title("pidctl against its baselines")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
