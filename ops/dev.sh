@@ -2,6 +2,7 @@
 # One entry point for a fresh machine; it installs what it needs into .venv first.
 #   ops/dev.sh serve [FLAGS]   start `pidctl serve` on its embedded defaults (or FLAGS)
 #   ops/dev.sh test [ARGS]     lint, type-check and run the whole test suite (ARGS go to pytest)
+#   ops/dev.sh bench [ARGS]    the benchmark suite against its baselines (ARGS go to the suite)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,8 +46,17 @@ case "$command" in
         fi
         exit "$status"
         ;;
+    bench)
+        ensure_venv "[test,bench]"
+        if [[ ! -x /usr/share/zookeeper/bin/zkServer.sh ]]; then
+            # The ZooKeeper baseline: Debian's package (needs root, as on CI machines).
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper
+        fi
+        cd "$root"
+        exec "$venv/bin/python" -m ops.bench.suite "$@"
+        ;;
     *)
-        echo "usage: ops/dev.sh serve [FLAGS] | ops/dev.sh test [PYTEST ARGS]" >&2
+        echo "usage: ops/dev.sh serve [FLAGS] | test [PYTEST ARGS] | bench [ARGS]" >&2
         exit 2
         ;;
 esac

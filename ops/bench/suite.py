@@ -159,6 +159,9 @@ def main() -> None:
     parser.add_argument("--storm", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
     args = parser.parse_args()
+    from controller.logs import configure_logging
+
+    configure_logging("console", "warning")  # the in-process log builders stay quiet
     secs = str(args.seconds)
     results: dict[str, Any] = {"seconds_per_run": args.seconds, "rows": []}
     rows: list[dict[str, Any]] = results["rows"]
