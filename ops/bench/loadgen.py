@@ -8,6 +8,7 @@ address it is given. Run it in its own process so it does not share a GIL with t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -65,7 +66,7 @@ async def _one(stream: trio.SocketStream, protocol: ClientProtocol) -> Any:
 
 async def _connection(
     host: str, port: int, index: int, make: RequestFactory, in_flight: int, deadline: float,
-    latencies: list[float], pids: set[tuple[int, int]] | None,
+    latencies: list[float], pids: set[tuple[int, int]] | None, max_requests: int,
 ) -> None:  # fmt: skip
     stream = await trio.open_tcp_stream(host, port)
     protocol = ClientProtocol(f"loadgen-{index}")
@@ -92,15 +93,15 @@ async def _connection(
                 if response.error_code != 0:
                     raise RuntimeError(f"unexpected error {response.error_code!r}")
                 if pids is not None:
-                    key = (
-                        (response.producer_id_start, -1)
-                        if hasattr(response, "producer_id_start")
-                        else (response.producer_id, response.producer_epoch)
-                    )
+                    if hasattr(response, "producer_id_start"):
+                        # Blocks: remembered as (start, -length), checked for overlap at the end.
+                        key = (response.producer_id_start, -response.producer_id_len)
+                    else:
+                        key = (response.producer_id, response.producer_epoch)
                     if key in pids:
                         raise RuntimeError(f"producer id and epoch handed out twice: {key}")
                     pids.add(key)
-                if time.perf_counter() < deadline:
+                if time.perf_counter() < deadline and len(latencies) < max_requests:
                     await send_one()
 
 
@@ -112,7 +113,9 @@ async def run(
     seconds: float,
     check_unique: bool = True,
     broker_base: int = 10_000,
+    max_requests: int = 10_000_000,
 ) -> dict[str, float]:
+    """Load for ``seconds`` (and at most ``max_requests``); raise on any unexpected answer."""
     host, _, port = bootstrap.rpartition(":")
     epochs: dict[int, int] = {}
     make = _factory(scenario, broker_base, epochs)
@@ -126,9 +129,15 @@ async def run(
     async with trio.open_nursery() as nursery:
         for index in range(connections):
             nursery.start_soon(
-                _connection, host, int(port), index, make, in_flight, deadline, latencies, pids
-            )
+                _connection, host, int(port), index, make, in_flight, deadline, latencies, pids,
+                max_requests,
+            )  # fmt: skip
     elapsed = time.perf_counter() - started
+    if scenario == "allocate" and pids:
+        blocks = sorted((start, -negative) for start, negative in pids)
+        for (a_start, a_len), (b_start, _) in itertools.pairwise(blocks):
+            if a_start + a_len > b_start:
+                raise RuntimeError(f"blocks at {a_start} and {b_start} overlap")
     latencies.sort()
 
     def pct(p: float) -> float:
