@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.core import build_history, time_restart
+from ops.bench.core import build_history, disk_rate, time_restart
 from ops.serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,18 +38,6 @@ def loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
                          capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout)
     return result
-
-
-def disk_rate(directory: Path, group: int, seconds: float) -> float:
-    record = b"x" * 150
-    fd = os.open(directory / f"disk-{group}.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    count, deadline = 0, time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        os.write(fd, record * group)
-        os.fdatasync(fd)
-        count += group
-    os.close(fd)
-    return count / seconds
 
 
 class ZooKeeper:
