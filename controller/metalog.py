@@ -273,7 +273,7 @@ class MetadataLog:
         data_dir: Path,
         end_offset: int,
         snapshot_offset: int,
-        snapshot_source: Callable[[], dict[str, Any]],
+        snapshot_source: Callable[[], Callable[[], dict[str, Any]]],
         *,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         snapshot_interval_records: int = DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
@@ -349,7 +349,8 @@ class MetadataLog:
         snapshot = None
         due = batch_end - self.snapshot_offset >= self.snapshot_interval_records
         if due and snapshots is not None and not self._snapshot_running:
-            # Taken now, while state and log agree on batch_end (no await since the last append).
+            # Captured now, while state and log agree on batch_end (no await since the last
+            # append); the source returns a cheap copy, turned into the snapshot in a thread.
             snapshot = self._snapshot_source()
         data = b"".join(batch)
         started = trio.current_time()
@@ -368,7 +369,7 @@ class MetadataLog:
         elif size >= self.segment_max_bytes:
             await trio.to_thread.run_sync(self._roll, batch_end)
 
-    async def _write_snapshot(self, offset: int, state: dict[str, Any]) -> None:
+    async def _write_snapshot(self, offset: int, state: Callable[[], dict[str, Any]]) -> None:
         # Shielded: a snapshot that has started is finished even during shutdown.
         with trio.CancelScope(shield=True):
             try:
@@ -394,8 +395,8 @@ class MetadataLog:
         old, self._fd = self._fd, fd
         os.close(old)
 
-    def _snapshot_and_clean(self, offset: int, state: dict[str, Any]) -> int:
-        size = write_snapshot_file(self.data_dir, offset, state).stat().st_size
+    def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int:
+        size = write_snapshot_file(self.data_dir, offset, state()).stat().st_size
         for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
             if _offset_of(old) < offset:
                 old.unlink()

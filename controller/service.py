@@ -171,8 +171,9 @@ class Controller:
             self.on_grant(record)
         return offset
 
-    def snapshot(self) -> dict[str, Any]:
-        return self.state.to_snapshot()
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """What the log needs for a snapshot at this instant: taken at once, built later."""
+        return self.state.copy().to_snapshot
 
     def expire_transactional_ids(self, now: Now) -> int:
         """Log an expiry for every transactional id unused past the setting; return how many."""

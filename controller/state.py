@@ -7,6 +7,7 @@ wrote it. Broken invariants are corruption: replay raises instead of skipping.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +140,14 @@ class ControllerState:
         )
 
     # -- snapshots ------------------------------------------------------------------------
+
+    def copy(self) -> ControllerState:
+        """A copy that later records do not change. Registrations and transactional-id states
+        are immutable, so copying the dicts suffices: a C-level copy (about 35 ms for a
+        million transactional ids) where building the snapshot itself takes about 700 ms."""
+        return dataclasses.replace(
+            self, brokers=dict(self.brokers), transactional_ids=dict(self.transactional_ids)
+        )
 
     def to_snapshot(self) -> dict[str, Any]:
         """A JSON-friendly copy of the whole state (taken synchronously, so it is consistent)."""

@@ -51,7 +51,7 @@ async def run_log(
     """Write records through the real MetadataLog, as the server does."""
     state = ControllerState()
     metalog = MetadataLog(
-        data_dir, 0, 0, state.to_snapshot,
+        data_dir, 0, 0, lambda: state.copy().to_snapshot,
         snapshot_interval_records=snapshot_interval_records, retention_bytes=retention_bytes,
     )  # fmt: skip
     async with trio.open_nursery() as nursery:
@@ -66,7 +66,7 @@ async def run_log(
 async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     batches: list[int] = []
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, state.to_snapshot,
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot,
                           on_batch=lambda n, _: batches.append(n))  # fmt: skip
     records = history(200)
     # trio starts tasks in no fixed order; each takes the next record when it runs.
