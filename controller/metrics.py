@@ -8,6 +8,7 @@ small threaded server: scrapes never run on the event loop.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,7 +28,9 @@ _FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+@functools.cache
 def api_name(api_key: int) -> str:
+    """The metric label of an API key (cached: it is asked for on every request)."""
     try:
         return ApiKey(api_key).name.lower()
     except ValueError:

@@ -82,6 +82,8 @@ class PidctlServer:
         self._readers: set[trio.CancelScope] = set()
         self._per_address: dict[str, int] = {}
         self.metrics = Metrics()
+        # Decided once: building the request log's fields costs on every request otherwise.
+        self._log_requests = settings.log_level == "debug"
         self.quotas = Quotas(
             {
                 ApiKey.ALLOCATE_PRODUCER_IDS: settings.allocate_producer_ids_quota,
@@ -458,12 +460,13 @@ class PidctlServer:
                     )
                     self._throttled(api, throttle)
                 self._count(api, request.api_version, body)
-                log.debug(
-                    "request", api=api, version=request.api_version, peer=conn.peer,
-                    client_id=request.header.client_id,
-                    correlation_id=request.header.correlation_id,
-                    error=getattr(reply.body, "error_code", 0),
-                )  # fmt: skip
+                if self._log_requests:
+                    log.debug(
+                        "request", api=api, version=request.api_version, peer=conn.peer,
+                        client_id=request.header.client_id,
+                        correlation_id=request.header.correlation_id,
+                        error=getattr(reply.body, "error_code", 0),
+                    )  # fmt: skip
                 data_out = encode_response(request.header, body)
                 await send.send(_Outgoing(data_out, reply.durable_offset, api, arrived))
                 if throttle:
