@@ -5,8 +5,9 @@
 Reports:
 - restart-to-listening time of `pidctl serve` with 10 and with N grants in history (the
   10-grant restart is the baseline: snapshots should make the ratio about 1);
-- durable AllocateProducerIds per second from 1 and 16 concurrent brokers (separate load
-  process, trio, one connection per broker, one request in flight each), against the disk
+- durable AllocateProducerIds per second from 1 and 16 concurrent brokers (the load
+  generator's allocate scenario in its own process, one request in flight per broker),
+  against the disk
   baseline: grant-sized appends with one fdatasync each, on the same file system.
 """
 
@@ -19,20 +20,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import trio
 
-from controller.client import TrioClient
 from controller.metalog import MetadataLog
 from controller.records import BrokerRegistered, ClusterCreated, ProducerIdsGranted
 from controller.service import Controller, Now
 from controller.state import ControllerState
+from ops.bench.common import ROOT, run_json
 from ops.serverproc import ServerProcess
-from protocol import requests as wire
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 10_000) -> None:
@@ -98,50 +95,21 @@ def disk_rate(directory: Path, group: int, seconds: float) -> float:
     return count / seconds
 
 
-def grants_per_second(bootstrap: str, cluster: str, brokers: int, seconds: float) -> float:
-    """Run the load in a separate process so client and server do not share a GIL."""
-    out = subprocess.run(
-        [sys.executable, "-m", "ops.bench.core", "--load", bootstrap, cluster, str(brokers),
-         str(seconds)],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+def grants_per_second(bootstrap: str, brokers: int, seconds: float) -> float:
+    """Durable AllocateProducerIds per second from ``brokers`` brokers (the load generator's
+    allocate scenario, in its own process; fresh broker ids for each run)."""
+    result = run_json(
+        "ops.bench.loadgen", bootstrap, "--scenario", "allocate", "--connections", str(brokers),
+        "--seconds", str(seconds), "--broker-base", str(1000 * brokers),
     )  # fmt: skip
-    return float(out.stdout.strip())
-
-
-async def _load(bootstrap: str, cluster: str, brokers: int, seconds: float) -> float:
-    count = 0
-    seen: set[int] = set()
-
-    async def broker(broker_id: int) -> None:
-        nonlocal count
-        async with await TrioClient.connect(bootstrap) as client:
-            reply = await client.request(wire.registration(broker_id, cluster, uuid.uuid4()))
-            epoch = reply.broker_epoch
-            deadline = trio.current_time() + seconds
-            while trio.current_time() < deadline:
-                r = await client.request(wire.allocate(broker_id, epoch))
-                if r.error_code or r.producer_id_start in seen:
-                    raise RuntimeError(f"bad grant {r}")
-                seen.add(r.producer_id_start)
-                count += 1
-
-    async with trio.open_nursery() as nursery:
-        # Fresh broker ids per run: re-registering a live id with a new incarnation is refused.
-        for b in range(brokers):
-            nursery.start_soon(broker, 1000 * brokers + b)
-    return count / seconds
+    return float(result["per_second"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--grants-seconds", type=float, default=5.0)
     parser.add_argument("--history", type=int, default=1_000_000)
-    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.load:
-        bootstrap, cluster, brokers, seconds = args.load
-        print(trio.run(_load, bootstrap, cluster, int(brokers), float(seconds)))
-        return
 
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
@@ -163,9 +131,8 @@ def main() -> None:
         rows.append(("disk: 150 B append + fdatasync each (baseline)", f"{disk:,.0f} /s", ""))
 
         with ServerProcess(base / "live") as server:
-            cluster = server.cluster_id()
             for brokers in (1, 16):
-                rate = grants_per_second(server.bootstrap, cluster, brokers, args.grants_seconds)
+                rate = grants_per_second(server.bootstrap, brokers, args.grants_seconds)
                 rows.append((f"durable grants, {brokers} broker(s)", f"{rate:,.0f} /s",
                              f"{rate / disk:.2f}x the fsync-per-append disk rate"))  # fmt: skip
     width = max(len(r[0]) for r in rows)

@@ -9,27 +9,20 @@ pre-encoded response. The load generator runs in its own process (ops/bench/load
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from ops.bench.common import ceiling_server, run_json
 from ops.serverproc import ServerProcess
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(bootstrap: str, scenario: str, connections: int, seconds: float,
          *extra: str) -> dict[str, Any]:  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-m", "ops.bench.loadgen", bootstrap, "--scenario", scenario,
-         "--connections", str(connections), "--seconds", str(seconds), *extra],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+    return run_json(
+        "ops.bench.loadgen", bootstrap, "--scenario", scenario,
+        "--connections", str(connections), "--seconds", str(seconds), *extra,
     )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
 
 
 def main() -> None:
@@ -39,19 +32,9 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[tuple[str, dict[str, Any]]] = []
 
-    ceiling = subprocess.Popen(
-        [sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
-    try:
-        assert ceiling.stdout is not None
-        port = int(ceiling.stdout.readline())
-        rows.append(("framing ceiling (baseline)", load(
-            f"127.0.0.1:{port}", "idempotent", args.connections, args.seconds,
-            "--no-unique-check")))  # fmt: skip
-    finally:
-        ceiling.kill()
-        ceiling.wait()
+    with ceiling_server() as ceiling:
+        baseline = load(ceiling, "idempotent", args.connections, args.seconds, "--no-unique-check")
+        rows.append(("framing ceiling (baseline)", baseline))
 
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(Path(tmp) / "d") as server:
         for scenario in ("idempotent", "transactional"):

@@ -16,24 +16,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+from ops.bench.common import rss_kib, run_json
 
 
 def _measure(kind: str, producers: int, retained: int) -> dict[str, float]:
     from ops.broker.sequences import ProducerStateTable
 
-    before = _rss_bytes()
+    before = rss_kib() * 1024
     keep: object
     if kind == "baseline":
         table: dict[int, collections.deque[tuple[int, int, int]]] = {}
@@ -51,7 +41,7 @@ def _measure(kind: str, producers: int, retained: int) -> dict[str, float]:
             for i in range(retained):
                 append(pid, 0, i, 1, pid * retained + i, 0)
         keep = state
-    used = _rss_bytes() - before
+    used = rss_kib() * 1024 - before
     del keep
     return {"bytes_per_producer": used / producers, "bytes_per_batch": used / producers / retained}
 
@@ -75,12 +65,10 @@ def main() -> None:
     ]
     results = []
     for name, kind, producers, retained in scenarios:
-        out = subprocess.run(
-            [sys.executable, "-m", "ops.bench.producer_state", "--child", kind, str(producers),
-             str(retained)],
-            capture_output=True, text=True, check=True, cwd=ROOT,
-        )  # fmt: skip
-        results.append((name, producers, retained, json.loads(out.stdout)))
+        measured = run_json(
+            "ops.bench.producer_state", "--child", kind, str(producers), str(retained)
+        )
+        results.append((name, producers, retained, measured))
     baseline = results[0][3]["bytes_per_producer"]
     print(f"{'scenario':<42} {'producers':>10} {'B/producer':>11} {'B/batch':>8}  vs baseline")
     for name, producers, retained, r in results:

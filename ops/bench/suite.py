@@ -18,26 +18,22 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from ops.bench.common import ROOT, ceiling_server, rss_kib, run_json
 from ops.bench.core import build_history, disk_rate, time_restart
 from ops.serverproc import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 ZOOKEEPER = Path("/usr/share/zookeeper/bin/zkServer.sh")
 STORM_LIMITS = ("--max-connections", "30000", "--max-connections-per-address", "30000")
 
 
 def loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "ops.bench.loadgen", bootstrap, *args],
-                         capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
+    return run_json("ops.bench.loadgen", bootstrap, *args)
 
 
 class ZooKeeper:
@@ -99,13 +95,6 @@ class ZooKeeper:
         self.proc.wait()
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
 def build_transactional_ids(data_dir: Path, count: int) -> None:
     """A data dir holding ``count`` transactional ids, written through the real log."""
     import trio
@@ -164,12 +153,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name:
         tmp = Path(tmp_name)
         # -- framing ceiling and InitProducerId ------------------------------------------
-        ceiling = subprocess.Popen([sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
-                                   stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
-        assert ceiling.stdout is not None
-        ceiling_addr = f"127.0.0.1:{int(ceiling.stdout.readline())}"
         ceilings: dict[tuple[int, int], float] = {}
-        with ServerProcess(tmp / "init", *STORM_LIMITS) as server:
+        with ceiling_server() as ceiling_addr, ServerProcess(tmp / "init", *STORM_LIMITS) as server:
             for conns in (1, 16, 64):
                 for depth in (1, 8):
                     flags = ["--connections", str(conns), "--in-flight", str(depth),
@@ -189,7 +174,6 @@ def main() -> None:
             row("transactional", "InitProducerId, 16 conn x 1 (each durable)", r["per_second"],
                 p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], p999_ms=r["p999_ms"],
                 vs_ceiling=r["per_second"] / ceilings[(16, 1)])  # fmt: skip
-        ceiling.kill()
 
         # -- durable grants against the disk and ZooKeeper ----------------------------------
         disk = {g: disk_rate(tmp, g, args.seconds) for g in (1, 8, 64)}

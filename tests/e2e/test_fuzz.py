@@ -8,13 +8,13 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.metalog import read_log
+from ops.bench.common import rss_kib
 from ops.serverproc import ServerProcess
 from protocol import requests
 from protocol.codec import encode_request
@@ -60,13 +60,6 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         yield server
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -92,7 +85,7 @@ def test_live_server_survives_fuzzed_frames(
 def test_after_fuzzing_state_tasks_and_memory_are_as_before(fuzz_server: ServerProcess) -> None:
     # Runs after the fuzz test in this module (pytest keeps file order).
     assert fuzz_server.proc is not None
-    before = _rss_kib(fuzz_server.proc.pid)
+    before = rss_kib(fuzz_server.proc.pid)
     for _ in range(2000):
         with socket.create_connection(("127.0.0.1", fuzz_server.port), timeout=5) as sock:
             sock.sendall(struct.pack(">i", 900_000) + b"\0" * 1000)  # a big frame, cut short
@@ -102,6 +95,6 @@ def test_after_fuzzing_state_tasks_and_memory_are_as_before(fuzz_server: ServerP
         time.sleep(0.1)
     records = [type(e.record).__name__ for e in read_log(fuzz_server.data_dir).entries()]
     assert records == ["ClusterCreated", "ControllerStarted"]  # nothing refused changed state
-    assert _rss_kib(fuzz_server.proc.pid) - before < 20_000  # KiB: bounded
+    assert rss_kib(fuzz_server.proc.pid) - before < 20_000  # KiB: bounded
     with socket.create_connection(("127.0.0.1", fuzz_server.port), timeout=5):
         pass

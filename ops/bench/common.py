@@ -1,0 +1,44 @@
+"""What the benchmarks share: running a piece in its own process, reading memory, and the
+framing-ceiling server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_json(module: str, *args: str) -> dict[str, Any]:
+    """``python -m module args`` in its own process (no GIL shared with the caller or the
+    server); its standard output is one JSON object."""
+    out = subprocess.run([sys.executable, "-m", module, *args],
+                         capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def rss_kib(pid: int | str = "self") -> int:
+    """Resident set size of a process, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@contextmanager
+def ceiling_server() -> Iterator[str]:
+    """ops/bench/ceiling.py on a free loopback port; yields its HOST:PORT."""
+    proc = subprocess.Popen([sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        yield f"127.0.0.1:{int(proc.stdout.readline())}"
+    finally:
+        proc.kill()
+        proc.wait()
