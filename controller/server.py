@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 import trio
@@ -50,7 +49,7 @@ from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted
 from .sasl import CredentialStore
 from .sasl_session import ALLOWED_BEFORE_AUTHENTICATION, SaslSession
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
-from .settings import Settings
+from .settings import HostPort, Settings
 
 log = structlog.get_logger("pidctl.server")
 
@@ -223,12 +222,13 @@ class PidctlServer:
             tcp = await trio.open_tcp_listeners(address.port, host=address.host)
             port = tcp[0].socket.getsockname()[1]
             self.ports.append(port)
+            # advertised_listener names the first listener; the others advertise themselves.
+            explicit = self.settings.advertised_listener if index == 0 else None
+            host, port = advertised_address(address, port, explicit)
             if index == 0:
-                advertised = advertised_address(self.settings, port)
-                controller.config = dataclasses.replace(controller.config, **advertised)
-                host, port = advertised["advertised_host"], advertised["advertised_port"]
-            else:
-                host = socket.getfqdn() if address.host in ("0.0.0.0", "::", "") else address.host
+                controller.config = dataclasses.replace(
+                    controller.config, advertised_host=host, advertised_port=port
+                )
             bound.append((ListenerSpec(protocol, host, port), tcp))
         context = None
         if any(spec.tls for spec, _ in bound):
@@ -532,16 +532,16 @@ def load_credentials(settings: Settings) -> CredentialStore:
     return CredentialStore.load(Path(settings.credentials_file))
 
 
-def advertised_address(settings: Settings, bound_port: int) -> dict[str, Any]:
-    """What clients are told to connect to: the advertised listener if set, else the listen
-    address with the port actually bound (port 0) and, for a wildcard host, this host's name."""
-    if settings.advertised_listener is not None:
-        chosen = settings.advertised_listener
-        return {"advertised_host": chosen.host, "advertised_port": chosen.port}
-    host = settings.listener_list[0][1].host
-    if host in ("0.0.0.0", "::", ""):
-        host = socket.getfqdn()
-    return {"advertised_host": host, "advertised_port": bound_port}
+def advertised_address(
+    listen: HostPort, bound_port: int, explicit: HostPort | None
+) -> tuple[str, int]:
+    """What clients of a listener are told to connect to: the explicit address if there is
+    one, else the listen address with the port actually bound (port 0) and, for a wildcard
+    host, this host's name."""
+    if explicit is not None:
+        return explicit.host, explicit.port
+    host = socket.getfqdn() if listen.host in ("0.0.0.0", "::", "") else listen.host
+    return host, bound_port
 
 
 def _new_cluster_id() -> str:
