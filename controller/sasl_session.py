@@ -33,9 +33,8 @@ class SaslOutcome:
     principal: str | None = None
     #: Close the connection after sending ``body`` (failed authentication).
     close: bool = False
-    #: Mechanism and user name, for the log and metrics (never the password).
+    #: Mechanism and failure reason, for the log and metrics (never the password).
     mechanism: str | None = None
-    user: str | None = None
     failure: str | None = None
 
 
@@ -89,8 +88,7 @@ class SaslSession:
                         "Authentication failed: invalid username or password"
                     )
                 self.state = "done"
-                return self._reply(request, ErrorCode.none, None, principal=f"User:{user}",
-                                   user=user)  # fmt: skip
+                return self._reply(request, ErrorCode.none, None, principal=f"User:{user}")
             if not self._scram_started:
                 self._scram_started = True
                 return self._reply(request, ErrorCode.none, None, self._scram.first(token))
@@ -98,7 +96,7 @@ class SaslSession:
             self.state = "done"
             scram_user = self._scram.user
             return self._reply(request, ErrorCode.none, None, final,
-                               principal=f"User:{scram_user}", user=scram_user)  # fmt: skip
+                               principal=f"User:{scram_user}")  # fmt: skip
         except AuthenticationFailed as e:
             self.state = "failed"
             return self._reply(request, ErrorCode.sasl_authentication_failed, str(e), close=True,
@@ -106,12 +104,11 @@ class SaslSession:
 
     def _reply(
         self, request: Request, error: ErrorCode, message: str | None, token: bytes = b"",
-        *, principal: str | None = None, close: bool = False, user: str | None = None,
-        failure: str | None = None,
+        *, principal: str | None = None, close: bool = False, failure: str | None = None,
     ) -> SaslOutcome:  # fmt: skip
         cls: Any = response_class(request.api_key, request.api_version)
         fields: dict[str, Any] = {"error_code": error, "error_message": message,
                                   "auth_bytes": token}  # fmt: skip
         if request.api_version >= 1:
             fields["session_lifetime"] = datetime.timedelta(0)
-        return SaslOutcome(cls(**fields), principal, close, self.mechanism, user, failure)
+        return SaslOutcome(cls(**fields), principal, close, self.mechanism, failure)

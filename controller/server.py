@@ -76,7 +76,6 @@ class PidctlServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.ports: list[int] = []
-        self.ready = trio.Event()
         self._stopping = trio.Event()
         self._readers: set[trio.CancelScope] = set()
         self._per_address: dict[str, int] = {}
@@ -253,7 +252,6 @@ class PidctlServer:
                             )
 
             connections.start_soon(accept)
-            self.ready.set()
             self.http.ready = True
             task_status.started()
             await self._stopping.wait()

@@ -356,22 +356,14 @@ def _check_together(settings: Settings) -> list[str]:
     return problems
 
 
-def load_settings(
-    flags: Mapping[str, Any],
-    environ: Mapping[str, str] = os.environ,
-    config_file: Path | None = None,
-) -> Settings:
-    """Merge file < env < flags over the defaults; raise :class:`SettingsError` listing every
-    problem, one line each."""
-    return load_settings_with_sources(flags, environ, config_file)[0]
-
-
 def load_settings_with_sources(
     flags: Mapping[str, Any],
     environ: Mapping[str, str] = os.environ,
     config_file: Path | None = None,
 ) -> tuple[Settings, dict[str, str]]:
-    """As :func:`load_settings`, also saying where each non-default value came from."""
+    """Merge file < env < flags over the defaults; return the settings and where each
+    non-default value came from. Raises :class:`SettingsError` listing every problem, one
+    line each."""
     merged: dict[str, tuple[str, Any]] = {}
     if config_file is not None:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
@@ -34,8 +34,6 @@ from .headers import (
     write_request_header,
     write_response_header,
 )
-
-R = TypeVar("R", bound=ResponsePayload)
 
 
 class ProtocolViolation(Exception):

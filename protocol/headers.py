@@ -20,9 +20,6 @@ _write_request_v2 = entity_writer(RequestHeaderV2)
 _write_response_v0 = entity_writer(ResponseHeaderV0)
 _write_response_v1 = entity_writer(ResponseHeaderV1)
 
-#: api_key (int16) + api_version (int16): the bytes needed to choose a header version.
-API_PREFIX_BYTES = 4
-
 
 @dataclass(frozen=True, slots=True)
 class RequestHeader:

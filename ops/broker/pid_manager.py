@@ -69,8 +69,6 @@ class ProducerIdManager:
         self._rate_since = 0.0
         self._rate_count = 0
         self._fetch_seconds = 0.05
-        self.fetches = 0
-        self.failures = 0
 
     @property
     def remaining(self) -> int:
@@ -137,11 +135,9 @@ class ProducerIdManager:
             try:
                 first, length = await self._fetch()
                 self.accept_block(first, length)
-                self.fetches += 1
                 took = trio.current_time() - started
                 self._fetch_seconds = 0.8 * self._fetch_seconds + 0.2 * took
             except (OSError, ConnectionError, InvalidBlock, AllocationRefused) as e:
-                self.failures += 1
                 log.warning("producer id block not obtained", error=str(e))
                 await trio.sleep(self.backoff_s)
             if self._wants_more():
