@@ -20,6 +20,8 @@ examples:
   pidctl log dump --data-dir ./pidctl-data --json
   pidctl log dump --data-dir ./pidctl-data --broker 1 --since 2026-11-01T00:00:00Z --summary
   pidctl log verify --data-dir ./pidctl-data
+  pidctl import-zk --zookeeper zk-1:2181 --data-dir ./pidctl-data   # controller stopped
+  pidctl import-zk --zookeeper zk-1:2181 --pid-source etcd://etcd-1:2379/pidctl
   echo "$PASSWORD" | pidctl users add --credentials-file users.json --user broker-1 --password-stdin
 """
 
@@ -53,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_setting_flags(serve)
+    import_zk = commands.add_parser(
+        "import-zk",
+        help="raise the high-water mark above ZooKeeper's /latest_producer_id_block (KIP-730 "
+        "upgrade): in the data dir (controller stopped) or, with --pid-source, in etcd",
+    )
+    import_zk.add_argument("--zookeeper", required=True, metavar="HOST:PORT[,HOST:PORT]")
+    import_zk.add_argument("--znode", default="/latest_producer_id_block")
+    _add_setting_flags(import_zk)
     config_cmd = commands.add_parser("config", help="inspect settings")
     config_commands = config_cmd.add_subparsers(dest="config_command", required=True,
                                                 metavar="COMMAND")  # fmt: skip
@@ -165,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             return _status(args)
         if args.command == "users":
             return _users(args)
+        if args.command == "import-zk":
+            return _import_zk(args)
     except (ConnectionError, OSError) as e:
         print(f"pidctl: {e}", file=sys.stderr)
         return 1
@@ -176,7 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .logs import configure_logging
     from .metalog import DataDirLocked, LogCorruption
-    from .server import ClusterIdMismatch, serve
+    from .server import ClusterIdMismatch, PidSourceMismatch, serve
 
     loaded = _settings_from(args)
     if loaded is None:
@@ -195,12 +207,71 @@ def _serve(args: argparse.Namespace) -> int:
         trio.run(serve, settings, reload)
     except BaseException as e:
         error = _single(e)
-        if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch):
+        if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch | PidSourceMismatch):
             print(f"pidctl: {error}", file=sys.stderr)
             return 1
         if isinstance(error, OSError):
             reason = error.strerror or error
             print(f"pidctl: cannot listen on {settings.listen}: {reason}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+def _import_zk(args: argparse.Namespace) -> int:
+    import trio
+
+    from .lease_keeper import etcd_counter
+    from .metalog import DataDirLocked, LogCorruption
+    from .zk_import import (
+        ImportRefused,
+        import_into_data_dir,
+        import_into_etcd,
+        read_zookeeper_block,
+    )
+
+    loaded = _settings_from(args)
+    if loaded is None:
+        return 2
+    settings = loaded[0]
+    try:
+        block = read_zookeeper_block(args.zookeeper, args.znode)
+        origin = (f"zookeeper {args.zookeeper}{args.znode}: broker {block.broker}, "
+                  f"block {block.block_start}..{block.block_end}")  # fmt: skip
+        print(f"read {origin}")
+        if settings.pid_source:
+
+            async def to_etcd() -> str:
+                counter = etcd_counter(settings)
+                try:
+                    return await import_into_etcd(counter, block)
+                finally:
+                    await counter.aclose()
+
+            print(trio.run(to_etcd))
+        else:
+            print(
+                import_into_data_dir(
+                    settings.data_dir,
+                    block,
+                    origin,
+                    node_id=settings.node_id,
+                    cluster_id=settings.cluster_id,
+                )
+            )
+    except DataDirLocked:
+        print(f"pidctl: {settings.data_dir} is in use: stop the controller first",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except (ImportRefused, LogCorruption) as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 1
+    except BaseException as e:
+        error = _single(e)
+        from .etcd import EtcdRefused, EtcdUnavailable
+
+        if isinstance(error, EtcdUnavailable | EtcdRefused):
+            print(f"pidctl: etcd: {error}", file=sys.stderr)
             return 1
         raise
     return 0

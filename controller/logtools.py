@@ -118,7 +118,7 @@ class _Holder:
 def summary_lines(entries: list[LogEntry]) -> list[str]:
     """The audit summary: blocks and PIDs per holder, holes in the granted range, and what
     restarts abandoned (the blocks a restarted controller or re-registered broker held)."""
-    holders: dict[tuple[str, int], _Holder] = defaultdict(_Holder)
+    holders: dict[tuple[str, str], _Holder] = defaultdict(_Holder)
     holes: list[tuple[int, int]] = []
     previous_end: int | None = None
     restarts = 0
@@ -129,7 +129,9 @@ def summary_lines(entries: list[LogEntry]) -> list[str]:
     for entry in entries:
         record = entry.record
         if isinstance(record, ProducerIdsGranted):
-            holder = holders[(record.holder, record.broker_id)]
+            # A job is known by its client id (a Spark application id), not a broker id.
+            who = record.client_id or "?" if record.holder == "job" else str(record.broker_id)
+            holder = holders[(record.holder, who)]
             holder.blocks += 1
             holder.pids += record.next_producer_id - record.first_producer_id
             holder.first = record.first_producer_id if holder.first is None else holder.first
@@ -160,7 +162,10 @@ def summary_lines(entries: list[LogEntry]) -> list[str]:
     total_blocks = sum(h.blocks for h in holders.values())
     total_pids = sum(h.pids for h in holders.values())
     lines = [f"blocks granted: {total_blocks} ({total_pids} producer ids)"]
-    for (kind, holder_id), h in sorted(holders.items()):
+    # Numeric ids in numeric order: shorter first, then by text.
+    for (kind, holder_id), h in sorted(
+        holders.items(), key=lambda i: (i[0][0], len(i[0][1]), i[0][1])
+    ):
         epoch_text = f", epochs {sorted(h.epochs)}" if h.epochs else ""
         lines.append(
             f"  {kind} {holder_id}: {h.blocks} blocks, {h.pids} producer ids, "

@@ -67,6 +67,7 @@ class StateView:
     registered_brokers: Callable[[], int]
     fenced_brokers: Callable[[], int]
     transactional_ids: Callable[[], int]
+    lease_remaining: Callable[[], int] = lambda: 0
 
 
 class _StateCollector(Collector):
@@ -93,6 +94,9 @@ class _StateCollector(Collector):
              view.registered_brokers()),
             ("pidctl_fenced_brokers", "Registered brokers that are fenced.", view.fenced_brokers()),
             ("pidctl_transactional_ids", "Transactional ids held.", view.transactional_ids()),
+            ("pidctl_pid_lease_remaining",
+             "Producer ids left in the leases held from etcd (0 without pid_source).",
+             view.lease_remaining()),
         )  # fmt: skip
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
@@ -166,6 +170,19 @@ class Metrics:
             "pidctl_producer_id_blocks_granted", "Blocks of producer ids granted, by holder.",
             ["holder", "broker"], registry=r,
         )  # fmt: skip
+        self.lease_size = Gauge(
+            "pidctl_pid_lease_size", "Producer ids per etcd lease (0 without pid_source).",
+            registry=r,
+        )  # fmt: skip
+        self.leases = Counter("pidctl_pid_leases", "Leases taken from etcd.", registry=r)
+        self.etcd_latency = Histogram(
+            "pidctl_etcd_request_duration_seconds", "Round trips to etcd, by operation.",
+            ["operation"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.etcd_failures = Counter(
+            "pidctl_etcd_request_failures", "etcd requests that failed, by operation.",
+            ["operation"], registry=r,
+        )  # fmt: skip
         self.grant_rate = RateWindow()
         self.last_snapshot_time: float | None = None
         self.state_view: StateView | None = None
@@ -179,6 +196,11 @@ class Metrics:
     def snapshot_written(self, size: int) -> None:
         self.snapshot_bytes.set(size)
         self.last_snapshot_time = time.time()
+
+    def etcd_request(self, operation: str, seconds: float, failed: bool) -> None:
+        self.etcd_latency.labels(operation).observe(seconds)
+        if failed:
+            self.etcd_failures.labels(operation).inc()
 
     def granted(self, holder: str, broker_id: int, count: int) -> None:
         self.blocks_granted.labels(holder, str(broker_id)).inc()

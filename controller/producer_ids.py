@@ -24,6 +24,8 @@ class ProducerIdRange:
 
     first: int = 0
     last: int = INT64_MAX - 1
+    #: With ``pid_source``: only PIDs inside leases recorded in the log (``state.leases``).
+    leased: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last < INT64_MAX:
@@ -41,8 +43,22 @@ class Allocation:
     record: ProducerIdsGranted | None = None
 
 
-def next_block_start(state: ControllerState, pid_range: ProducerIdRange) -> int:
-    return max(state.next_producer_id, pid_range.first)
+#: AllocateProducerIds' answer while no lease has room (the shared source is unreachable or
+#: the next lease is still being taken): retriable, what KRaft answers when it cannot commit.
+LEASE_EXHAUSTED = ErrorCode.request_timed_out
+
+
+def next_block_start(state: ControllerState, pid_range: ProducerIdRange) -> int | None:
+    """Where the next block starts, or None when no block fits: past the end of the range,
+    or (with leases) in no lease held."""
+    if not (state.lease_mode or pid_range.leased):
+        first = max(state.next_producer_id, pid_range.first)
+        return first if first + BLOCK_SIZE - 1 <= pid_range.last else None
+    for lease in state.leases:
+        first = max(state.next_producer_id, lease.first)
+        if first + BLOCK_SIZE <= lease.end:
+            return first
+    return None
 
 
 def allocate(
@@ -58,7 +74,8 @@ def allocate(
 
     STALE_BROKER_EPOCH for an unknown broker or an epoch other than its current one (a fenced
     broker whose epoch matches still gets its block, as in Kafka); UNKNOWN_SERVER_ERROR once
-    the next block would pass the end of the range. Error responses carry start 0, length 0.
+    the next block would pass the end of the range; :data:`LEASE_EXHAUSTED` while no lease has
+    room. Error responses carry start 0, length 0.
     """
     error = check_broker_epoch(state, broker_id, broker_epoch)
     if error:
@@ -71,6 +88,19 @@ def grant(state: ControllerState, pid_range: ProducerIdRange, *, holder_id: int)
     return _grant(state, pid_range, holder_id, -1, None, None, holder="controller")
 
 
+#: BrokerId and BrokerEpoch of an AllocateProducerIds sent by a job (a Spark driver), not by
+#: a broker: the caller is authorised by IdempotentWrite instead of ClusterAction.
+JOB_BROKER_ID = JOB_BROKER_EPOCH = -1
+
+
+def grant_job(
+    state: ControllerState, pid_range: ProducerIdRange, *, principal: str, client_id: str | None
+) -> Allocation:
+    """A block for a job that hands PIDs to its own tasks; the record names who asked."""
+    return _grant(state, pid_range, JOB_BROKER_ID, JOB_BROKER_EPOCH, principal, client_id,
+                  holder="job")  # fmt: skip
+
+
 def _grant(
     state: ControllerState,
     pid_range: ProducerIdRange,
@@ -81,8 +111,9 @@ def _grant(
     holder: str = "broker",
 ) -> Allocation:
     first = next_block_start(state, pid_range)
-    if first + BLOCK_SIZE - 1 > pid_range.last:
-        return Allocation(ErrorCode.unknown_server_error)
+    if first is None:
+        leased = state.lease_mode or pid_range.leased
+        return Allocation(LEASE_EXHAUSTED if leased else ErrorCode.unknown_server_error)
     record = ProducerIdsGranted(
         broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id, holder
     )
@@ -90,6 +121,12 @@ def _grant(
 
 
 def remaining_producer_ids(state: ControllerState, pid_range: ProducerIdRange) -> int:
-    """How many PIDs can still be granted in whole blocks."""
-    available = pid_range.last - next_block_start(state, pid_range) + 1
+    """How many PIDs can still be granted in whole blocks (with leases: in the leases held)."""
+    if state.lease_mode or pid_range.leased:
+        blocks = sum(
+            max(0, lease.end - max(lease.first, state.next_producer_id)) // BLOCK_SIZE
+            for lease in state.leases
+        )
+        return blocks * BLOCK_SIZE
+    available = pid_range.last - max(state.next_producer_id, pid_range.first) + 1
     return max(0, available // BLOCK_SIZE * BLOCK_SIZE)

@@ -98,6 +98,31 @@ class ControllerStarted:
     software_version: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerIdsLeased:
+    """A range ``[first_producer_id, next_producer_id)`` leased from the PID source shared
+    with other controllers (etcd, see ``docs/etcd.md``), recorded before any of it is granted.
+
+    ``revision`` is the etcd revision of the compare-and-swap that took the range.
+    """
+
+    TYPE: ClassVar[int] = 8
+    first_producer_id: int
+    next_producer_id: int
+    source: str
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdFloorRaised:
+    """The high-water mark was raised to ``next_producer_id`` by an import (``pidctl
+    import-zk``): no PID below it will be granted. ``origin`` says where the value came from."""
+
+    TYPE: ClassVar[int] = 9
+    next_producer_id: int
+    origin: str
+
+
 Record = (
     ClusterCreated
     | ControllerStarted
@@ -106,6 +131,8 @@ Record = (
     | ProducerIdsGranted
     | TransactionalIdUpdated
     | TransactionalIdExpired
+    | ProducerIdsLeased
+    | ProducerIdFloorRaised
 )
 
 RECORD_TYPES: dict[int, type[Record]] = {
@@ -118,6 +145,8 @@ RECORD_TYPES: dict[int, type[Record]] = {
         ProducerIdsGranted,
         TransactionalIdUpdated,
         TransactionalIdExpired,
+        ProducerIdsLeased,
+        ProducerIdFloorRaised,
     )
 }
 

@@ -40,6 +40,9 @@ from protocol.framing import FrameDecoder, FrameError
 
 from .acl import Authorizer
 from .brokers import BrokerSessions
+from .hostport import HostPort
+from .lease_keeper import LeaseKeeper, etcd_counter
+from .leases import lease_remaining
 from .listeners import ListenerSpec, principal_from_certificate, server_ssl_context
 from .metalog import MetadataLog, lock_data_dir, recover
 from .metrics import HttpEndpoint, Metrics, StateView, api_name
@@ -49,7 +52,7 @@ from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted
 from .sasl import CredentialStore
 from .sasl_session import ALLOWED_BEFORE_AUTHENTICATION, SaslSession
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
-from .settings import HostPort, Settings
+from .settings import Settings
 
 log = structlog.get_logger("pidctl.server")
 
@@ -95,6 +98,7 @@ class PidctlServer:
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
         self.controller: Controller | None = None
+        self.lease_keeper: LeaseKeeper | None = None
 
     def reload(self, settings: Settings) -> None:
         """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes."""
@@ -166,6 +170,7 @@ class PidctlServer:
             authorizer=self.authorizer,
         )  # fmt: skip
         self.controller = controller
+        self.lease_keeper = self._lease_keeper(controller, metalog)
         if not self.authorizer.enabled:
             log.warning(
                 "no authorizer: every client may do everything, as Kafka without an authorizer;"
@@ -179,6 +184,7 @@ class PidctlServer:
                 sessions.is_fenced(b, now().mono_ms) for b in list(state.brokers)
             ),
             transactional_ids=lambda: len(state.transactional_ids),
+            lease_remaining=lambda: lease_remaining(state),
         )
         self.controller = controller
         self.metalog = metalog
@@ -187,10 +193,39 @@ class PidctlServer:
             self._initialise_cluster(controller)
             await metalog.flush()
             log_nursery.start_soon(self._expire_transactional_ids, controller)
-            await self._serve(controller, metalog, task_status)
-            await metalog.flush()
+            if self.lease_keeper is not None:
+                await log_nursery.start(self.lease_keeper.run)
+            try:
+                await self._serve(controller, metalog, task_status)
+                await metalog.flush()
+            finally:
+                if self.lease_keeper is not None:
+                    with trio.CancelScope(shield=True):
+                        await self.lease_keeper.counter.aclose()
             log_nursery.cancel_scope.cancel()
         log.info("stopped", next_offset=state.next_offset)
+
+    def _lease_keeper(self, controller: Controller, metalog: MetadataLog) -> LeaseKeeper | None:
+        """With ``pid_source``: the task that leases from etcd. Without: refuse a data dir that
+        leased before, whose PIDs above its last lease other controllers may hold."""
+        settings = self.settings
+        if not settings.pid_source:
+            if controller.state.lease_mode:
+                raise PidSourceMismatch(
+                    "this data dir took its producer ids from etcd leases; without pid_source "
+                    "it could grant ids other controllers hold (set pid_source again)"
+                )
+            return None
+        self.metrics.lease_size.set(settings.pid_lease_size)
+        return LeaseKeeper(
+            etcd_counter(settings, self.metrics.etcd_request),
+            controller,
+            metalog.wait_durable,
+            now,
+            lease_size=settings.pid_lease_size,
+            prefetch_ratio=settings.pid_lease_prefetch_ratio,
+            on_lease=lambda size: self.metrics.leases.inc(),
+        )
 
     async def _expire_transactional_ids(self, controller: Controller) -> None:
         interval = self.settings.transactional_id_cleanup_interval_ms / 1000
@@ -203,7 +238,7 @@ class PidctlServer:
     def _initialise_cluster(self, controller: Controller) -> None:
         state, wanted = controller.state, self.settings.cluster_id
         if state.cluster_id is None:
-            cluster_id = wanted or _new_cluster_id()
+            cluster_id = wanted or new_cluster_id()
             controller.commit([ClusterCreated(cluster_id, self.settings.node_id)], now())
             log.info("cluster created", cluster_id=cluster_id)
         elif wanted is not None and wanted != state.cluster_id:
@@ -513,10 +548,16 @@ class PidctlServer:
         count = record.next_producer_id - record.first_producer_id
         self.metrics.granted(record.holder, record.broker_id, count)
         _log_grant(record)
+        if self.lease_keeper is not None:
+            self.lease_keeper.poke()
 
 
 class ClusterIdMismatch(Exception):
     """The configured cluster id differs from the one stored in the log."""
+
+
+class PidSourceMismatch(Exception):
+    """The data dir leased from etcd, and the controller was started without pid_source."""
 
 
 def build_authorizer(settings: Settings) -> Authorizer:
@@ -542,7 +583,7 @@ def advertised_address(
     return host, bound_port
 
 
-def _new_cluster_id() -> str:
+def new_cluster_id() -> str:
     # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding (22 chars).
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 

@@ -265,17 +265,27 @@ class Controller:
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
-        if not self._may(conn, "ClusterAction"):
+        client_id = request.header.client_id
+        # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
+        # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
+        job = (body.broker_id, body.broker_epoch) == (
+            producer_ids.JOB_BROKER_ID, producer_ids.JOB_BROKER_EPOCH)  # fmt: skip
+        if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
             return Reply(_response(request, error_code=ErrorCode.cluster_authorization_failed,
                                    producer_id_start=i64(0), producer_id_len=i32(0)))  # fmt: skip
-        allocation = producer_ids.allocate(
-            self.state,
-            self.pid_range,
-            broker_id=body.broker_id,
-            broker_epoch=body.broker_epoch,
-            principal=conn.principal,
-            client_id=request.header.client_id,
-        )
+        if job:
+            allocation = producer_ids.grant_job(
+                self.state, self.pid_range, principal=conn.principal, client_id=client_id
+            )
+        else:
+            allocation = producer_ids.allocate(
+                self.state,
+                self.pid_range,
+                broker_id=body.broker_id,
+                broker_epoch=body.broker_epoch,
+                principal=conn.principal,
+                client_id=client_id,
+            )
         records: list[Record] = [allocation.record] if allocation.record else []
         offset = self.commit(records, now)
         response = _response(

@@ -20,8 +20,11 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 from .acl import Acl, AclError, parse_acl
 from .brokers import DEFAULT_SESSION_TIMEOUT_MS
+from .etcd import EtcdLocation
+from .hostport import HostPort
+from .leases import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO
 from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
-from .producer_ids import INT64_MAX, ProducerIdRange
+from .producer_ids import BLOCK_SIZE, INT64_MAX, ProducerIdRange
 from .quotas import QuotaOverride
 from .sasl import MECHANISMS
 from .transactions import (
@@ -34,22 +37,6 @@ ENV_PREFIX = "PIDCTL_"
 
 class SettingsError(ValueError):
     """One line naming the setting and what is wrong with it."""
-
-
-@dataclass(frozen=True, slots=True)
-class HostPort:
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> HostPort:
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"expected HOST:PORT, got {text!r}")
-        return cls(host.strip("[]"), int(port))
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 def _setting(default: Any, doc: str, unit: str = "", *, secret: bool = False) -> Any:
@@ -81,6 +68,25 @@ class Settings:
     last_producer_id: int = _setting(
         INT64_MAX - 1, "highest producer id this controller may grant (inclusive)"
     )
+    pid_source: str = _setting(
+        "",
+        "where PIDs come from: empty = this controller alone; etcd://HOST:PORT[,HOST:PORT...]"
+        "/PREFIX (etcds:// for TLS) = leases from a counter in etcd shared by a fleet of "
+        "controllers (docs/etcd.md)",
+    )
+    pid_lease_size: int = _setting(
+        DEFAULT_LEASE_SIZE, "PIDs taken from etcd per lease (a multiple of 1000)", "producer ids"
+    )
+    pid_lease_prefetch_ratio: float = _setting(
+        DEFAULT_PREFETCH_RATIO,
+        "take the next lease while less than this fraction of a lease is left (0 < r <= 1)",
+    )
+    etcd_timeout_ms: int = _setting(2000, "time allowed for one etcd request", "ms")
+    etcd_cafile: str = _setting("", "PEM CA bundle etcd's certificate is checked against")
+    etcd_certfile: str = _setting("", "PEM client certificate for etcd (client-cert auth)")
+    etcd_keyfile: str = _setting("", "PEM private key of that certificate")
+    etcd_username: str = _setting("", "etcd user (etcd's password authentication)")
+    etcd_password: str = _setting("", "password of the etcd user", secret=True)
     ssl_certfile: str = _setting("", "PEM certificate (chain) of SSL and SASL_SSL listeners")
     ssl_keyfile: str = _setting("", "PEM private key of that certificate")
     ssl_keyfile_password: str = _setting("", "password of the private key", secret=True)
@@ -205,12 +211,18 @@ class Settings:
         return [("PLAINTEXT", self.listen)]
 
     @property
+    def etcd_location(self) -> EtcdLocation | None:
+        return EtcdLocation.parse(self.pid_source) if self.pid_source else None
+
+    @property
     def pid_range(self) -> ProducerIdRange:
-        return ProducerIdRange(self.first_producer_id, self.last_producer_id)
+        leased = bool(self.pid_source)
+        return ProducerIdRange(self.first_producer_id, self.last_producer_id, leased)
 
 
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
 _FLOATS = {"allocate_producer_ids_quota", "init_producer_id_quota", "connection_creation_rate"}
+_FRACTIONS = {"pid_lease_prefetch_ratio"}
 _POSITIVE = {
     "max_connections",
     "max_connections_per_address",
@@ -225,6 +237,8 @@ _POSITIVE = {
     "broker_session_timeout_ms",
     "segment_max_bytes",
     "snapshot_interval_records",
+    "pid_lease_size",
+    "etcd_timeout_ms",
 }
 _CHOICES = {
     "log_format": ("json", "console"),
@@ -234,7 +248,8 @@ _CHOICES = {
 }
 _STRINGS = {
     "ssl_certfile", "ssl_keyfile", "ssl_keyfile_password", "ssl_cafile", "credentials_file",
-    "super_users",
+    "super_users", "etcd_cafile", "etcd_certfile", "etcd_keyfile", "etcd_username",
+    "etcd_password",
 }  # fmt: skip
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
@@ -252,6 +267,18 @@ def _convert(name: str, raw: Any) -> Any:
     if name == "listeners":
         parse_listeners(str(raw))  # validates
         return str(raw)
+    if name == "pid_source":
+        if raw:
+            EtcdLocation.parse(str(raw))  # validates
+        return str(raw)
+    if name in _FRACTIONS:
+        try:
+            ratio = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if not 0 < ratio <= 1:
+            raise ValueError(f"must be in (0, 1], got {raw!r}")
+        return ratio
     if name == "sasl_enabled_mechanisms":
         mechanisms = [m.strip().upper() for m in str(raw).split(",") if m.strip()]
         unknown = set(mechanisms) - set(MECHANISMS)
@@ -346,6 +373,20 @@ def _check_together(settings: Settings) -> list[str]:
     if protocols & {"SASL_PLAINTEXT", "SASL_SSL"} and not settings.credentials_file:
         problems.append("credentials_file: required by SASL listeners (see `pidctl users add`)")
     for name in ("ssl_certfile", "ssl_keyfile", "ssl_cafile"):
+        path = getattr(settings, name)
+        if path and not Path(path).is_file():
+            problems.append(f"{name}: no such file {path!r}")
+    if settings.pid_source:
+        if (settings.first_producer_id, settings.last_producer_id) != (0, INT64_MAX - 1):
+            problems.append(
+                "first_producer_id/last_producer_id: cannot be combined with pid_source "
+                "(the fleet's leases divide the space)"
+            )
+        if settings.pid_lease_size % BLOCK_SIZE:
+            problems.append(f"pid_lease_size: must be a multiple of {BLOCK_SIZE}")
+    if bool(settings.etcd_certfile) != bool(settings.etcd_keyfile):
+        problems.append("etcd_certfile and etcd_keyfile: give both or neither")
+    for name in ("etcd_cafile", "etcd_certfile", "etcd_keyfile"):
         path = getattr(settings, name)
         if path and not Path(path).is_file():
             problems.append(f"{name}: no such file {path!r}")

@@ -25,6 +25,21 @@ ensure_venv() {
     fi
 }
 
+# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL) and Java 17 for Spark;
+# installed only when missing (needs root, as on CI machines).
+ensure_debian_packages() {
+    local missing=()
+    command -v etcd >/dev/null || missing+=(etcd-server)
+    [[ -x /usr/share/zookeeper/bin/zkServer.sh ]] || missing+=(zookeeper)
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+    java -version 2>&1 | grep -q 'version "17' || missing+=(openjdk-17-jre-headless)
+    if (( ${#missing[@]} )); then
+        echo "installing Debian packages: ${missing[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    fi
+}
+
 command="${1:-}"
 shift || true
 case "$command" in
@@ -33,6 +48,7 @@ case "$command" in
         exec "$venv/bin/pidctl" serve "$@"
         ;;
     test)
+        ensure_debian_packages
         ensure_venv "[test]"
         cd "$root"
         "$venv/bin/ruff" check .
@@ -47,11 +63,8 @@ case "$command" in
         exit "$status"
         ;;
     bench)
-        ensure_venv "[test,bench]"
-        if [[ ! -x /usr/share/zookeeper/bin/zkServer.sh ]]; then
-            # The ZooKeeper baseline: Debian's package (needs root, as on CI machines).
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper
-        fi
+        ensure_debian_packages
+        ensure_venv "[test]"
         cd "$root"
         exec "$venv/bin/python" -m ops.bench.suite "$@"
         ;;

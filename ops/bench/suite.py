@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -26,9 +24,9 @@ from typing import Any
 
 from ops.bench.common import ROOT, ceiling_server, rss_kib, run_json
 from ops.bench.core import build_history, disk_rate, time_restart
+from ops.coordination import ZOOKEEPER, ZooKeeperProcess
 from ops.serverproc import ServerProcess
 
-ZOOKEEPER = Path("/usr/share/zookeeper/bin/zkServer.sh")
 STORM_LIMITS = ("--max-connections", "30000", "--max-connections-per-address", "30000")
 
 
@@ -36,63 +34,43 @@ def loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
     return run_json("ops.bench.loadgen", bootstrap, *args)
 
 
-class ZooKeeper:
-    """A throwaway standalone ZooKeeper on a loopback port (fsync on, as by default)."""
+def zookeeper_allocations_per_second(hosts: str, allocators: int, seconds: float) -> float:
+    """KIP-730's ZooKeeper scheme: read the latest block, write the next one with a
+    conditional setData on its version, retry on conflict."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import BadVersionError
 
-    def __init__(self, directory: Path, port: int = 21811) -> None:
-        self.port = port
-        (directory / "data").mkdir(parents=True)
-        (directory / "zoo.cfg").write_text(
-            f"tickTime=2000\ndataDir={directory / 'data'}\nclientPort={port}\n"
-            "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
-        )
-        env = {**os.environ, "ZOOCFGDIR": str(directory), "ZOO_LOG_DIR": str(directory)}
-        self.proc = subprocess.Popen(
-            [str(ZOOKEEPER), "start-foreground", str(directory / "zoo.cfg")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+    path = "/latest_producer_id_block"
+    granted: list[int] = []
+    lock = threading.Lock()
 
-    def allocations_per_second(self, allocators: int, seconds: float) -> float:
-        """KIP-730's ZooKeeper scheme: read the latest block, write the next one with a
-        conditional setData on its version, retry on conflict."""
-        from kazoo.client import KazooClient
-        from kazoo.exceptions import BadVersionError
+    def allocator(broker: int) -> None:
+        zk = KazooClient(hosts=hosts)
+        zk.start(timeout=30)
+        zk.ensure_path(path)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            data, stat = zk.get(path)
+            end = json.loads(data)["block_end"] if data else "-1"
+            start = int(end) + 1
+            block = {"version": 1, "broker": broker, "block_start": str(start),
+                     "block_end": str(start + 999)}  # fmt: skip
+            try:
+                zk.set(path, json.dumps(block).encode(), version=stat.version)
+            except BadVersionError:
+                continue
+            with lock:
+                granted.append(start)
+        zk.stop()
 
-        path = "/latest_producer_id_block"
-        granted: list[int] = []
-        lock = threading.Lock()
-
-        def allocator(broker: int) -> None:
-            zk = KazooClient(hosts=f"127.0.0.1:{self.port}")
-            zk.start(timeout=30)
-            zk.ensure_path(path)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                data, stat = zk.get(path)
-                end = json.loads(data)["block_end"] if data else "-1"
-                start = int(end) + 1
-                block = {"version": 1, "broker": broker, "block_start": str(start),
-                         "block_end": str(start + 999)}  # fmt: skip
-                try:
-                    zk.set(path, json.dumps(block).encode(), version=stat.version)
-                except BadVersionError:
-                    continue
-                with lock:
-                    granted.append(start)
-            zk.stop()
-
-        threads = [threading.Thread(target=allocator, args=(b,)) for b in range(allocators)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if len(set(granted)) != len(granted):
-            raise RuntimeError("ZooKeeper baseline granted a block twice")
-        return len(granted) / seconds
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+    threads = [threading.Thread(target=allocator, args=(b,)) for b in range(allocators)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(set(granted)) != len(granted):
+        raise RuntimeError("ZooKeeper baseline granted a block twice")
+    return len(granted) / seconds
 
 
 def build_transactional_ids(data_dir: Path, count: int) -> None:
@@ -181,14 +159,10 @@ def main() -> None:
             row("disk", f"150 B appends, one fdatasync per {g}", rate)
         zk_rates: dict[int, float] = {}
         if ZOOKEEPER.exists():
-            zk = ZooKeeper(tmp / "zk")
-            try:
-                time.sleep(3)
+            with ZooKeeperProcess(tmp / "zk") as zk:
                 for n in (1, 4, 16):
-                    zk_rates[n] = zk.allocations_per_second(n, args.seconds)
+                    zk_rates[n] = zookeeper_allocations_per_second(zk.hosts, n, args.seconds)
                     row("zookeeper", f"conditional setData, {n} allocators", zk_rates[n])
-            finally:
-                zk.stop()
         with ServerProcess(tmp / "grants") as server:
             for n in (1, 4, 16):
                 r = loadgen(server.bootstrap, "--connections", str(n), "--seconds", secs,

@@ -1,0 +1,167 @@
+"""Two-level allocation: leases in the state, blocks granted only inside them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+
+from controller import producer_ids
+from controller.leases import (
+    LEASED,
+    ProducerIdSpaceExhausted,
+    high_water,
+    lease_bounds,
+    lease_remaining,
+    wants_lease,
+)
+from controller.producer_ids import BLOCK_SIZE, INT64_MAX, ProducerIdRange
+from controller.records import (
+    BrokerRegistered,
+    ClusterCreated,
+    ProducerIdFloorRaised,
+    ProducerIdsGranted,
+    ProducerIdsLeased,
+)
+from controller.state import ControllerState, InvariantViolation, Lease
+
+
+def _state() -> ControllerState:
+    state = ControllerState()
+    state.replay(0, ClusterCreated("c", 1))
+    state.replay(1, BrokerRegistered(7, "inc", 1))
+    return state
+
+
+def _lease(state: ControllerState, first: int, end: int) -> None:
+    state.replay(state.next_offset, ProducerIdsLeased(first, end, "etcd://x/p", 5))
+
+
+def _grant(state: ControllerState) -> producer_ids.Allocation:
+    allocation = producer_ids.allocate(state, LEASED, broker_id=7, broker_epoch=1)
+    if allocation.record is not None:
+        state.replay(state.next_offset, allocation.record)
+    return allocation
+
+
+def test_without_a_lease_nothing_is_granted_and_the_error_is_retriable() -> None:
+    state = _state()
+    assert _grant(state).error == ErrorCode.request_timed_out  # before the first lease
+    _lease(state, 0, 2000)
+    assert [_grant(state).first_producer_id for _ in range(2)] == [0, 1000]
+    refused = _grant(state)
+    assert refused.error == ErrorCode.request_timed_out  # retriable, not exhaustion
+    assert refused.record is None and refused.length == 0
+
+
+def test_blocks_move_to_the_next_lease_and_skip_a_remainder_smaller_than_a_block() -> None:
+    state = _state()
+    _lease(state, 500, 2000)  # room for one block, then 500 left over
+    _lease(state, 10_000, 12_000)
+    firsts = [_grant(state).first_producer_id for _ in range(3)]
+    assert firsts == [500, 10_000, 11_000]
+    assert state.leases == []
+    assert lease_remaining(state) == 0
+
+
+def test_remaining_counts_whole_blocks_of_every_lease_held() -> None:
+    state = _state()
+    _lease(state, 0, 2500)
+    _lease(state, 5000, 6000)
+    assert lease_remaining(state) == 3000
+    _grant(state)
+    assert lease_remaining(state) == 2000
+
+
+def test_prefetch_threshold() -> None:
+    state = _state()
+    assert wants_lease(state, 10_000, 0.5)  # nothing held
+    _lease(state, 0, 10_000)
+    assert not wants_lease(state, 10_000, 0.5)
+    for _ in range(5):
+        _grant(state)
+    assert not wants_lease(state, 10_000, 0.5)  # exactly half left
+    _grant(state)
+    assert wants_lease(state, 10_000, 0.5)
+
+
+def test_a_lease_starts_above_what_this_controller_granted_or_leased() -> None:
+    state = _state()
+    state.replay(state.next_offset, ProducerIdFloorRaised(7_000, "zookeeper"))
+    # The counter says 0 (a fresh etcd): the lease still starts at the local mark.
+    assert lease_bounds(0, state, 1000) == (7_000, 8_000)
+    _lease(state, 7_000, 8_000)
+    assert high_water(state) == 8_000
+    assert lease_bounds(3_000, state, 1000) == (8_000, 9_000)
+    assert lease_bounds(50_000, state, 1000) == (50_000, 51_000)
+    with pytest.raises(ProducerIdSpaceExhausted):
+        lease_bounds(INT64_MAX - 10, state, 1000)
+
+
+def test_replay_refuses_grants_outside_leases_and_overlapping_leases() -> None:
+    state = _state()
+    _lease(state, 1000, 3000)
+    with pytest.raises(InvariantViolation, match="outside every lease"):
+        state.replay(state.next_offset, ProducerIdsGranted(7, 1, 3000, 4000))
+    with pytest.raises(InvariantViolation, match="below what is already"):
+        _lease(state, 2000, 5000)
+    with pytest.raises(InvariantViolation, match="empty or inverted"):
+        _lease(state, 9000, 9000)
+    with pytest.raises(InvariantViolation, match="lowers"):
+        state.replay(state.next_offset, ProducerIdFloorRaised(0, "zookeeper"))
+    # Nothing refused changed anything.
+    assert state.leases == [Lease(1000, 3000)] and state.next_producer_id == 0
+
+
+def test_leases_survive_a_snapshot() -> None:
+    state = _state()
+    _lease(state, 0, 3000)
+    _grant(state)
+    _lease(state, 8000, 9000)
+    again = ControllerState.from_snapshot(state.to_snapshot())
+    assert again == state
+    assert _grant(again).first_producer_id == 1000
+
+
+def test_job_grant_needs_no_broker_and_names_the_job() -> None:
+    state = _state()
+    allocation = producer_ids.grant_job(
+        state, ProducerIdRange(), principal="User:spark", client_id="app-42"
+    )
+    assert allocation.error == ErrorCode.none and allocation.length == BLOCK_SIZE
+    assert allocation.record == ProducerIdsGranted(-1, -1, 0, 1000, "User:spark", "app-42", "job")
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("lease"), st.integers(0, 5000), st.integers(1, 5)),
+            st.tuples(st.just("grant"), st.just(0), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
+def test_every_grant_lies_in_a_lease_and_none_overlap(ops: list[tuple[str, int, int]]) -> None:
+    state = _state()
+    leased: list[tuple[int, int]] = []
+    granted: list[tuple[int, int]] = []
+    for kind, gap, blocks in ops:
+        if kind == "lease":
+            first, end = lease_bounds(high_water(state) + gap, state, blocks * BLOCK_SIZE)
+            _lease(state, first, end)
+            leased.append((first, end))
+        else:
+            allocation = _grant(state)
+            if allocation.record is not None:
+                granted.append((allocation.first_producer_id, allocation.record.next_producer_id))
+    for first, end in granted:
+        assert any(lf <= first and end <= le for lf, le in leased)
+    ordered = sorted(granted)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered))
+    # Whole leases are used before a later one starts (no PID skipped inside a lease).
+    assert lease_remaining(state) + sum(e - f for f, e in granted) == sum(
+        (e - f) // BLOCK_SIZE * BLOCK_SIZE for f, e in leased
+    )
