@@ -170,8 +170,9 @@ class EtcdCounter:
         if self._credentials is not None and self._token is None:
             self._token = await self._authenticate(url)
         reply = await self._send(url, path, body)
-        if reply.status_code == 401 and self._credentials is not None:
-            # The token expired (etcd's simple tokens last 5 minutes): once more with a new one.
+        if self._credentials is not None and reply.status_code != 200 and "token" in reply.text:
+            # The token expired (etcd's simple tokens last 5 minutes, and do not survive a
+            # restart of etcd): once more with a new one.
             self._token = await self._authenticate(url)
             reply = await self._send(url, path, body)
         return _json(reply)
@@ -181,7 +182,7 @@ class EtcdCounter:
         try:
             return await self._http.post(url + path, json=body, headers=headers)
         except httpx.HTTPError as e:
-            raise EtcdUnavailable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+            raise EtcdUnavailable(_describe(e)) from e
 
     async def _authenticate(self, url: str) -> str:
         assert self._credentials is not None
@@ -212,6 +213,15 @@ def _json(reply: httpx.Response) -> dict[str, Any]:
     if data.get("code") in _RETRIABLE_GRPC_CODES or reply.status_code >= 500:
         raise EtcdUnavailable(message)
     raise EtcdRefused(message)
+
+
+def _describe(error: BaseException) -> str:
+    """The error's name and the first non-empty message down its chain (httpx's errors
+    under trio often carry theirs only in the cause, e.g. a certificate problem)."""
+    cause: BaseException | None = error
+    while cause is not None and not str(cause):
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(error).__name__}: {cause}" if cause is not None else type(error).__name__
 
 
 def _counter(kvs: list[dict[str, Any]]) -> Counter:

@@ -80,6 +80,8 @@ class LeaseKeeper:
         self._on_failure = on_failure
         self._wake = trio.Event()
         self._last_seen: Counter | None = None
+        #: Set once a lease was taken by this process.
+        self.leased = trio.Event()
 
     @property
     def location(self) -> EtcdLocation:
@@ -142,6 +144,7 @@ class LeaseKeeper:
         offset = self.controller.commit([record], self._now())
         await self._wait_durable(offset)
         self._on_lease(end - first)
+        self.leased.set()
         log.info("lease taken", first_producer_id=first, next_producer_id=end,
                  revision=swap.revision)  # fmt: skip
         return record

@@ -195,6 +195,11 @@ class PidctlServer:
             log_nursery.start_soon(self._expire_transactional_ids, controller)
             if self.lease_keeper is not None:
                 await log_nursery.start(self.lease_keeper.run)
+                if lease_remaining(state) == 0:
+                    # A first lease before listening, so the first clients are served; a
+                    # controller that cannot reach etcd still starts (and answers retriably).
+                    with trio.move_on_after(settings.etcd_timeout_ms / 1000):
+                        await self.lease_keeper.leased.wait()
             try:
                 await self._serve(controller, metalog, task_status)
                 await metalog.flush()

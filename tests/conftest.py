@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.coordination import EtcdProcess
 from ops.serverproc import ServerProcess
 
 
@@ -12,4 +13,11 @@ from ops.serverproc import ServerProcess
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A real `pidctl serve` on a loopback port with a fresh data dir."""
     with ServerProcess(tmp_path / "data") as proc:
+        yield proc
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    """A real single-member etcd (Debian's etcd-server) on loopback ports."""
+    with EtcdProcess(tmp_path / "etcd") as proc:
         yield proc

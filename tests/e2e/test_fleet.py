@@ -1,0 +1,215 @@
+"""A fleet of `pidctl serve` sharing one PID space through etcd leases (real etcd, real
+controllers, real brokers over TCP; processes SIGKILLed and restarted)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import trio
+
+from controller.client import SyncClient
+from controller.metalog import read_log
+from controller.records import ProducerIdsLeased
+from ops.broker.lifecycle import AllocationRefused, BrokerLifecycle
+from ops.coordination import EtcdProcess, free_port
+from ops.serverproc import ServerProcess
+from protocol import requests
+
+CLUSTER_ID = "fleetFleetFleetFleet01"
+
+
+def _controller(tmp_path: Path, etcd: EtcdProcess, node: int, *extra: str) -> ServerProcess:
+    return ServerProcess(
+        tmp_path / f"c{node}",
+        "--listen", f"127.0.0.1:{free_port()}", "--node-id", str(node),
+        "--cluster-id", CLUSTER_ID, "--pid-source", etcd.pid_source(), *extra,
+    )  # fmt: skip
+
+
+def _metric(server: ServerProcess, name: str) -> float:
+    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not exported"
+    return float(match.group(1))
+
+
+def _no_overlap(blocks: list[tuple[int, int]]) -> None:
+    ordered = sorted(blocks)
+    for (a, a_len), (b, _) in itertools.pairwise(ordered):
+        assert a + a_len <= b, f"blocks at {a} and {b} overlap"
+
+
+@pytest.mark.slow
+async def test_union_of_acknowledged_blocks_never_overlaps_under_kills(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    controllers = [
+        _controller(tmp_path, etcd, node, "--pid-lease-size", "20000") for node in (1, 2, 3)
+    ]
+    for c in controllers:
+        await trio.to_thread.run_sync(c.start)
+    blocks: list[tuple[int, int]] = []
+    refusals: dict[str, int] = {}
+    connection_errors = 0
+    per_controller = [0, 0, 0]
+    lifecycles = [
+        BrokerLifecycle(controllers[b % 3].bootstrap, 100 + b, heartbeat_interval_s=0.2)
+        for b in range(6)
+    ]
+    rng = random.Random(7)
+
+    async def allocate_forever(index: int, lifecycle: BrokerLifecycle) -> None:
+        nonlocal connection_errors
+        while True:
+            try:
+                first, length = await lifecycle.allocate()
+                blocks.append((first, length))
+                per_controller[index % 3] += 1
+            except AllocationRefused as e:
+                refusals[str(e)] = refusals.get(str(e), 0) + 1
+                await trio.sleep(0.02)
+            except (ConnectionError, OSError):
+                connection_errors += 1  # the controller was killed under it
+                await trio.sleep(0.02)
+            await trio.sleep(0.002)
+
+    kills = {"controller": 0, "etcd": 0}
+    try:
+        async with trio.open_nursery() as nursery:
+            for index, lifecycle in enumerate(lifecycles):
+                nursery.start_soon(lifecycle.run)
+                nursery.start_soon(allocate_forever, index, lifecycle)
+            deadline = time.monotonic() + 18
+            while time.monotonic() < deadline:
+                await trio.sleep(rng.uniform(0.3, 0.9))
+                if rng.random() < 0.3:
+                    kills["etcd"] += 1
+                    await trio.to_thread.run_sync(etcd.kill)
+                    await trio.sleep(rng.uniform(0.2, 1.5))
+                    await trio.to_thread.run_sync(etcd.start)
+                else:
+                    kills["controller"] += 1
+                    victim = rng.choice(controllers)
+                    await trio.to_thread.run_sync(victim.kill)
+                    await trio.sleep(rng.uniform(0.05, 0.5))
+                    await trio.to_thread.run_sync(victim.start)
+            await trio.sleep(1.0)
+            nursery.cancel_scope.cancel()
+    finally:
+        for c in controllers:
+            c.kill()
+    assert kills["controller"] >= 5 and kills["etcd"] >= 2, kills
+    assert len(blocks) > 300, (len(blocks), refusals)
+    assert all(n > 20 for n in per_controller), per_controller
+    _no_overlap(blocks)
+    # Only the documented retriable refusal (out of lease while etcd was away).
+    assert set(refusals) <= {"AllocateProducerIds: request_timed_out"}, refusals
+    assert connection_errors > 0
+    # Every lease in every log is disjoint from the others, and each grant lies in its own.
+    leases = [
+        (e.record.first_producer_id, e.record.next_producer_id - e.record.first_producer_id)
+        for c in controllers
+        for e in read_log(c.data_dir).entries()
+        if isinstance(e.record, ProducerIdsLeased)
+    ]
+    _no_overlap(leases)
+    assert etcd.counter() == max(first + size for first, size in leases)
+
+
+def _allocate_job(client: SyncClient) -> tuple[int, int, int]:
+    response = client.request(requests.allocate(-1, -1))
+    return int(response.error_code), int(response.producer_id_start), int(response.producer_id_len)
+
+
+def _init(client: SyncClient) -> int:
+    return int(client.request(requests.init_producer_id()).error_code)
+
+
+async def test_etcd_outage_serves_what_is_held_then_refuses_then_recovers(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    server = _controller(tmp_path, etcd, 1, "--pid-lease-size", "10000")
+    await trio.to_thread.run_sync(server.start)
+    try:
+        with SyncClient(server.bootstrap) as client:
+            assert _allocate_job(client)[0] == 0
+            held = int(_metric(server, "pidctl_pid_lease_remaining"))
+            assert held == 9000 and _metric(server, "pidctl_pid_lease_size") == 10_000
+            await trio.to_thread.run_sync(etcd.kill)
+            served = [_allocate_job(client) for _ in range(held // 1000)]
+            assert all(error == 0 for error, _, _ in served)
+            _no_overlap([(first, length) for _, first, length in served])
+            # Out of lease, etcd still away: retriable refusals, as documented.
+            assert _allocate_job(client) == (7, 0, 0)  # REQUEST_TIMED_OUT
+            await trio.sleep(0.5)
+            assert _metric(server, "pidctl_etcd_request_failures_total") > 0
+            assert any(e["event"].startswith("producer ids exhausted") for e in server.events)
+            await trio.to_thread.run_sync(etcd.start)
+            for _ in range(100):  # recovers by itself
+                error, first, _ = _allocate_job(client)
+                if error == 0:
+                    break
+                await trio.sleep(0.1)
+            assert error == 0 and first >= max(f + n for _, f, n in served)
+            assert any(e["event"] == "producer ids available again" for e in server.events)
+    finally:
+        server.kill()
+
+
+async def test_a_controller_without_etcd_refuses_init_producer_id_until_it_has_a_lease(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    await trio.to_thread.run_sync(etcd.kill)
+    server = _controller(tmp_path, etcd, 1)
+    await trio.to_thread.run_sync(server.start)  # starts and listens without etcd
+    try:
+        with SyncClient(server.bootstrap) as client:
+            assert _init(client) == 14  # COORDINATOR_LOAD_IN_PROGRESS
+            assert _allocate_job(client)[0] == 7
+            await trio.to_thread.run_sync(etcd.start)
+            for _ in range(100):
+                if _init(client) == 0:
+                    break
+                await trio.sleep(0.1)
+            assert _init(client) == 0
+    finally:
+        server.kill()
+
+
+async def test_restart_continues_inside_its_lease_even_without_etcd(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    server = _controller(tmp_path, etcd, 1, "--pid-lease-size", "50000")
+    await trio.to_thread.run_sync(server.start)
+    with SyncClient(server.bootstrap) as client:
+        before = [_allocate_job(client) for _ in range(3)]
+    counter = etcd.counter()
+    server.kill()
+    await trio.to_thread.run_sync(etcd.kill)
+    await trio.to_thread.run_sync(server.start)
+    try:
+        with SyncClient(server.bootstrap) as client:
+            after = [_allocate_job(client) for _ in range(3)]
+        assert [f for _, f, _ in after] == [3000, 4000, 5000]  # where the log says it stopped
+        assert [f for _, f, _ in before] == [0, 1000, 2000]
+    finally:
+        server.kill()
+    await trio.to_thread.run_sync(etcd.start)
+    assert etcd.counter() == counter  # no new lease was needed
+
+
+def test_a_data_dir_that_leased_will_not_start_without_pid_source(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    with _controller(tmp_path, etcd, 1) as server, SyncClient(server.bootstrap) as client:
+        assert _allocate_job(client)[0] == 0
+    plain = ServerProcess(tmp_path / "c1")
+    with pytest.raises(RuntimeError, match="took its producer ids from etcd leases"):
+        plain.start()
