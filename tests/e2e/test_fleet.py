@@ -16,7 +16,8 @@ import trio
 from controller.client import SyncClient
 from controller.metalog import read_log
 from controller.records import ProducerIdsLeased
-from ops.broker.lifecycle import AllocationRefused, BrokerLifecycle
+from ops.broker.lifecycle import BrokerLifecycle
+from ops.broker.pid_manager import AllocationRefused
 from ops.coordination import EtcdProcess, free_port
 from ops.serverproc import ServerProcess
 from protocol import requests
