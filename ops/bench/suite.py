@@ -8,6 +8,8 @@ Baselines measured in the same run on the same machine:
 - the seed's design: blocks allocated by a conditional setData on ZooKeeper's
   /latest_producer_id_block (Debian's zookeeper, started here on loopback with a temporary
   data dir; python client kazoo), from 1, 4 and 16 concurrent allocators.
+- a fleet (ops/bench/fleet.py): three controllers leasing from one etcd, and one leasing
+  controller, against one controller alone.
 The load generator runs in its own process; it checks every response (ops/bench/loadgen.py).
 """
 
@@ -174,6 +176,19 @@ def main() -> None:
                 if n in zk_rates:
                     extra["vs_zookeeper"] = r["per_second"] / zk_rates[n]
                 row("grants", f"AllocateProducerIds, {n} brokers", r["per_second"], **extra)
+
+        # -- a fleet of three controllers leasing from etcd -----------------------------------
+        fleet = run_json("ops.bench.fleet", "--seconds", secs, "--brokers", "16")
+        for key, name in (("single_local", "1 controller, no etcd (baseline)"),
+                          ("single_etcd", "1 controller leasing from etcd"),
+                          ("fleet_of_3", "3 controllers leasing from one etcd")):  # fmt: skip
+            r = fleet[key]
+            extra = {"p99_ms": r["p99_ms"], "vs_single": r["grants_per_second"] /
+                     fleet["single_local"]["grants_per_second"]}  # fmt: skip
+            if key == "fleet_of_3":
+                extra["etcd_txns_per_million_pids"] = r["etcd_transactions_per_million_pids"]
+            row("fleet", f"AllocateProducerIds, 16 brokers: {name}", r["grants_per_second"],
+                **extra)  # fmt: skip
 
         # -- start-up storm -------------------------------------------------------------------
         with ServerProcess(tmp / "storm", *STORM_LIMITS) as server:
