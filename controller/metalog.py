@@ -66,7 +66,8 @@ def snapshot_name(offset: int) -> str:
     return f"{offset:020d}{SNAPSHOT_SUFFIX}"
 
 
-def _offset_of(path: Path) -> int:
+def offset_of(path: Path) -> int:
+    """The offset a segment or snapshot file is named after."""
     try:
         return int(path.stem)
     except ValueError:
@@ -95,7 +96,7 @@ def decode_snapshot(path: Path, data: bytes) -> tuple[int, dict[str, Any]]:
         state = parsed["state"]
     except (ValueError, KeyError, TypeError) as e:
         raise LogCorruption(f"{path}: snapshot does not parse ({e})") from e
-    if offset != _offset_of(path):
+    if offset != offset_of(path):
         raise LogCorruption(f"{path}: snapshot says offset {offset}")
     return offset, state
 
@@ -144,19 +145,19 @@ def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None)
     contents = LogContents()
     if not data_dir.is_dir():
         return contents
-    snapshots = sorted(data_dir.glob("*" + SNAPSHOT_SUFFIX), key=_offset_of)
+    snapshots = sorted(data_dir.glob("*" + SNAPSHOT_SUFFIX), key=offset_of)
     if snapshots:
         latest = snapshots[-1]
         offset, state = decode_snapshot(latest, latest.read_bytes())
         contents.snapshot_path = latest
         contents.snapshot_offset = offset
         contents.snapshot_state = state
-    paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=_offset_of)
+    paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
     total = sum(p.stat().st_size for p in paths)
     done = 0
     expected_base: int | None = None
     for index, path in enumerate(paths):
-        base = _offset_of(path)
+        base = offset_of(path)
         if expected_base is not None and base != expected_base:
             raise LogCorruption(
                 f"{path}: segment starts at offset {base}, expected {expected_base} "
@@ -299,7 +300,7 @@ class MetadataLog:
         self._fd = self._open_active_segment()
 
     def _open_active_segment(self) -> int:
-        segments = sorted(self.data_dir.glob("*" + SEGMENT_SUFFIX), key=_offset_of)
+        segments = sorted(self.data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
         path = segments[-1] if segments else self.data_dir / segment_name(self.end_offset)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if not segments:
@@ -398,13 +399,13 @@ class MetadataLog:
     def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int:
         size = write_snapshot_file(self.data_dir, offset, state()).stat().st_size
         for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
-            if _offset_of(old) < offset:
+            if offset_of(old) < offset:
                 old.unlink()
         # Segments wholly below the snapshot are not needed for recovery; keep the newest of
         # them up to retention_bytes as an audit trail for `pidctl log dump`.
         covered = sorted(
-            (p for p in self.data_dir.glob("*" + SEGMENT_SUFFIX) if _offset_of(p) < offset),
-            key=_offset_of,
+            (p for p in self.data_dir.glob("*" + SEGMENT_SUFFIX) if offset_of(p) < offset),
+            key=offset_of,
             reverse=True,
         )
         kept = 0

@@ -1,0 +1,57 @@
+"""A real local SparkSession (session-scoped) and a real `pidctl serve` for the Spark tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ops.postgres import PostgresProcess
+from ops.serverproc import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """local[2,3]: two task threads, and a failed task is tried up to 3 times (plain local
+    mode never retries). Workers run this interpreter, where pidctl is installed."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    from ops.spark import register_data_sources
+
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("pidctl-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register_data_sources(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One controller for the session; small segments, all kept, so the log reader has
+    several partitions."""
+    data_dir: Path = tmp_path_factory.mktemp("pidctl") / "data"
+    keep = ("--segment-max-bytes", "20000", "--log-retention-bytes", "100000000")
+    with ServerProcess(data_dir, *keep) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresProcess]:
+    """A throwaway PostgreSQL server (Debian's postgresql) for the session."""
+    with PostgresProcess() as server:
+        yield server
