@@ -6,6 +6,7 @@ root the cluster belongs to the ``postgres`` user the Debian package creates.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -54,10 +55,8 @@ class PostgresProcess:
         return self
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # not running
             self._run(_bin("pg_ctl"), "-D", str(self.directory / "data"), "-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass  # not running
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> PostgresProcess:
