@@ -58,7 +58,7 @@ def _rows(store: SqlStore) -> list[tuple[int, str, int, int]]:
     cursor = store._execute(
         "SELECT id, name, pidctl_producer_id, pidctl_sequence FROM t_seq ORDER BY id"
     )
-    return [tuple(r) for r in cursor.fetchall()]  # type: ignore[misc]
+    return [tuple(r) for r in cursor.fetchall()]
 
 
 def test_store_applies_each_batch_once_and_refuses_gaps(store: SqlStore) -> None:

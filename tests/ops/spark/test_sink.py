@@ -1,0 +1,176 @@
+"""The exactly-once SQL sink in a real local SparkSession, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+from ops.serverproc import ServerProcess
+from ops.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit, SinkOptionError
+from ops.spark.sqlstore import SqlStore, open_store
+
+ROWS = 6000
+PARTITIONS = 6
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite://{tmp_path / 'sink.db'}"
+        return
+    url = request.getfixturevalue("postgres").url
+    yield url
+    store = open_store(url)  # the session's server is shared: leave it empty
+    for table in ("events", "pidctl_producer_state", "pidctl_aborted_ranges",
+                  "pidctl_sink_commits"):  # fmt: skip
+        store._execute(f"DROP TABLE IF EXISTS {table}")
+    store.connection.commit()
+    store.close()
+
+
+def _write(df: Any, pidctl: ServerProcess, url: str, sink: str = "pidctl-sql",
+           **options: str) -> None:  # fmt: skip
+    writer = df.write.format(sink).mode("append")
+    settings = {"bootstrap": pidctl.bootstrap, "url": url, "table": "events",
+                "partitions": str(df.rdd.getNumPartitions()), "batchSize": "250",
+                "clientId": "test-job", **options}  # fmt: skip
+    for name, value in settings.items():
+        writer = writer.option(name, value)
+    writer.save()
+
+
+def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    store: SqlStore = open_store(url)
+    try:
+        return [tuple(row) for row in store._execute(sql).fetchall()]
+    finally:
+        store.close()
+
+
+class FailingWriter(ExactlyOnceWriter):
+    """The real writer, in a task that dies after 600 of its rows (so after two batches of
+    250 were committed): on the first attempt of the partitions in option ``failPartitions``,
+    or on every attempt with ``failAlways``. Spark feeds a Python data source writer its
+    partition only once the upstream task has produced all of it, so a failure upstream
+    could never leave partial output; this one happens where a crash of the writing task
+    would."""
+
+    def __init__(self, options: dict[str, str], schema: Any) -> None:
+        super().__init__(options, schema)
+        # Spark hands options over with lower-cased names.
+        self.fail = {int(p) for p in options.get("failpartitions", "").split(",") if p}
+        self.always = options.get("failalways") == "true"
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        if context.partitionId() in self.fail and (self.always or context.attemptNumber() == 0):
+            iterator = _fail_after(iterator, 600)
+        return super().write(iterator)
+
+
+def _fail_after(rows: Iterator[Any], count: int) -> Iterator[Any]:
+    for index, row in enumerate(rows):
+        if index == count:
+            raise RuntimeError("injected failure after part of the output")
+        yield row
+
+
+class FailingSink(PidctlSqlSink):
+    @classmethod
+    def name(cls) -> str:
+        return "pidctl-sql-failing"
+
+    def writer(self, schema: Any, overwrite: bool) -> FailingWriter:
+        return FailingWriter(dict(self.options), schema)
+
+
+# Spark workers cannot import the tests: this module's classes travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def failing_sink(spark: Any) -> None:
+    spark.dataSource.register(FailingSink)
+
+
+def _source(spark: Any) -> Any:
+    """ROWS rows in PARTITIONS partitions of 1,000."""
+    return spark.range(0, ROWS, 1, PARTITIONS).selectExpr("id", "concat('row-', id) AS name")
+
+
+def test_failed_first_attempts_leave_every_row_exactly_once(
+    spark: Any, pidctl: ServerProcess, url: str
+) -> None:
+    _write(_source(spark), pidctl, url, "pidctl-sql-failing", failPartitions="1,4")
+    rows = _query(url, "SELECT id, name FROM events ORDER BY id")
+    assert rows == [(i, f"row-{i}") for i in range(ROWS)]
+    commits = _query(url, "SELECT producer_id, final_sequence, rows_written, duplicate_rows "
+                          "FROM pidctl_sink_commits ORDER BY producer_id")  # fmt: skip
+    assert len(commits) == PARTITIONS
+    assert all(final == ROWS // PARTITIONS - 1 for _, final, _, _ in commits)
+    # The retried partitions skipped what their failed attempts had committed (2 batches).
+    assert (
+        sorted((written, dup) for *_, written, dup in commits) == [(500, 500)] * 2 + [(1000, 0)] * 4
+    )
+    per_producer = _query(
+        url,
+        "SELECT pidctl_producer_id, COUNT(*), MIN(pidctl_sequence), MAX(pidctl_sequence) "
+        "FROM events GROUP BY pidctl_producer_id",
+    )
+    assert sorted(n for _, n, _, _ in per_producer) == [ROWS // PARTITIONS] * PARTITIONS
+    assert all((lo, hi) == (0, ROWS // PARTITIONS - 1) for _, _, lo, hi in per_producer)
+
+
+def test_two_attempts_of_one_partition_writing_at_once(
+    spark: Any, pidctl: ServerProcess, url: str
+) -> None:
+    """What speculative execution does: two tasks write the same partition concurrently."""
+    schema = spark.range(1).selectExpr("id", "'x' AS name").schema
+    options = {"bootstrap": pidctl.bootstrap, "url": url, "table": "events", "partitions": "1",
+               "batchSize": "20", "clientId": "speculative"}  # fmt: skip
+    writer = PidctlSqlSink(options).writer(schema, False)  # on the driver, as Spark would
+    rows = [(i, f"row-{i}") for i in range(3000)]
+
+    def attempt(_: int) -> Any:
+        return writer.write_partition(0, rows)
+
+    reports = spark.sparkContext.parallelize([0, 1], 2).map(attempt).collect()
+    assert sorted(_query(url, "SELECT id, name FROM events")) == rows
+    written = [r.report.rows_written for r in reports]
+    duplicates = [r.report.duplicate_rows for r in reports]
+    assert sum(written) == 3000 and sum(duplicates) == 3000
+    assert all(r.report.final_sequence == 2999 for r in reports)
+
+
+def test_a_failing_job_is_aborted_without_leaving_its_rows(
+    spark: Any, pidctl: ServerProcess, url: str
+) -> None:
+    kept = spark.range(0, 10, 1, 1).selectExpr("id + 100000 AS id", "'kept' AS name")
+    _write(kept, pidctl, url, clientId="earlier-job")
+    with pytest.raises(Exception, match="injected failure"):
+        _write(_source(spark), pidctl, url, "pidctl-sql-failing", clientId="failing-job",
+               failPartitions="2", failAlways="true")  # fmt: skip
+    rows = _query(url, "SELECT id, name FROM events ORDER BY id")
+    assert rows == [(100000 + i, "kept") for i in range(10)]
+    assert _query(url, "SELECT job FROM pidctl_aborted_ranges") == [("failing-job",)]
+
+
+def test_options_are_checked(spark: Any, pidctl: ServerProcess, tmp_path: Path) -> None:
+    df = spark.range(3)
+    base = {"bootstrap": pidctl.bootstrap, "url": str(tmp_path / "x.db"), "table": "t"}
+    with pytest.raises(SinkOptionError, match=r'needs \.option\("table"'):
+        PidctlSqlSink({k: v for k, v in base.items() if k != "table"}).writer(df.schema, False)
+    with pytest.raises(ValueError, match="is not a plain SQL identifier"):
+        PidctlSqlSink({**base, "table": "t; DROP TABLE x"}).writer(df.schema, False)
+    with pytest.raises(SinkOptionError, match="only appends"):
+        PidctlSqlSink(base).writer(df.schema, True)
+    with pytest.raises(SinkOptionError, match="batchSize must be a positive integer"):
+        PidctlSqlSink({**base, "batchSize": "0"}).writer(df.schema, False)
