@@ -21,6 +21,7 @@ import trustme
 from kio.schema.errors import ErrorCode
 
 from controller.client import AuthenticationError, SyncClient
+from controller.records import ProducerIdsGranted
 from ops.serverproc import ServerProcess
 from protocol import requests
 from protocol.codec import encode_request
@@ -265,6 +266,10 @@ MATRIX = {
     "heartbeat": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED,
                   "nobody": CLUSTER_DENIED},
     "allocate": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED, "nobody": CLUSTER_DENIED},
+    # A job's block (BrokerId -1, BrokerEpoch -1, a Spark driver): IdempotentWrite, as for
+    # InitProducerId, not the brokers' ClusterAction.
+    "job_allocate": {"admin": OK, "broker": CLUSTER_DENIED, "producer": OK,
+                     "nobody": CLUSTER_DENIED},
     "unregister": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED,
                    "nobody": CLUSTER_DENIED},
     "idempotent": {"admin": OK, "broker": CLUSTER_DENIED, "producer": OK,
@@ -286,6 +291,8 @@ def _call(client: SyncClient, api: str, cluster: str, broker_id: int, epoch: int
         return client.request(wire.heartbeat(broker_id, epoch)).error_code  # type: ignore[no-any-return]
     if api == "allocate":
         return client.request(wire.allocate(broker_id, epoch)).error_code  # type: ignore[no-any-return]
+    if api == "job_allocate":
+        return client.request(wire.allocate(-1, -1)).error_code  # type: ignore[no-any-return]
     if api == "unregister":
         return client.request(wire.unregister(broker_id)).error_code  # type: ignore[no-any-return]
     if api == "idempotent":
@@ -312,6 +319,10 @@ def test_acl_matrix(secured: Secured, api: str, user: str) -> None:
     with sasl_client(secured, user) as client:
         got = _call(client, api, cluster, broker_id, epoch)
     assert got == MATRIX[api][user]
+    if api == "job_allocate" and got == OK:  # the grant names who asked
+        grant = _records(secured)[-1]
+        assert isinstance(grant, ProducerIdsGranted)
+        assert (grant.holder, grant.principal) == ("job", f"User:{user}")
     if got != OK:
         assert len(_records(secured)) == before  # a refused request changes nothing
 
