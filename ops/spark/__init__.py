@@ -18,9 +18,13 @@ __all__ = [
 
 
 def register_data_sources(spark: Any) -> None:
-    """Make ``format("pidctl-sql")`` and ``format("pidctl-log")`` known to ``spark``."""
+    """Make ``format("pidctl-sql")`` and ``format("pidctl-log")`` known to ``spark``; the
+    sink's job blocks then carry the application id as client id by default."""
+    from .allocation import application_id
     from .logsource import PidctlLogSource
     from .sink import PidctlSqlSink
 
-    spark.dataSource.register(PidctlSqlSink)
+    # A subclass made here travels to Spark's Python workers by value, with the id in it.
+    sink = type("PidctlSqlSink", (PidctlSqlSink,), {"application_id": application_id(spark)})
+    spark.dataSource.register(sink)
     spark.dataSource.register(PidctlLogSource)

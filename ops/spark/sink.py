@@ -18,8 +18,8 @@ partitions after a shuffle). ``commit()`` records each producer's final sequence
 ``pidctl_sink_commits``; ``abort()`` deletes every row the job wrote and fences its producers.
 
 Options: bootstrap, url, table (required); partitions (default 1000: one block), batchSize
-(default 1000), clientId (default ``pidctl-sql-sink``; the grant records in pidctl's log carry
-it, so pass the application id).
+(default 1000), clientId (the grant records in pidctl's log carry it; default: the Spark
+application id when registered with ``register_data_sources``, else ``pidctl-sql-sink``).
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ def _positive(options: dict[str, str], name: str, default: int) -> int:
 class PidctlSqlSink(DataSource):
     """The data source; see the module documentation."""
 
+    #: Set by :func:`ops.spark.register_data_sources` on the class it registers: the default
+    #: client id. The writer is built in a Python worker that does not know the application.
+    application_id: str | None = None
+
     @classmethod
     def name(cls) -> str:
         return "pidctl-sql"
@@ -86,7 +90,10 @@ class PidctlSqlSink(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> ExactlyOnceWriter:
         if overwrite:
             raise SinkOptionError('pidctl-sql only appends: use .mode("append")')
-        return ExactlyOnceWriter(dict(self.options), schema)
+        options = dict(self.options)
+        if self.application_id and not (options.get("clientId") or options.get("clientid")):
+            options["clientId"] = self.application_id
+        return ExactlyOnceWriter(options, schema)
 
 
 class ExactlyOnceWriter(DataSourceWriter):

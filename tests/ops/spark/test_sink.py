@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
+from controller.metalog import read_log
+from controller.records import ProducerIdsGranted
 from ops.serverproc import ServerProcess
 from ops.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit, SinkOptionError
 from ops.spark.sqlstore import SqlStore, open_store
@@ -161,6 +163,20 @@ def test_a_failing_job_is_aborted_without_leaving_its_rows(
     rows = _query(url, "SELECT id, name FROM events ORDER BY id")
     assert rows == [(100000 + i, "kept") for i in range(10)]
     assert _query(url, "SELECT job FROM pidctl_aborted_ranges") == [("failing-job",)]
+
+
+def test_the_job_is_known_by_its_application_id(
+    spark: Any, pidctl: ServerProcess, tmp_path: Path
+) -> None:
+    url = f"sqlite://{tmp_path / 'app.db'}"
+    (spark.range(0, 10, 1, 2).write.format("pidctl-sql").mode("append")
+     .option("bootstrap", pidctl.bootstrap).option("url", url).option("table", "t")
+     .option("partitions", "2").save())  # fmt: skip
+    app = spark.sparkContext.applicationId
+    assert set(_query(url, "SELECT job FROM pidctl_sink_commits")) == {(app,)}
+    records = [e.record for e in read_log(pidctl.data_dir).entries()]
+    grants = [r for r in records if isinstance(r, ProducerIdsGranted) and r.client_id == app]
+    assert grants and all(g.holder == "job" for g in grants)
 
 
 def test_options_are_checked(spark: Any, pidctl: ServerProcess, tmp_path: Path) -> None:
