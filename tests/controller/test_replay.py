@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.brokers import BrokerSessions
+from controller.leases import high_water, lease_bounds
 from controller.metalog import MetadataLog, recover
-from controller.records import ClusterCreated, Record
+from controller.records import ClusterCreated, ProducerIdFloorRaised, ProducerIdsLeased, Record
 from controller.service import ConnectionInfo, Controller, ControllerConfig, Now
 from controller.state import ControllerState
 from protocol import requests
@@ -38,6 +39,9 @@ operation = st.one_of(
     st.tuples(st.just("init_idempotent"), st.just(0), st.just(0)),
     st.tuples(st.just("init_transactional"), st.integers(0, 2), st.integers(0, 3)),
     st.tuples(st.just("expire"), st.just(0), st.just(0)),
+    # A lease from etcd (a gap in the counter, a size in blocks), and an import's floor.
+    st.tuples(st.just("lease"), st.integers(0, 5000), st.integers(1, 4)),
+    st.tuples(st.just("floor"), st.integers(1, 5000), st.just(0)),
 )
 
 
@@ -66,6 +70,15 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
             continue
         if kind == "expire":
             controller.expire_transactional_ids(now)
+            continue
+        if kind == "lease":
+            first, end = lease_bounds(high_water(controller.state) + a, controller.state,
+                                      int(b) * 1000)  # type: ignore[call-overload]  # fmt: skip
+            controller.commit([ProducerIdsLeased(first, end, "etcd://x/p", 1)], now)
+            continue
+        if kind == "floor":
+            floor = high_water(controller.state) + a
+            controller.commit([ProducerIdFloorRaised(floor, "zookeeper")], now)
             continue
         if kind == "init_idempotent":
             body: object = requests.init_producer_id(None)
