@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from ops.coordination import EtcdProcess
+from ops.serverproc import ServerProcess
+
 # Properties here are about records and bytes, not time: no per-example deadline, which
 # only flakes on a busy 2-core CI machine.
 settings.register_profile("pidctl", deadline=None)
 settings.load_profile("pidctl")
-
-from ops.coordination import EtcdProcess
-from ops.serverproc import ServerProcess
 
 
 @pytest.fixture
