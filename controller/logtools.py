@@ -16,7 +16,9 @@ from .records import (
     BrokerRegistered,
     BrokerUnregistered,
     ControllerStarted,
+    ProducerIdFloorRaised,
     ProducerIdsGranted,
+    ProducerIdsLeased,
     record_to_dict,
 )
 
@@ -126,9 +128,16 @@ def summary_lines(entries: list[LogEntry]) -> list[str]:
     abandoned_controller_blocks = 0
     reregistrations: list[str] = []
     epochs: dict[int, int] = {}
+    leases: list[tuple[int, int]] = []
+    floors: list[str] = []
     for entry in entries:
         record = entry.record
-        if isinstance(record, ProducerIdsGranted):
+        if isinstance(record, ProducerIdsLeased):
+            leases.append((record.first_producer_id, record.next_producer_id))
+        elif isinstance(record, ProducerIdFloorRaised):
+            floors.append(f"  raised to {record.next_producer_id} at "
+                          f"{_iso(entry.timestamp_ms)} by {record.origin}")  # fmt: skip
+        elif isinstance(record, ProducerIdsGranted):
             # A job is known by its client id (a Spark application id), not a broker id.
             who = record.client_id or "?" if record.holder == "job" else str(record.broker_id)
             holder = holders[(record.holder, who)]
@@ -177,12 +186,29 @@ def summary_lines(entries: list[LogEntry]) -> list[str]:
             f"  blocks of the controller's own pool abandoned by restarts: at most "
             f"{abandoned_controller_blocks} (their unused producer ids are never handed out)"
         )
+    if leases:
+        leased = sum(end - first for first, end in leases)
+        lines.append(f"leases from etcd: {len(leases)} ({leased} producer ids)")
+    if floors:
+        lines.append("high-water mark imports:")
+        lines.extend(floors)
     lines.append(f"holes in the granted range: {len(holes)}")
-    lines.extend(f"  {start}..{end - 1} never granted" for start, end in holes)
+    lines.extend(f"  {start}..{end - 1} never granted{_lease_note(start, end, leases)}"
+                 for start, end in holes)  # fmt: skip
     if reregistrations:
         lines.append("broker re-registrations:")
         lines.extend(f"  {line}" for line in reregistrations)
     return lines
+
+
+def _lease_note(start: int, end: int, leases: list[tuple[int, int]]) -> str:
+    """With leases, a hole is mostly other controllers' ranges; say how much of it was ours."""
+    if not leases:
+        return ""
+    ours = sum(max(0, min(end, e) - max(start, f)) for f, e in leases)
+    if ours == 0:
+        return " (not leased here: other controllers' ranges)"
+    return f" ({ours} of them leased here and left unused)"
 
 
 @dataclass(frozen=True, slots=True)
