@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     import_zk.add_argument("--zookeeper", required=True, metavar="HOST:PORT[,HOST:PORT]")
     import_zk.add_argument("--znode", default="/latest_producer_id_block")
+    import_zk.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                           help="how long to wait for ZooKeeper (default 10)")  # fmt: skip
     _add_setting_flags(import_zk)
     config_cmd = commands.add_parser("config", help="inspect settings")
     config_commands = config_cmd.add_subparsers(dest="config_command", required=True,
@@ -235,7 +237,7 @@ def _import_zk(args: argparse.Namespace) -> int:
         return 2
     settings = loaded[0]
     try:
-        block = read_zookeeper_block(args.zookeeper, args.znode)
+        block = read_zookeeper_block(args.zookeeper, args.znode, args.timeout)
         origin = (f"zookeeper {args.zookeeper}{args.znode}: broker {block.broker}, "
                   f"block {block.block_start}..{block.block_end}")  # fmt: skip
         print(f"read {origin}")

@@ -9,6 +9,7 @@ ZooKeeper ever handed out is granted again. A mark already above that is never l
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ def read_zookeeper_block(hosts: str, znode: str = ZNODE, timeout_s: float = 10.0
     from kazoo.exceptions import NoNodeError
     from kazoo.handlers.threading import KazooTimeoutError
 
+    # kazoo logs its own retries to stderr; the CLI's one line says what went wrong.
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     zk = KazooClient(hosts=hosts, timeout=timeout_s)
     try:
         zk.start(timeout=timeout_s)

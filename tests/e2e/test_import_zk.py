@@ -123,3 +123,11 @@ def test_bad_input_gets_one_line(zookeeper: ZooKeeperProcess, tmp_path: Path) ->
     result = _import(zookeeper, "--data-dir", str(tmp_path / "d"))
     assert result.returncode == 1 and "never granted a block" in result.stderr
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").glob("*.log"))
+
+
+def test_unreachable_zookeeper_is_one_line(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "controller.cli", "import-zk", "--zookeeper",
+               "127.0.0.1:1", "--timeout", "1", "--data-dir", str(tmp_path / "d")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == "pidctl: ZooKeeper 127.0.0.1:1: no answer in 1 s\n"
