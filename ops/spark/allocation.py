@@ -15,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from controller.client import SyncClient
+from controller.client import AuthenticationError, SyncClient
 from protocol import requests
 
 #: Kafka's block size: an AllocateProducerIds grant is always 1000 PIDs.
@@ -60,6 +60,30 @@ class JobAllocation:
         return self.producer_id(partition), self.epoch
 
 
+#: Security protocols, as Kafka clients name them (``security.protocol``).
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+
+def client_settings(options: dict[str, str]) -> dict[str, Any]:
+    """Connection settings from Kafka-style client properties (``security.protocol``,
+    ``sasl.mechanism``, ``sasl.username``, ``sasl.password``, ``ssl.cafile``), as keyword
+    arguments of :func:`allocate_job_blocks`. Keys are compared in lower case."""
+    lowered = {key.lower(): value for key, value in options.items()}
+    protocol = lowered.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ValueError(f"security.protocol must be one of {', '.join(SECURITY_PROTOCOLS)}")
+    settings: dict[str, Any] = {}
+    if protocol in ("SSL", "SASL_SSL"):
+        settings["ssl_context"] = ssl.create_default_context(cafile=lowered.get("ssl.cafile"))
+    if protocol.startswith("SASL_"):
+        try:
+            settings["sasl"] = (lowered.get("sasl.mechanism", "PLAIN").upper(),
+                                lowered["sasl.username"], lowered["sasl.password"])  # fmt: skip
+        except KeyError as e:
+            raise ValueError(f"{protocol} needs {e.args[0]}") from None
+    return settings
+
+
 def application_id(spark: Any) -> str:
     """The Spark application id (works for classic sessions and Spark Connect)."""
     return str(spark.conf.get("spark.app.id"))
@@ -82,7 +106,7 @@ def allocate_job_blocks(
         with SyncClient(bootstrap, client_id=client_id, timeout=timeout,
                         ssl_context=ssl_context, sasl=sasl) as client:  # fmt: skip
             responses = client.pipeline([requests.allocate(-1, -1)] * wanted)
-    except OSError as e:
+    except (OSError, AuthenticationError) as e:
         raise PreallocationError(f"pidctl at {bootstrap}: {e}") from e
     blocks = []
     for response in responses:

@@ -19,7 +19,9 @@ partitions after a shuffle). ``commit()`` records each producer's final sequence
 
 Options: bootstrap, url, table (required); partitions (default 1000: one block), batchSize
 (default 1000), clientId (the grant records in pidctl's log carry it; default: the Spark
-application id when registered with ``register_data_sources``, else ``pidctl-sql-sink``).
+application id when registered with ``register_data_sources``, else ``pidctl-sql-sink``);
+for a secured pidctl, Kafka's client properties ``security.protocol``, ``sasl.mechanism``,
+``sasl.username``, ``sasl.password`` and ``ssl.cafile``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from .allocation import JobAllocation, allocate_job_blocks
+from .allocation import JobAllocation, allocate_job_blocks, client_settings
 from .sequencing import Decision
 from .sqlstore import ProducerReport, check_identifier, open_store
 
@@ -105,8 +107,12 @@ class ExactlyOnceWriter(DataSourceWriter):
         self.batch_size = _positive(options, "batchSize", DEFAULT_BATCH_SIZE)
         partitions = _positive(options, "partitions", DEFAULT_PARTITIONS)
         self.job = options.get("clientId") or options.get("clientid") or "pidctl-sql-sink"
+        try:
+            connection = client_settings(options)
+        except ValueError as e:
+            raise SinkOptionError(str(e)) from None
         self.allocation: JobAllocation = allocate_job_blocks(
-            _option(options, "bootstrap"), partitions, self.job
+            _option(options, "bootstrap"), partitions, self.job, **connection
         )
         self.columns = [field.name for field in schema.fields]
         store = open_store(self.url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +191,38 @@ def test_options_are_checked(spark: Any, pidctl: ServerProcess, tmp_path: Path) 
         PidctlSqlSink(base).writer(df.schema, True)
     with pytest.raises(SinkOptionError, match="batchSize must be a positive integer"):
         PidctlSqlSink({**base, "batchSize": "0"}).writer(df.schema, False)
+
+
+@pytest.fixture(scope="module")
+def secured_pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """pidctl with a SASL_PLAINTEXT listener and ACLs: only User:spark may take job blocks."""
+    tmp = tmp_path_factory.mktemp("secured")
+    subprocess.run(
+        [sys.executable, "-m", "controller.cli", "users", "add", "--credentials-file",
+         str(tmp / "users.json"), "--user", "spark", "--password-stdin"],
+        input="spark-pw\n", text=True, check=True, capture_output=True,
+    )  # fmt: skip
+    acls = (
+        '[{"principal": "User:spark", "operation": "IdempotentWrite", "resource_type": "Cluster"}]'
+    )
+    with ServerProcess(
+        tmp / "data", "--listeners", "SASL_PLAINTEXT://127.0.0.1:0", "--credentials-file",
+        str(tmp / "users.json"), "--authorizer", "acl", env={"PIDCTL_ACLS": acls},
+    ) as server:  # fmt: skip
+        yield server
+
+
+def test_a_secured_pidctl_with_kafka_client_properties(
+    spark: Any, secured_pidctl: ServerProcess, tmp_path: Path
+) -> None:
+    url = f"sqlite://{tmp_path / 'secured.db'}"
+    sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "spark"}  # fmt: skip
+    _write(_source(spark), secured_pidctl, url, **sasl, **{"sasl.password": "spark-pw"})
+    assert _query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]
+    wrong = r"PreallocationError: pidctl at .*: Authentication failed: invalid username or"
+    with pytest.raises(Exception, match=wrong):
+        _write(_source(spark), secured_pidctl, url, **sasl, **{"sasl.password": "wrong"})
+    with pytest.raises(Exception, match=r"SASL_PLAINTEXT needs sasl\.password"):
+        _write(_source(spark), secured_pidctl, url, **sasl)
+    assert _query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]
