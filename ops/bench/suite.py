@@ -9,7 +9,9 @@ Baselines measured in the same run on the same machine:
   /latest_producer_id_block (Debian's zookeeper, started here on loopback with a temporary
   data dir; python client kazoo), from 1, 4 and 16 concurrent allocators.
 - a fleet (ops/bench/fleet.py): three controllers leasing from one etcd, and one leasing
-  controller, against one controller alone.
+  controller, against one controller alone;
+- Spark (ops/bench/spark.py): preallocation against one InitProducerId per partition, and the
+  exactly-once sink against a plain batched append (SQLite, PostgreSQL).
 The load generator runs in its own process; it checks every response (ops/bench/loadgen.py).
 """
 
@@ -189,6 +191,19 @@ def main() -> None:
                 extra["etcd_txns_per_million_pids"] = r["etcd_transactions_per_million_pids"]
             row("fleet", f"AllocateProducerIds, 16 brokers: {name}", r["grants_per_second"],
                 **extra)  # fmt: skip
+
+        # -- Spark: driver-side preallocation and the exactly-once sink -----------------------
+        spark = run_json("ops.bench.spark")
+        driver = spark["driver"]
+        row("spark", "preallocate 1,000 partitions (1 request)", None,
+            seconds=driver["preallocate_1000_s"],
+            vs_init_producer_id_each=driver["preallocate_1000_vs_init_each"])  # fmt: skip
+        row("spark", "preallocate 100,000 partitions (100 pipelined)", None,
+            seconds=driver["preallocate_100000_s"])  # fmt: skip
+        for backend in ("sqlite", "postgresql"):
+            r = spark[backend]
+            row("spark", f"exactly-once sink, {backend}, rows/s", r["exactly_once_rows_per_s"],
+                vs_plain_append=r["exactly_once_vs_plain"])  # fmt: skip
 
         # -- start-up storm -------------------------------------------------------------------
         with ServerProcess(tmp / "storm", *STORM_LIMITS) as server:
