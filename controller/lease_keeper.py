@@ -68,7 +68,6 @@ class LeaseKeeper:
         lease_size: int,
         prefetch_ratio: float,
         on_lease: Callable[[int], None] = lambda size: None,
-        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self.counter = counter
         self.controller = controller
@@ -77,7 +76,6 @@ class LeaseKeeper:
         self.lease_size = lease_size
         self.prefetch_ratio = prefetch_ratio
         self._on_lease = on_lease
-        self._on_failure = on_failure
         self._wake = trio.Event()
         self._last_seen: Counter | None = None
         #: Set once a lease was taken by this process.
@@ -107,7 +105,6 @@ class LeaseKeeper:
             try:
                 await self.take_lease()
             except (EtcdUnavailable, EtcdRefused) as e:
-                self._on_failure()
                 left = lease_remaining(self.controller.state)
                 if left == 0 and out_since is None:
                     out_since = time.monotonic()

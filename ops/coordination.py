@@ -6,6 +6,7 @@ They need ``etcd-server`` and ``zookeeper`` installed (``.ci/run`` and ``ops/dev
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -89,8 +90,6 @@ class EtcdProcess:
 
     def counter(self, prefix: str = "pidctl") -> int | None:
         """The shared counter's value, read over plain HTTP (None when unset)."""
-        import base64
-
         key = base64.b64encode(f"{prefix}/next_producer_id".encode()).decode()
         request = urllib.request.Request(
             f"http://{self.endpoint}/v3/kv/range", data=json.dumps({"key": key}).encode()
