@@ -7,8 +7,10 @@ compatible change, anything else bumps the record's version.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,6 +22,11 @@ class ClusterCreated:
     TYPE: ClassVar[int] = 1
     cluster_id: str
     node_id: int
+
+
+def new_cluster_id() -> str:
+    # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding (22 chars).
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ queue fills, the reader stops reading, and TCP pushes back on the client.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime
 import functools
@@ -18,7 +17,6 @@ import signal
 import socket
 import ssl
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +46,7 @@ from .metalog import MetadataLog, lock_data_dir, recover
 from .metrics import HttpEndpoint, Metrics, StateView, api_name
 from .producer_ids import remaining_producer_ids
 from .quotas import Quotas
-from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted
+from .records import ClusterCreated, ControllerStarted, ProducerIdsGranted, new_cluster_id
 from .sasl import CredentialStore
 from .sasl_session import ALLOWED_BEFORE_AUTHENTICATION, SaslSession
 from .service import NO_WAIT, ConnectionInfo, Controller, ControllerConfig, Now
@@ -586,11 +584,6 @@ def advertised_address(
         return explicit.host, explicit.port
     host = socket.getfqdn() if listen.host in ("0.0.0.0", "::", "") else listen.host
     return host, bound_port
-
-
-def new_cluster_id() -> str:
-    # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding (22 chars).
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 def _log_grant(record: ProducerIdsGranted) -> None:

@@ -18,7 +18,13 @@ from pathlib import Path
 import trio
 
 from .etcd import Counter, EtcdCounter
-from .records import ClusterCreated, ControllerStarted, ProducerIdFloorRaised, Record
+from .records import (
+    ClusterCreated,
+    ControllerStarted,
+    ProducerIdFloorRaised,
+    Record,
+    new_cluster_id,
+)
 
 ZNODE = "/latest_producer_id_block"
 
@@ -92,7 +98,6 @@ def import_into_data_dir(
     """Log a :class:`ProducerIdFloorRaised` (the controller must be stopped: the data dir is
     locked while it runs). Returns what was done, in one line."""
     from .metalog import MetadataLog, lock_data_dir, recover
-    from .server import new_cluster_id
     from .service import Controller, ControllerConfig, Now
 
     lock_fd = lock_data_dir(data_dir)
