@@ -196,10 +196,10 @@ def main() -> None:
         spark = run_json("ops.bench.spark")
         driver = spark["driver"]
         row("spark", "preallocate 1,000 partitions (1 request)", None,
-            seconds=driver["preallocate_1000_s"],
-            vs_init_producer_id_each=driver["preallocate_1000_vs_init_each"])  # fmt: skip
+            ms=driver["preallocate_1000_s"] * 1000,
+            init_producer_id_each_ms=driver["init_producer_id_x1000_s"] * 1000)  # fmt: skip
         row("spark", "preallocate 100,000 partitions (100 pipelined)", None,
-            seconds=driver["preallocate_100000_s"])  # fmt: skip
+            ms=driver["preallocate_100000_s"] * 1000)  # fmt: skip
         for backend in ("sqlite", "postgresql"):
             r = spark[backend]
             row("spark", f"exactly-once sink, {backend}, rows/s", r["exactly_once_rows_per_s"],
