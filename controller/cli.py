@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             return _users(args)
         if args.command == "import-zk":
             return _import_zk(args)
+    except BrokenPipeError:
+        # Output piped into `head` and the like: stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ConnectionError, OSError) as e:
         print(f"pidctl: {e}", file=sys.stderr)
         return 1

@@ -236,3 +236,11 @@ def test_every_bad_setting_is_named_on_its_own_line(tmp_path: Path) -> None:
     assert all(line.startswith("pidctl: ") for line in lines)
     assert any("node_id" in line for line in lines)
     assert any("max_frame_bytes" in line for line in lines)
+
+
+def test_output_into_a_closed_pipe_stops_quietly(server: ServerProcess) -> None:
+    # `true` exits without reading, long before pidctl has connected and prints.
+    command = (f"{sys.executable} -m controller.cli status --bootstrap {server.bootstrap} "
+               "| true; exit ${PIPESTATUS[0]}")  # fmt: skip
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (0, "")
