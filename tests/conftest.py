@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 from hypothesis import settings
 
 from ops.coordination import EtcdProcess
@@ -27,3 +28,16 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     """A real single-member etcd (Debian's etcd-server) on loopback ports."""
     with EtcdProcess(tmp_path / "etcd") as proc:
         yield proc
+
+
+@pytest.fixture
+def tls_etcd(tmp_path: Path) -> Iterator[tuple[EtcdProcess, Path]]:
+    """etcd serving TLS only (a trustme certificate for 127.0.0.1), and its CA file."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    with EtcdProcess(tmp_path / "tls-etcd", tls=(cert_file, key_file)) as proc:
+        yield proc, ca_file

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.request
 from pathlib import Path
 
 import pytest
 import trio
-import trustme
 
 from controller.etcd import Counter, EtcdCounter, EtcdLocation, EtcdRefused, EtcdUnavailable
 from controller.hostport import HostPort
@@ -119,22 +119,14 @@ async def test_password_authentication(etcd: EtcdProcess) -> None:
     await counter.aclose()
 
 
-async def test_tls(tmp_path: Path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    cert.private_key_pem.write_to_path(str(key_file))
-    ca.cert_pem.write_to_path(str(ca_file))
-    with EtcdProcess(tmp_path / "etcd", tls=(cert_file, key_file)) as etcd:
-        location = EtcdLocation.parse(etcd.pid_source("t"))
-        assert location.tls
-        untrusting = EtcdCounter(location)
-        with pytest.raises(EtcdUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
-            await untrusting.read()
-        await untrusting.aclose()
-        import ssl
-
-        counter = EtcdCounter(location, ssl_context=ssl.create_default_context(cafile=ca_file))
-        assert (await counter.compare_and_swap(Counter(0, 0), 77)).succeeded
-        await counter.aclose()
+async def test_tls(tls_etcd: tuple[EtcdProcess, Path]) -> None:
+    etcd, ca_file = tls_etcd
+    location = EtcdLocation.parse(etcd.pid_source("t"))
+    assert location.tls
+    untrusting = EtcdCounter(location)
+    with pytest.raises(EtcdUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        await untrusting.read()
+    await untrusting.aclose()
+    counter = EtcdCounter(location, ssl_context=ssl.create_default_context(cafile=ca_file))
+    assert (await counter.compare_and_swap(Counter(0, 0), 77)).succeeded
+    await counter.aclose()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import trio
-import trustme
 
 from controller.client import SyncClient
 from controller.metalog import read_log
@@ -217,24 +216,16 @@ def test_a_data_dir_that_leased_will_not_start_without_pid_source(
         plain.start()
 
 
-def test_tls_to_etcd_is_a_setting(tmp_path: Path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    cert.private_key_pem.write_to_path(str(key_file))
-    ca.cert_pem.write_to_path(str(ca_file))
-    with EtcdProcess(tmp_path / "etcd", tls=(cert_file, key_file)) as etcd:
-        source = etcd.pid_source()
-        assert source.startswith("etcds://")
-        trusting = ServerProcess(tmp_path / "a", "--pid-source", source, "--etcd-cafile",
-                                 str(ca_file))  # fmt: skip
-        with trusting, SyncClient(trusting.bootstrap) as client:
-            assert _allocate_job(client)[0] == 0
-        # Without the CA the certificate is refused: no lease, a retriable answer, a reason.
-        with ServerProcess(tmp_path / "b", "--pid-source", source) as untrusting:
-            with SyncClient(untrusting.bootstrap) as client:
-                assert _allocate_job(client)[0] == 7
-            assert any(
-                "CERTIFICATE_VERIFY_FAILED" in str(e.get("error")) for e in untrusting.events
-            )
+def test_tls_to_etcd_is_a_setting(tmp_path: Path, tls_etcd: tuple[EtcdProcess, Path]) -> None:
+    etcd, ca_file = tls_etcd
+    source = etcd.pid_source()
+    assert source.startswith("etcds://")
+    trusting = ServerProcess(tmp_path / "a", "--pid-source", source, "--etcd-cafile",
+                             str(ca_file))  # fmt: skip
+    with trusting, SyncClient(trusting.bootstrap) as client:
+        assert _allocate_job(client)[0] == 0
+    # Without the CA the certificate is refused: no lease, a retriable answer, a reason.
+    with ServerProcess(tmp_path / "b", "--pid-source", source) as untrusting:
+        with SyncClient(untrusting.bootstrap) as client:
+            assert _allocate_job(client)[0] == 7
+        assert any("CERTIFICATE_VERIFY_FAILED" in str(e.get("error")) for e in untrusting.events)
