@@ -30,18 +30,13 @@ def wants_lease(state: ControllerState, lease_size: int, prefetch_ratio: float) 
     return lease_remaining(state) < max(BLOCK_SIZE, lease_size * prefetch_ratio)
 
 
-def high_water(state: ControllerState) -> int:
-    """Nothing at or above this was granted or leased by this controller."""
-    return max([state.next_producer_id] + [lease.end for lease in state.leases])
-
-
 def lease_bounds(counter: int, state: ControllerState, lease_size: int) -> tuple[int, int]:
     """The range ``[first, end)`` to lease when the shared counter says ``counter``.
 
     It starts no lower than this controller's own high-water mark: a data dir that granted
     PIDs before it used etcd (or an etcd that lost its data) must not lease them again.
     """
-    first = max(counter, high_water(state))
+    first = max(counter, state.high_water())
     end = first + lease_size
     if end > INT64_MAX:
         raise ProducerIdSpaceExhausted(f"a lease at {first} would pass {INT64_MAX}")

@@ -48,10 +48,15 @@ class Allocation:
 LEASE_EXHAUSTED = ErrorCode.request_timed_out
 
 
+def _leased(state: ControllerState, pid_range: ProducerIdRange) -> bool:
+    """Grants come only from leases: configured so, or the log ever took one."""
+    return state.lease_mode or pid_range.leased
+
+
 def next_block_start(state: ControllerState, pid_range: ProducerIdRange) -> int | None:
     """Where the next block starts, or None when no block fits: past the end of the range,
     or (with leases) in no lease held."""
-    if not (state.lease_mode or pid_range.leased):
+    if not _leased(state, pid_range):
         first = max(state.next_producer_id, pid_range.first)
         return first if first + BLOCK_SIZE - 1 <= pid_range.last else None
     for lease in state.leases:
@@ -112,8 +117,8 @@ def _grant(
 ) -> Allocation:
     first = next_block_start(state, pid_range)
     if first is None:
-        leased = state.lease_mode or pid_range.leased
-        return Allocation(LEASE_EXHAUSTED if leased else ErrorCode.unknown_server_error)
+        exhausted = LEASE_EXHAUSTED if _leased(state, pid_range) else ErrorCode.unknown_server_error
+        return Allocation(exhausted)
     record = ProducerIdsGranted(
         broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id, holder
     )
@@ -122,7 +127,7 @@ def _grant(
 
 def remaining_producer_ids(state: ControllerState, pid_range: ProducerIdRange) -> int:
     """How many PIDs can still be granted in whole blocks (with leases: in the leases held)."""
-    if state.lease_mode or pid_range.leased:
+    if _leased(state, pid_range):
         blocks = sum(
             max(0, lease.end - max(lease.first, state.next_producer_id)) // BLOCK_SIZE
             for lease in state.leases

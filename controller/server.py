@@ -184,7 +184,6 @@ class PidctlServer:
             transactional_ids=lambda: len(state.transactional_ids),
             lease_remaining=lambda: lease_remaining(state),
         )
-        self.controller = controller
         self.metalog = metalog
         async with trio.open_nursery() as log_nursery:
             await log_nursery.start(metalog.run)

@@ -271,9 +271,8 @@ class Controller:
         job = (body.broker_id, body.broker_epoch) == (
             producer_ids.JOB_BROKER_ID, producer_ids.JOB_BROKER_EPOCH)  # fmt: skip
         if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
-            return Reply(_response(request, error_code=ErrorCode.cluster_authorization_failed,
-                                   producer_id_start=i64(0), producer_id_len=i32(0)))  # fmt: skip
-        if job:
+            allocation = producer_ids.Allocation(ErrorCode.cluster_authorization_failed)
+        elif job:
             allocation = producer_ids.grant_job(
                 self.state, self.pid_range, principal=conn.principal, client_id=client_id
             )

@@ -115,7 +115,7 @@ class ControllerState:
                     lease for lease in self.leases[used:] if lease.end > self.next_producer_id
                 ]
             case ProducerIdsLeased():
-                held_end = max([self.next_producer_id] + [lease.end for lease in self.leases])
+                held_end = self.high_water()
                 if record.first_producer_id < held_end:
                     raise InvariantViolation(
                         f"offset {offset}: lease starts at {record.first_producer_id}, below "
@@ -162,6 +162,10 @@ class ControllerState:
                     )
                 del self.transactional_ids[record.transactional_id]
         self.next_offset = offset + 1
+
+    def high_water(self) -> int:
+        """Nothing at or above this was granted or leased through this log."""
+        return max([self.next_producer_id] + [lease.end for lease in self.leases])
 
     def _lease_of(self, offset: int, record: ProducerIdsGranted) -> int:
         """Index of the held lease the grant lies in; a grant outside every lease is corrupt."""

@@ -13,7 +13,6 @@ from controller import producer_ids
 from controller.leases import (
     LEASED,
     ProducerIdSpaceExhausted,
-    high_water,
     lease_bounds,
     lease_remaining,
     wants_lease,
@@ -94,7 +93,7 @@ def test_a_lease_starts_above_what_this_controller_granted_or_leased() -> None:
     # The counter says 0 (a fresh etcd): the lease still starts at the local mark.
     assert lease_bounds(0, state, 1000) == (7_000, 8_000)
     _lease(state, 7_000, 8_000)
-    assert high_water(state) == 8_000
+    assert state.high_water() == 8_000
     assert lease_bounds(3_000, state, 1000) == (8_000, 9_000)
     assert lease_bounds(50_000, state, 1000) == (50_000, 51_000)
     with pytest.raises(ProducerIdSpaceExhausted):
@@ -150,7 +149,7 @@ def test_every_grant_lies_in_a_lease_and_none_overlap(ops: list[tuple[str, int, 
     granted: list[tuple[int, int]] = []
     for kind, gap, blocks in ops:
         if kind == "lease":
-            first, end = lease_bounds(high_water(state) + gap, state, blocks * BLOCK_SIZE)
+            first, end = lease_bounds(state.high_water() + gap, state, blocks * BLOCK_SIZE)
             _lease(state, first, end)
             leased.append((first, end))
         else:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.brokers import BrokerSessions
-from controller.leases import high_water, lease_bounds
+from controller.leases import lease_bounds
 from controller.metalog import MetadataLog, recover
 from controller.records import ClusterCreated, ProducerIdFloorRaised, ProducerIdsLeased, Record
 from controller.service import ConnectionInfo, Controller, ControllerConfig, Now
@@ -72,12 +72,12 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
             controller.expire_transactional_ids(now)
             continue
         if kind == "lease":
-            first, end = lease_bounds(high_water(controller.state) + a, controller.state,
+            first, end = lease_bounds(controller.state.high_water() + a, controller.state,
                                       int(b) * 1000)  # type: ignore[call-overload]  # fmt: skip
             controller.commit([ProducerIdsLeased(first, end, "etcd://x/p", 1)], now)
             continue
         if kind == "floor":
-            floor = high_water(controller.state) + a
+            floor = controller.state.high_water() + a
             controller.commit([ProducerIdFloorRaised(floor, "zookeeper")], now)
             continue
         if kind == "init_idempotent":
