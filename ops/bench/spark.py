@@ -30,6 +30,7 @@ from controller.client import SyncClient
 from ops.postgres import PostgresProcess
 from ops.serverproc import ServerProcess
 from ops.spark.allocation import allocate_job_blocks
+from ops.spark.sink import batches
 from ops.spark.sqlstore import open_store
 from protocol import requests
 
@@ -55,20 +56,10 @@ class PlainWriter(DataSourceWriter):
         store = open_store(self.url)
         marks = ", ".join([store.placeholder] * len(self.columns))
         sql = f"INSERT INTO {self.table} ({', '.join(self.columns)}) VALUES ({marks})"
-        batch: list[tuple[Any, ...]] = []
-
-        def flush() -> None:
-            store._begin()
+        for batch in batches(iterator, self.batch_size):  # the sink's batches, no checks
+            store.begin()
             store.connection.cursor().executemany(sql, batch)
             store.connection.commit()
-
-        for row in iterator:
-            batch.append(tuple(row))
-            if len(batch) == self.batch_size:
-                flush()
-                batch = []
-        if batch:
-            flush()
         store.close()
         assert TaskContext.get() is not None
         return WriterCommitMessage()
@@ -105,7 +96,7 @@ def sink_throughput(
     df = spark.range(0, rows, 1, partitions).selectExpr("id", "concat('row-', id) AS name")
     df.cache().count()
     store = open_store(url)
-    store._execute("CREATE TABLE IF NOT EXISTS plain_rows (id BIGINT, name TEXT)")
+    store.execute("CREATE TABLE IF NOT EXISTS plain_rows (id BIGINT, name TEXT)")
     store.connection.commit()
     store.close()
     out: dict[str, float] = {}

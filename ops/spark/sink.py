@@ -64,15 +64,27 @@ def sql_columns(schema: StructType, types: dict[str, str]) -> list[tuple[str, st
     return columns
 
 
+def batches(rows: Iterable[Any], size: int) -> Iterator[list[tuple[Any, ...]]]:
+    """Rows as tuples, ``size`` at a time, read lazily (a task's rows are a stream)."""
+    batch: list[tuple[Any, ...]] = []
+    for row in rows:
+        batch.append(tuple(row))
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def _option(options: dict[str, str], name: str) -> str:
-    value = options.get(name) or options.get(name.lower())
+    value = options.get(name.lower())
     if not value:
         raise SinkOptionError(f'pidctl-sql needs .option("{name}", ...)')
     return value
 
 
 def _positive(options: dict[str, str], name: str, default: int) -> int:
-    raw = options.get(name) or options.get(name.lower()) or str(default)
+    raw = options.get(name.lower()) or str(default)
     if not raw.isdigit() or int(raw) <= 0:
         raise SinkOptionError(f"option {name} must be a positive integer, got {raw!r}")
     return int(raw)
@@ -92,21 +104,22 @@ class PidctlSqlSink(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> ExactlyOnceWriter:
         if overwrite:
             raise SinkOptionError('pidctl-sql only appends: use .mode("append")')
-        options = dict(self.options)
-        if self.application_id and not (options.get("clientId") or options.get("clientid")):
-            options["clientId"] = self.application_id
-        return ExactlyOnceWriter(options, schema)
+        return ExactlyOnceWriter(dict(self.options), schema, self.application_id)
 
 
 class ExactlyOnceWriter(DataSourceWriter):
     """Built on the driver (preallocation, tables), pickled to every task."""
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    def __init__(
+        self, options: dict[str, str], schema: StructType, default_client_id: str | None = None
+    ) -> None:
+        # Spark hands options over with lower-cased names; callers may not.
+        options = {name.lower(): value for name, value in options.items()}
         self.url = _option(options, "url")
         self.table = check_identifier(_option(options, "table"))
         self.batch_size = _positive(options, "batchSize", DEFAULT_BATCH_SIZE)
         partitions = _positive(options, "partitions", DEFAULT_PARTITIONS)
-        self.job = options.get("clientId") or options.get("clientid") or "pidctl-sql-sink"
+        self.job = options.get("clientid") or default_client_id or "pidctl-sql-sink"
         try:
             connection = client_settings(options)
         except ValueError as e:
@@ -130,31 +143,21 @@ class ExactlyOnceWriter(DataSourceWriter):
         """Write one partition's rows, batch by batch; the same rows give the same batches."""
         producer_id, epoch = self.allocation.producer(partition)
         store = open_store(self.url)
-        written = duplicates = 0
-        sequence = 0
+        written = duplicates = sequence = 0
         try:
-            batch: list[tuple[Any, ...]] = []
-            for row in rows:
-                batch.append(tuple(row))
-                if len(batch) == self.batch_size:
-                    applied = self._apply(store, producer_id, epoch, sequence, batch)
-                    written, duplicates = _count(applied, batch, written, duplicates)
-                    sequence += len(batch)
-                    batch = []
-            if batch:
-                applied = self._apply(store, producer_id, epoch, sequence, batch)
-                written, duplicates = _count(applied, batch, written, duplicates)
+            for batch in batches(rows, self.batch_size):
+                decision = store.apply_batch(
+                    self.table, self.columns, producer_id, epoch, sequence, batch
+                )
+                if decision is Decision.APPEND:
+                    written += len(batch)
+                else:
+                    duplicates += len(batch)
                 sequence += len(batch)
         finally:
             store.close()
         report = ProducerReport(partition, producer_id, epoch, sequence - 1, written, duplicates)
         return SinkCommit(report)
-
-    def _apply(self, store: Any, producer_id: int, epoch: int, first: int,
-               batch: list[tuple[Any, ...]]) -> Decision:  # fmt: skip
-        return store.apply_batch(  # type: ignore[no-any-return]
-            self.table, self.columns, producer_id, epoch, first, batch
-        )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         reports = [m.report for m in messages if isinstance(m, SinkCommit)]
@@ -170,9 +173,3 @@ class ExactlyOnceWriter(DataSourceWriter):
             store.abort_job(self.table, self.job, self.allocation.blocks)
         finally:
             store.close()
-
-
-def _count(decision: Decision, batch: list[Any], written: int, duplicates: int) -> tuple[int, int]:
-    if decision is Decision.APPEND:
-        return written + len(batch), duplicates
-    return written, duplicates + len(batch)

@@ -62,7 +62,8 @@ class SqlStore:
     def close(self) -> None:
         self.connection.close()
 
-    def _execute(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
+        """One statement (``?`` placeholders in every dialect); returns the cursor."""
         cursor = self.connection.cursor()
         cursor.execute(sql.replace("?", self.placeholder), parameters)
         return cursor
@@ -86,10 +87,10 @@ class SqlStore:
             " duplicate_rows BIGINT NOT NULL, committed_at DOUBLE PRECISION NOT NULL)",
         ]
         for sql in statements:
-            self._execute(sql)
+            self.execute(sql)
         self.connection.commit()
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
         """Start a write transaction (SQLite takes its write lock at once)."""
 
     def apply_batch(
@@ -105,18 +106,18 @@ class SqlStore:
         in one transaction, unless the batch is a duplicate; raise SequenceError on a gap."""
         last_sequence = first_sequence + len(rows) - 1
         try:
-            self._begin()
-            aborted = self._execute(
+            self.begin()
+            aborted = self.execute(
                 "SELECT job FROM pidctl_aborted_ranges WHERE ? BETWEEN first_producer_id AND "
                 "last_producer_id", (producer_id,),
             ).fetchone()  # fmt: skip
             if aborted is not None:
                 raise SequenceError(f"producer {producer_id}: job {aborted[0]} was aborted")
-            self._execute(
+            self.execute(
                 "INSERT INTO pidctl_producer_state VALUES (?, ?, ?, -1, -1) "
                 "ON CONFLICT (producer_id) DO NOTHING", (producer_id, table, epoch),
             )  # fmt: skip
-            row = self._execute(
+            row = self.execute(
                 "SELECT producer_epoch, last_batch_first_sequence, last_sequence FROM "
                 f"pidctl_producer_state WHERE producer_id = ?{self.row_lock}", (producer_id,),
             ).fetchone()  # fmt: skip
@@ -130,7 +131,7 @@ class SqlStore:
                     f"INSERT INTO {check_identifier(table)} ({', '.join(names)}) VALUES ({marks})",
                     [(*r, producer_id, first_sequence + i) for i, r in enumerate(rows)],
                 )
-                self._execute(
+                self.execute(
                     "UPDATE pidctl_producer_state SET producer_epoch = ?, "
                     "last_batch_first_sequence = ?, last_sequence = ? WHERE producer_id = ?",
                     (epoch, first_sequence, last_sequence, producer_id),
@@ -145,13 +146,13 @@ class SqlStore:
         """Delete every row the job's producers wrote and refuse their later batches; returns
         how many rows were deleted."""
         try:
-            self._begin()
+            self.begin()
             deleted = 0
             for first, length in blocks:
                 last = first + length - 1
-                self._execute("INSERT INTO pidctl_aborted_ranges VALUES (?, ?, ?)",
+                self.execute("INSERT INTO pidctl_aborted_ranges VALUES (?, ?, ?)",
                               (first, last, job))  # fmt: skip
-                cursor = self._execute(
+                cursor = self.execute(
                     f"DELETE FROM {check_identifier(table)} WHERE pidctl_producer_id BETWEEN ? "
                     "AND ?", (first, last),
                 )  # fmt: skip
@@ -188,7 +189,7 @@ class SqliteStore(SqlStore):
         connection.execute("PRAGMA synchronous=FULL")
         super().__init__(_SqliteAutocommit(connection))
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
         # BEGIN IMMEDIATE: the write lock before the state is read, so two attempts of one
         # partition cannot both read the same last sequence.
         self.connection.raw.execute("BEGIN IMMEDIATE")

@@ -47,15 +47,15 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
     opened = open_store(url)
     opened.create_tables("t_seq", [("id", opened.types["long"]), ("name", opened.types["string"])])
     yield opened
-    opened._execute("DROP TABLE t_seq")
+    opened.execute("DROP TABLE t_seq")
     for table in ("pidctl_producer_state", "pidctl_aborted_ranges", "pidctl_sink_commits"):
-        opened._execute(f"DELETE FROM {table}")
+        opened.execute(f"DELETE FROM {table}")
     opened.connection.commit()
     opened.close()
 
 
 def _rows(store: SqlStore) -> list[tuple[int, str, int, int]]:
-    cursor = store._execute(
+    cursor = store.execute(
         "SELECT id, name, pidctl_producer_id, pidctl_sequence FROM t_seq ORDER BY id"
     )
     return [tuple(r) for r in cursor.fetchall()]

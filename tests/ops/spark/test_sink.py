@@ -31,7 +31,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     store = open_store(url)  # the session's server is shared: leave it empty
     for table in ("events", "pidctl_producer_state", "pidctl_aborted_ranges",
                   "pidctl_sink_commits"):  # fmt: skip
-        store._execute(f"DROP TABLE IF EXISTS {table}")
+        store.execute(f"DROP TABLE IF EXISTS {table}")
     store.connection.commit()
     store.close()
 
@@ -50,7 +50,7 @@ def _write(df: Any, pidctl: ServerProcess, url: str, sink: str = "pidctl-sql",
 def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
     store: SqlStore = open_store(url)
     try:
-        return [tuple(row) for row in store._execute(sql).fetchall()]
+        return [tuple(row) for row in store.execute(sql).fetchall()]
     finally:
         store.close()
 
