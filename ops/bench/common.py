@@ -3,10 +3,11 @@ framing-ceiling server."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,15 @@ def run_json(module: str, *args: str) -> dict[str, Any]:
                          capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout)
     return result
+
+
+def first_overlap(blocks: Iterable[tuple[int, int]]) -> tuple[int, int] | None:
+    """The starts of the first two (start, length) blocks that overlap, or None: what every
+    benchmark and crash test checks of the blocks it was granted."""
+    for (a, a_length), (b, _) in itertools.pairwise(sorted(blocks)):
+        if a + a_length > b:
+            return a, b
+    return None
 
 
 def rss_kib(pid: int | str = "self") -> int:

@@ -14,7 +14,6 @@ grants in the three controllers' logs never overlap. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 from controller.metalog import read_log
 from controller.records import ProducerIdsGranted
-from ops.bench.common import run_json
+from ops.bench.common import first_overlap, run_json
 from ops.coordination import EtcdProcess
 from ops.serverproc import ServerProcess
 
@@ -66,15 +65,15 @@ def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[st
 
 
 def _check_disjoint(data_dirs: list[Path]) -> int:
-    blocks = sorted(
-        (e.record.first_producer_id, e.record.next_producer_id)
+    blocks = [
+        (e.record.first_producer_id, e.record.next_producer_id - e.record.first_producer_id)
         for d in data_dirs
         for e in read_log(d).entries()
         if isinstance(e.record, ProducerIdsGranted)
-    )
-    for (_, a_end), (b_start, _) in itertools.pairwise(blocks):
-        if a_end > b_start:
-            raise RuntimeError(f"grants overlap at {b_start}")
+    ]
+    overlap = first_overlap(blocks)
+    if overlap is not None:
+        raise RuntimeError(f"grants overlap at {overlap[1]}")
     return len(blocks)
 
 

@@ -8,7 +8,6 @@ address it is given. Run it in its own process so it does not share a GIL with t
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ops.bench.common import first_overlap
 from protocol import requests
 from protocol.client import ClientProtocol
 
@@ -134,10 +134,9 @@ async def run(
             )  # fmt: skip
     elapsed = time.perf_counter() - started
     if scenario == "allocate" and pids:
-        blocks = sorted((start, -negative) for start, negative in pids)
-        for (a_start, a_len), (b_start, _) in itertools.pairwise(blocks):
-            if a_start + a_len > b_start:
-                raise RuntimeError(f"blocks at {a_start} and {b_start} overlap")
+        overlap = first_overlap((start, -negative) for start, negative in pids)
+        if overlap is not None:
+            raise RuntimeError(f"blocks at {overlap[0]} and {overlap[1]} overlap")
     latencies.sort()
 
     def pct(p: float) -> float:
