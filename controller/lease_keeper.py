@@ -17,8 +17,7 @@ import structlog
 import trio
 
 from .etcd import Counter, EtcdCounter, EtcdLocation, EtcdRefused, EtcdUnavailable
-from .leases import ProducerIdSpaceExhausted, lease_bounds, lease_remaining, wants_lease
-from .records import ProducerIdsLeased
+from .producer_ids import ProducerIdSpaceExhausted
 from .service import Controller, Now
 from .settings import Settings
 
@@ -90,7 +89,7 @@ class LeaseKeeper:
         self._wake.set()
 
     def wanted(self) -> bool:
-        return wants_lease(self.controller.state, self.lease_size, self.prefetch_ratio)
+        return self.controller.state.producer_ids.wants_lease(self.lease_size, self.prefetch_ratio)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -105,7 +104,7 @@ class LeaseKeeper:
             try:
                 await self.take_lease()
             except (EtcdUnavailable, EtcdRefused) as e:
-                left = lease_remaining(self.controller.state)
+                left = self.controller.state.producer_ids.lease_remaining()
                 if left == 0 and out_since is None:
                     out_since = time.monotonic()
                     log.error("producer ids exhausted: no lease left and etcd does not answer;"
@@ -127,21 +126,25 @@ class LeaseKeeper:
                 out_since = None
             delay = RETRY_MIN_S
 
-    async def take_lease(self) -> ProducerIdsLeased:
+    async def take_lease(self) -> tuple[int, int]:
         """One lease: compare-and-swap until it succeeds, then log it and wait until durable."""
         seen = self._last_seen if self._last_seen is not None else await self.counter.read()
         while True:
-            first, end = lease_bounds(seen.value, self.controller.state, self.lease_size)
+            first, end = self.controller.state.producer_ids.lease_bounds(
+                seen.value, self.lease_size
+            )
             swap = await self.counter.compare_and_swap(seen, end)
             seen = swap.counter
             self._last_seen = seen
             if swap.succeeded:
                 break
-        record = ProducerIdsLeased(first, end, str(self.location), swap.revision)
-        offset = self.controller.commit([record], self._now())
+        lease = self.controller.state.producer_ids.lease(
+            first, end, str(self.location), swap.revision
+        )
+        offset = self.controller.apply(lease, self._now())[1]
         await self._wait_durable(offset)
         self._on_lease(end - first)
         self.leased.set()
         log.info("lease taken", first_producer_id=first, next_producer_id=end,
                  revision=swap.revision)  # fmt: skip
-        return record
+        return first, end

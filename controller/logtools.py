@@ -230,8 +230,8 @@ def verify(data_dir: Path, progress: Progress | None = None) -> VerifyReport:
         f"segments: {len(contents.segments)}, records: {len(contents.entries())}, "
         f"snapshot offset: {contents.snapshot_offset}, replayed: {replayed}",
         f"cluster id: {state.cluster_id}, next offset: {state.next_offset}, "
-        f"next producer id: {state.next_producer_id}, brokers: {len(state.brokers)}, "
-        f"transactional ids: {len(state.transactional_ids)}",
+        f"next producer id: {state.next_producer_id}, brokers: {len(state.cluster.brokers)}, "
+        f"transactional ids: {len(state.transactions.transactional_ids)}",
     ]
     if contents.torn_tail_bytes:
         lines.append(

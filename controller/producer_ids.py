@@ -1,19 +1,40 @@
-"""AllocateProducerIds decisions: KRaft's ProducerIdControlManager, pure."""
+"""Producer-id blocks and leases: KRaft's ProducerIdControlManager, plus two-level allocation.
+
+Owns the high-water mark (no PID at or above it was granted), the blocks granted so far and
+the leases held from a shared counter (etcd). Decides AllocateProducerIds for brokers, for
+jobs (Spark drivers) and for the controller's own InitProducerId pool, when to take a lease
+and which range, and an import's raised floor; replays its own records.
+
+A controller with ``pid_source`` grants blocks only from ranges it leased and recorded in
+its own log first, and takes the next lease while less than ``prefetch_ratio`` of a lease is
+left, so a lease round trip never stands between a broker and its block.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from .brokers import check_broker_epoch
-from .records import ProducerIdsGranted
-from .state import ControllerState
+from .cluster import ClusterControlManager
+from .errors import InvariantViolation
+from .kafka import BLOCK_SIZE, INT64_MAX
+from .records import ProducerIdFloorRaised, ProducerIdsGranted, ProducerIdsLeased
+from .result import ControllerResult, answer
 
-#: Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE; the request carries no size.
-BLOCK_SIZE = 1000
-#: The largest int64. Kafka never grants it: a block must end strictly below it.
-INT64_MAX = 2**63 - 1
+DEFAULT_LEASE_SIZE = 1_000_000
+DEFAULT_PREFETCH_RATIO = 0.5
+#: BrokerId and BrokerEpoch of an AllocateProducerIds sent by a job (a Spark driver), not by
+#: a broker: the caller is authorised by IdempotentWrite instead of ClusterAction.
+JOB_BROKER_ID = JOB_BROKER_EPOCH = -1
+#: AllocateProducerIds' answer while no lease has room (the shared source is unreachable or
+#: the next lease is still being taken): retriable, what KRaft answers when it cannot commit.
+LEASE_EXHAUSTED = ErrorCode.request_timed_out
+
+
+class ProducerIdSpaceExhausted(Exception):
+    """The next lease would pass the largest PID Kafka allows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +45,7 @@ class ProducerIdRange:
 
     first: int = 0
     last: int = INT64_MAX - 1
-    #: With ``pid_source``: only PIDs inside leases recorded in the log (``state.leases``).
+    #: With ``pid_source``: only PIDs inside leases recorded in the log.
     leased: bool = False
 
     def __post_init__(self) -> None:
@@ -36,102 +57,220 @@ class ProducerIdRange:
 
 
 @dataclass(frozen=True, slots=True)
-class Allocation:
-    error: ErrorCode
-    first_producer_id: int = 0
+class Lease:
+    """PIDs ``[first, end)`` leased from the shared source and not yet used up."""
+
+    first: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """AllocateProducerIds' answer: ``ProducerIdStart`` and ``ProducerIdLen`` (0, 0 on error)."""
+
+    error: ErrorCode = ErrorCode.none
+    first: int = 0
     length: int = 0
-    record: ProducerIdsGranted | None = None
 
 
-#: AllocateProducerIds' answer while no lease has room (the shared source is unreachable or
-#: the next lease is still being taken): retriable, what KRaft answers when it cannot commit.
-LEASE_EXHAUSTED = ErrorCode.request_timed_out
+@dataclass(slots=True)
+class ProducerIdControlManager:
+    """The granted high-water mark and the leases held."""
 
+    cluster: ClusterControlManager = field(compare=False, repr=False)
+    pid_range: ProducerIdRange = field(default_factory=ProducerIdRange, compare=False)
+    #: Kafka's "next producer id block" high-water mark: no PID at or above it was granted.
+    next_producer_id: int = 0
+    blocks_granted: int = 0
+    #: Set by the first lease: from then on every grant must lie inside a lease.
+    lease_mode: bool = False
+    #: Leases not used up, oldest first; grants come from the first with room.
+    leases: list[Lease] = field(default_factory=list)
 
-def _leased(state: ControllerState, pid_range: ProducerIdRange) -> bool:
-    """Grants come only from leases: configured so, or the log ever took one."""
-    return state.lease_mode or pid_range.leased
+    # -- decisions ------------------------------------------------------------------------
 
+    def allocate(
+        self,
+        *,
+        broker_id: int,
+        broker_epoch: int,
+        principal: str | None = None,
+        client_id: str | None = None,
+    ) -> ControllerResult[Block]:
+        """The next block of :data:`BLOCK_SIZE` PIDs for a registered broker.
 
-def next_block_start(state: ControllerState, pid_range: ProducerIdRange) -> int | None:
-    """Where the next block starts, or None when no block fits: past the end of the range,
-    or (with leases) in no lease held."""
-    if not _leased(state, pid_range):
-        first = max(state.next_producer_id, pid_range.first)
-        return first if first + BLOCK_SIZE - 1 <= pid_range.last else None
-    for lease in state.leases:
-        first = max(state.next_producer_id, lease.first)
-        if first + BLOCK_SIZE <= lease.end:
-            return first
-    return None
+        STALE_BROKER_EPOCH for an unknown broker or an epoch other than its current one (a
+        fenced broker whose epoch matches still gets its block, as in Kafka);
+        UNKNOWN_SERVER_ERROR once the next block would pass the end of the range;
+        :data:`LEASE_EXHAUSTED` while no lease has room.
+        """
+        error = self.cluster.check_broker_epoch(broker_id, broker_epoch)
+        if error:
+            return answer(Block(error))
+        return self._grant(broker_id, broker_epoch, principal, client_id, "broker")
 
+    def allocate_for_job(self, *, principal: str, client_id: str | None) -> ControllerResult[Block]:
+        """A block for a job that hands PIDs to its own tasks; the record names who asked."""
+        return self._grant(JOB_BROKER_ID, JOB_BROKER_EPOCH, principal, client_id, "job")
 
-def allocate(
-    state: ControllerState,
-    pid_range: ProducerIdRange,
-    *,
-    broker_id: int,
-    broker_epoch: int,
-    principal: str | None = None,
-    client_id: str | None = None,
-) -> Allocation:
-    """Grant the next block of :data:`BLOCK_SIZE` PIDs to a registered broker.
+    def allocate_for_controller(self, node_id: int) -> ControllerResult[Block]:
+        """A block for the controller's own InitProducerId pool: same rules, no epoch."""
+        return self._grant(node_id, -1, None, None, "controller")
 
-    STALE_BROKER_EPOCH for an unknown broker or an epoch other than its current one (a fenced
-    broker whose epoch matches still gets its block, as in Kafka); UNKNOWN_SERVER_ERROR once
-    the next block would pass the end of the range; :data:`LEASE_EXHAUSTED` while no lease has
-    room. Error responses carry start 0, length 0.
-    """
-    error = check_broker_epoch(state, broker_id, broker_epoch)
-    if error:
-        return Allocation(error)
-    return _grant(state, pid_range, broker_id, broker_epoch, principal, client_id)
+    def _grant(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        principal: str | None,
+        client_id: str | None,
+        holder: str,
+    ) -> ControllerResult[Block]:
+        first = self.next_block_start()
+        if first is None:
+            return answer(Block(LEASE_EXHAUSTED if self.leased else ErrorCode.unknown_server_error))
+        record = ProducerIdsGranted(
+            broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id, holder
+        )
+        return ControllerResult((record,), Block(ErrorCode.none, first, BLOCK_SIZE))
 
+    def wants_lease(self, lease_size: int, prefetch_ratio: float) -> bool:
+        """True while what is left of the leases held is below the prefetch threshold."""
+        return self.lease_remaining() < max(BLOCK_SIZE, lease_size * prefetch_ratio)
 
-def grant(state: ControllerState, pid_range: ProducerIdRange, *, holder_id: int) -> Allocation:
-    """A block for the controller's own InitProducerId pool: same rules, no broker epoch."""
-    return _grant(state, pid_range, holder_id, -1, None, None, holder="controller")
+    def lease_bounds(self, counter: int, lease_size: int) -> tuple[int, int]:
+        """The range ``[first, end)`` to lease when the shared counter says ``counter``.
 
+        It starts no lower than this controller's own high-water mark: a data dir that
+        granted PIDs before it used etcd (or an etcd that lost its data) must not lease them
+        again. Raises :class:`ProducerIdSpaceExhausted` past the largest PID.
+        """
+        first = max(counter, self.high_water())
+        end = first + lease_size
+        if end > INT64_MAX:
+            raise ProducerIdSpaceExhausted(f"a lease at {first} would pass {INT64_MAX}")
+        return first, end
 
-#: BrokerId and BrokerEpoch of an AllocateProducerIds sent by a job (a Spark driver), not by
-#: a broker: the caller is authorised by IdempotentWrite instead of ClusterAction.
-JOB_BROKER_ID = JOB_BROKER_EPOCH = -1
+    def lease(self, first: int, end: int, source: str, revision: int) -> ControllerResult[None]:
+        """Record a lease taken from the shared counter (before any PID of it is granted)."""
+        return ControllerResult((ProducerIdsLeased(first, end, source, revision),), None)
 
+    def raise_floor(self, next_producer_id: int, source: str) -> ControllerResult[None]:
+        """Raise the high-water mark (``pidctl import-zk``)."""
+        return ControllerResult((ProducerIdFloorRaised(next_producer_id, source),), None)
 
-def grant_job(
-    state: ControllerState, pid_range: ProducerIdRange, *, principal: str, client_id: str | None
-) -> Allocation:
-    """A block for a job that hands PIDs to its own tasks; the record names who asked."""
-    return _grant(state, pid_range, JOB_BROKER_ID, JOB_BROKER_EPOCH, principal, client_id,
-                  holder="job")  # fmt: skip
+    # -- queries --------------------------------------------------------------------------
 
+    @property
+    def leased(self) -> bool:
+        """Grants come only from leases: configured so, or the log ever took one."""
+        return self.lease_mode or self.pid_range.leased
 
-def _grant(
-    state: ControllerState,
-    pid_range: ProducerIdRange,
-    broker_id: int,
-    broker_epoch: int,
-    principal: str | None,
-    client_id: str | None,
-    holder: str = "broker",
-) -> Allocation:
-    first = next_block_start(state, pid_range)
-    if first is None:
-        exhausted = LEASE_EXHAUSTED if _leased(state, pid_range) else ErrorCode.unknown_server_error
-        return Allocation(exhausted)
-    record = ProducerIdsGranted(
-        broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id, holder
-    )
-    return Allocation(ErrorCode.none, first, BLOCK_SIZE, record)
+    def next_block_start(self) -> int | None:
+        """Where the next block starts, or None when no block fits: past the end of the
+        range, or (with leases) in no lease held."""
+        if not self.leased:
+            first = max(self.next_producer_id, self.pid_range.first)
+            return first if first + BLOCK_SIZE - 1 <= self.pid_range.last else None
+        for lease in self.leases:
+            first = max(self.next_producer_id, lease.first)
+            if first + BLOCK_SIZE <= lease.end:
+                return first
+        return None
 
+    def high_water(self) -> int:
+        """Nothing at or above this was granted or leased through this log."""
+        return max([self.next_producer_id] + [lease.end for lease in self.leases])
 
-def remaining_producer_ids(state: ControllerState, pid_range: ProducerIdRange) -> int:
-    """How many PIDs can still be granted in whole blocks (with leases: in the leases held)."""
-    if _leased(state, pid_range):
+    def lease_remaining(self) -> int:
+        """PIDs still grantable, in whole blocks, from the leases held."""
         blocks = sum(
-            max(0, lease.end - max(lease.first, state.next_producer_id)) // BLOCK_SIZE
-            for lease in state.leases
+            max(0, lease.end - max(lease.first, self.next_producer_id)) // BLOCK_SIZE
+            for lease in self.leases
         )
         return blocks * BLOCK_SIZE
-    available = pid_range.last - max(state.next_producer_id, pid_range.first) + 1
-    return max(0, available // BLOCK_SIZE * BLOCK_SIZE)
+
+    def remaining(self) -> int:
+        """How many PIDs can still be granted in whole blocks (with leases: in those held)."""
+        if self.leased:
+            return self.lease_remaining()
+        available = self.pid_range.last - max(self.next_producer_id, self.pid_range.first) + 1
+        return max(0, available // BLOCK_SIZE * BLOCK_SIZE)
+
+    # -- replay ---------------------------------------------------------------------------
+
+    def replay(self, offset: int, record: object) -> None:
+        """Apply one of this manager's records; checks come before any change. Replayed
+        values must strictly increase: a decrease or repeat is corruption."""
+        match record:
+            case ProducerIdsGranted():
+                if record.first_producer_id < self.next_producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: grant starts at {record.first_producer_id}, below "
+                        f"the high-water mark {self.next_producer_id}"
+                    )
+                if record.next_producer_id <= record.first_producer_id:
+                    raise InvariantViolation(f"offset {offset}: empty or inverted grant")
+                used = self._lease_of(offset, record) if self.lease_mode else 0
+                self.next_producer_id = record.next_producer_id
+                self.blocks_granted += 1
+                # Leases before the one used are abandoned (their rest is too small).
+                self.leases = [
+                    lease for lease in self.leases[used:] if lease.end > self.next_producer_id
+                ]
+            case ProducerIdsLeased():
+                held_end = self.high_water()
+                if record.first_producer_id < held_end:
+                    raise InvariantViolation(
+                        f"offset {offset}: lease starts at {record.first_producer_id}, below "
+                        f"what is already granted or leased ({held_end})"
+                    )
+                if record.next_producer_id <= record.first_producer_id:
+                    raise InvariantViolation(f"offset {offset}: empty or inverted lease")
+                self.lease_mode = True
+                self.leases.append(Lease(record.first_producer_id, record.next_producer_id))
+            case ProducerIdFloorRaised():
+                if record.next_producer_id <= self.next_producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: lowers the high-water mark {self.next_producer_id} "
+                        f"to {record.next_producer_id}"
+                    )
+                self.next_producer_id = record.next_producer_id
+                self.leases = [
+                    lease for lease in self.leases if lease.end > record.next_producer_id
+                ]
+
+    def _lease_of(self, offset: int, record: ProducerIdsGranted) -> int:
+        """Index of the held lease the grant lies in; a grant outside every lease is corrupt."""
+        for index, lease in enumerate(self.leases):
+            if lease.first <= record.first_producer_id and record.next_producer_id <= lease.end:
+                return index
+        raise InvariantViolation(
+            f"offset {offset}: grant [{record.first_producer_id}, {record.next_producer_id}) "
+            "lies outside every lease held"
+        )
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def copy(self, cluster: ClusterControlManager) -> ProducerIdControlManager:
+        return ProducerIdControlManager(
+            cluster,
+            self.pid_range,
+            self.next_producer_id,
+            self.blocks_granted,
+            self.lease_mode,
+            list(self.leases),
+        )
+
+    def snapshot_fields(self) -> dict[str, Any]:
+        return {
+            "next_producer_id": self.next_producer_id,
+            "blocks_granted": self.blocks_granted,
+            "lease_mode": self.lease_mode,
+            "leases": [[lease.first, lease.end] for lease in self.leases],
+        }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        self.next_producer_id = data["next_producer_id"]
+        self.blocks_granted = data["blocks_granted"]
+        self.lease_mode = data.get("lease_mode", False)
+        self.leases = [Lease(first, end) for first, end in data.get("leases", [])]

@@ -19,18 +19,19 @@ from typing import Any
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 from .acl import Acl, AclError, parse_acl
-from .brokers import DEFAULT_SESSION_TIMEOUT_MS
 from .etcd import EtcdLocation
 from .hostport import HostPort
-from .leases import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO
+from .kafka import (
+    BLOCK_SIZE,
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+    DEFAULT_SESSION_TIMEOUT_MS,
+    DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
+    INT64_MAX,
+)
 from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
-from .producer_ids import BLOCK_SIZE, INT64_MAX, ProducerIdRange
+from .producer_ids import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO, ProducerIdRange
 from .quotas import QuotaOverride
 from .sasl import MECHANISMS
-from .transactions import (
-    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
-    DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
-)
 
 ENV_PREFIX = "PIDCTL_"
 

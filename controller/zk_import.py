@@ -98,7 +98,7 @@ def import_into_data_dir(
     """Log a :class:`ProducerIdFloorRaised` (the controller must be stopped: the data dir is
     locked while it runs). Returns what was done, in one line."""
     from .metalog import MetadataLog, lock_data_dir, recover
-    from .service import Controller, ControllerConfig, Now
+    from .service import Controller, Now
 
     lock_fd = lock_data_dir(data_dir)
     try:
@@ -116,11 +116,12 @@ def import_into_data_dir(
         async def write() -> None:
             log = MetadataLog(data_dir, state.next_offset, recovery.snapshot_offset,
                               lambda: state.copy().to_snapshot)  # fmt: skip
-            controller = Controller(state, log, config=ControllerConfig(node_id=node_id))
+            controller = Controller(state, log, node_id=node_id)
             async with trio.open_nursery() as nursery:
                 await nursery.start(log.run)
                 wall = time.time_ns() // 1_000_000
-                controller.commit(records, Now(wall, time.monotonic_ns() // 1_000_000))
+                now = Now(wall, time.monotonic_ns() // 1_000_000)
+                controller.apply_records(records, now)
                 await log.flush()
                 nursery.cancel_scope.cancel()
 

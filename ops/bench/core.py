@@ -47,11 +47,11 @@ def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(metalog.run)
-            controller.commit([ClusterCreated("bench-cluster", 1)], now)
-            controller.commit([BrokerRegistered(1, "inc", state.next_offset)], now)
+            controller.apply_records([ClusterCreated("bench-cluster", 1)], now)
+            controller.apply_records([BrokerRegistered(1, "inc", state.next_offset)], now)
             for done in range(grants):
                 first = state.next_producer_id
-                controller.commit([ProducerIdsGranted(1, 1, first, first + 1000)], now)
+                controller.apply_records([ProducerIdsGranted(1, 1, first, first + 1000)], now)
                 if done % 5000 == 4999:
                     await metalog.flush()
             await metalog.flush()

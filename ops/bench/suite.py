@@ -97,11 +97,13 @@ def build_transactional_ids(data_dir: Path, count: int) -> None:
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(metalog.run)
-            controller.commit([ClusterCreated("bench", 1)], now)
-            controller.commit([ProducerIdsGranted(1, -1, 0, count, holder="controller")], now)
+            controller.apply_records([ClusterCreated("bench", 1)], now)
+            controller.apply_records(
+                [ProducerIdsGranted(1, -1, 0, count, holder="controller")], now
+            )
             for i in range(count):
                 record = TransactionalIdUpdated(f"app-{i:08d}", i, 0, i, -1, 60_000, now.wall_ms)
-                controller.commit([record], now)
+                controller.apply_records([record], now)
                 if i % 20_000 == 19_999:
                     await metalog.flush()
             await metalog.flush()

@@ -9,60 +9,61 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from controller import producer_ids
-from controller.leases import (
-    LEASED,
-    ProducerIdSpaceExhausted,
-    lease_bounds,
-    lease_remaining,
-    wants_lease,
-)
-from controller.producer_ids import BLOCK_SIZE, INT64_MAX, ProducerIdRange
+from controller.errors import InvariantViolation
+from controller.kafka import BLOCK_SIZE, INT64_MAX
+from controller.producer_ids import Block, Lease, ProducerIdRange, ProducerIdSpaceExhausted
 from controller.records import (
-    BrokerRegistered,
-    ClusterCreated,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
-    ProducerIdsLeased,
 )
-from controller.state import ControllerState, InvariantViolation, Lease
+from controller.state import ControllerState
+from tests.controller.kraft import apply, new_state
+
+#: The range of a controller with ``pid_source``: whatever its leases hold.
+LEASED = ProducerIdRange(leased=True)
 
 
 def _state() -> ControllerState:
-    state = ControllerState()
-    state.replay(0, ClusterCreated("c", 1))
-    state.replay(1, BrokerRegistered(7, "inc", 1))
-    return state
+    return new_state(pid_range=LEASED, broker=7)
 
 
 def _lease(state: ControllerState, first: int, end: int) -> None:
-    state.replay(state.next_offset, ProducerIdsLeased(first, end, "etcd://x/p", 5))
+    apply(state, state.producer_ids.lease(first, end, "etcd://x/p", 5))
 
 
-def _grant(state: ControllerState) -> producer_ids.Allocation:
-    allocation = producer_ids.allocate(state, LEASED, broker_id=7, broker_epoch=1)
-    if allocation.record is not None:
-        state.replay(state.next_offset, allocation.record)
-    return allocation
+def _grant(state: ControllerState) -> Block:
+    return apply(state, state.producer_ids.allocate(broker_id=7, broker_epoch=1))
+
+
+def lease_remaining(state: ControllerState) -> int:
+    return state.producer_ids.lease_remaining()
+
+
+def wants_lease(state: ControllerState, size: int, ratio: float) -> bool:
+    return state.producer_ids.wants_lease(size, ratio)
+
+
+def lease_bounds(counter: int, state: ControllerState, size: int) -> tuple[int, int]:
+    return state.producer_ids.lease_bounds(counter, size)
 
 
 def test_without_a_lease_nothing_is_granted_and_the_error_is_retriable() -> None:
     state = _state()
     assert _grant(state).error == ErrorCode.request_timed_out  # before the first lease
     _lease(state, 0, 2000)
-    assert [_grant(state).first_producer_id for _ in range(2)] == [0, 1000]
-    refused = _grant(state)
-    assert refused.error == ErrorCode.request_timed_out  # retriable, not exhaustion
-    assert refused.record is None and refused.length == 0
+    assert [_grant(state).first for _ in range(2)] == [0, 1000]
+    refused = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
+    assert refused.response.error == ErrorCode.request_timed_out  # retriable, not exhaustion
+    assert refused.records == () and refused.response.length == 0
 
 
 def test_blocks_move_to_the_next_lease_and_skip_a_remainder_smaller_than_a_block() -> None:
     state = _state()
     _lease(state, 500, 2000)  # room for one block, then 500 left over
     _lease(state, 10_000, 12_000)
-    firsts = [_grant(state).first_producer_id for _ in range(3)]
+    firsts = [_grant(state).first for _ in range(3)]
     assert firsts == [500, 10_000, 11_000]
-    assert state.leases == []
+    assert state.producer_ids.leases == []
     assert lease_remaining(state) == 0
 
 
@@ -93,7 +94,7 @@ def test_a_lease_starts_above_what_this_controller_granted_or_leased() -> None:
     # The counter says 0 (a fresh etcd): the lease still starts at the local mark.
     assert lease_bounds(0, state, 1000) == (7_000, 8_000)
     _lease(state, 7_000, 8_000)
-    assert state.high_water() == 8_000
+    assert state.producer_ids.high_water() == 8_000
     assert lease_bounds(3_000, state, 1000) == (8_000, 9_000)
     assert lease_bounds(50_000, state, 1000) == (50_000, 51_000)
     with pytest.raises(ProducerIdSpaceExhausted):
@@ -112,7 +113,7 @@ def test_replay_refuses_grants_outside_leases_and_overlapping_leases() -> None:
     with pytest.raises(InvariantViolation, match="lowers"):
         state.replay(state.next_offset, ProducerIdFloorRaised(0, "zookeeper"))
     # Nothing refused changed anything.
-    assert state.leases == [Lease(1000, 3000)] and state.next_producer_id == 0
+    assert state.producer_ids.leases == [Lease(1000, 3000)] and state.next_producer_id == 0
 
 
 def test_leases_survive_a_snapshot() -> None:
@@ -122,16 +123,15 @@ def test_leases_survive_a_snapshot() -> None:
     _lease(state, 8000, 9000)
     again = ControllerState.from_snapshot(state.to_snapshot())
     assert again == state
-    assert _grant(again).first_producer_id == 1000
+    assert _grant(again).first == 1000
 
 
 def test_job_grant_needs_no_broker_and_names_the_job() -> None:
     state = _state()
-    allocation = producer_ids.grant_job(
-        state, ProducerIdRange(), principal="User:spark", client_id="app-42"
-    )
-    assert allocation.error == ErrorCode.none and allocation.length == BLOCK_SIZE
-    assert allocation.record == ProducerIdsGranted(-1, -1, 0, 1000, "User:spark", "app-42", "job")
+    state.producer_ids.pid_range = ProducerIdRange()
+    result = state.producer_ids.allocate_for_job(principal="User:spark", client_id="app-42")
+    assert result.response == Block(ErrorCode.none, 0, BLOCK_SIZE)
+    assert result.records == (ProducerIdsGranted(-1, -1, 0, 1000, "User:spark", "app-42", "job"),)
 
 
 @given(
@@ -149,13 +149,15 @@ def test_every_grant_lies_in_a_lease_and_none_overlap(ops: list[tuple[str, int, 
     granted: list[tuple[int, int]] = []
     for kind, gap, blocks in ops:
         if kind == "lease":
-            first, end = lease_bounds(state.high_water() + gap, state, blocks * BLOCK_SIZE)
+            first, end = lease_bounds(
+                state.producer_ids.high_water() + gap, state, blocks * BLOCK_SIZE
+            )
             _lease(state, first, end)
             leased.append((first, end))
         else:
-            allocation = _grant(state)
-            if allocation.record is not None:
-                granted.append((allocation.first_producer_id, allocation.record.next_producer_id))
+            block = _grant(state)
+            if block.length:
+                granted.append((block.first, block.first + block.length))
     for first, end in granted:
         assert any(lf <= first and end <= le for lf, le in leased)
     ordered = sorted(granted)

@@ -16,11 +16,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.brokers import BrokerSessions
-from controller.leases import lease_bounds
 from controller.metalog import MetadataLog, recover
-from controller.records import ClusterCreated, ProducerIdFloorRaised, ProducerIdsLeased, Record
-from controller.service import ConnectionInfo, Controller, ControllerConfig, Now
+from controller.records import Record
+from controller.service import ConnectionInfo, Controller, Now
 from controller.state import ControllerState
 from protocol import requests
 from protocol.codec import decode_request, encode_request
@@ -71,14 +69,14 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
         if kind == "expire":
             controller.expire_transactional_ids(now)
             continue
+        producer_ids = controller.state.producer_ids
         if kind == "lease":
-            first, end = lease_bounds(controller.state.high_water() + a, controller.state,
-                                      int(b) * 1000)  # type: ignore[call-overload]  # fmt: skip
-            controller.commit([ProducerIdsLeased(first, end, "etcd://x/p", 1)], now)
+            counter = producer_ids.high_water() + a
+            first, end = producer_ids.lease_bounds(counter, int(b) * 1000)  # type: ignore[call-overload]
+            controller.apply(producer_ids.lease(first, end, "etcd://x/p", 1), now)
             continue
         if kind == "floor":
-            floor = controller.state.high_water() + a
-            controller.commit([ProducerIdFloorRaised(floor, "zookeeper")], now)
+            controller.apply(producer_ids.raise_floor(producer_ids.high_water() + a, "zk"), now)
             continue
         if kind == "init_idempotent":
             body: object = requests.init_producer_id(None)
@@ -91,7 +89,7 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
         elif kind == "allocate":
             body = wire.allocate(a, int(b))  # type: ignore[call-overload]
         elif kind == "allocate_current":
-            registration = controller.state.brokers.get(a)
+            registration = controller.state.cluster.brokers.get(a)
             body = wire.allocate(a, registration.epoch if registration else -1)
         else:
             body = wire.unregister(a)
@@ -101,7 +99,7 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
 def _init_transactional(controller: Controller, transactional_id: str, mode: int) -> object:
     """Mode 0: a plain init; 1: KIP-360 with the current pair; 2: with a stale pair;
     3: a retry carrying the last epoch."""
-    held = controller.state.transactional_ids.get(transactional_id)
+    held = controller.state.transactions.transactional_ids.get(transactional_id)
     if mode == 0 or held is None:
         return requests.init_producer_id(transactional_id)
     epoch = {1: held.producer_epoch, 2: 0, 3: held.last_producer_epoch}[mode]
@@ -111,13 +109,9 @@ def _init_transactional(controller: Controller, transactional_id: str, mode: int
 
 
 def _fresh_controller(sink: object) -> Controller:
-    controller = Controller(
-        ControllerState(),
-        sink,  # type: ignore[arg-type]
-        config=ControllerConfig(transactional_id_expiration_ms=10_000),
-        sessions=BrokerSessions(9000),
-    )
-    controller.commit([ClusterCreated(CLUSTER, 1)], Now(0, 0))
+    state = ControllerState().configure(transactional_id_expiration_ms=10_000)
+    controller = Controller(state, sink)  # type: ignore[arg-type]
+    controller.apply(state.cluster.create_cluster(CLUSTER, 1), Now(0, 0))
     return controller
 
 

@@ -1,121 +1,175 @@
-"""Kafka's TransactionCoordinator.handleInitProducerId rules for transactional ids."""
+"""TransactionControlManager: Kafka's TransactionCoordinator.handleInitProducerId rules, and
+the controller's own pool (KIP-730's broker side) refilled by grants in the same result."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from kio.schema.errors import ErrorCode
 
-from controller import transactions
-from controller.state import TransactionalIdState
-from controller.transactions import EPOCH_EXHAUSTED, InitResult
+from controller.kafka import EPOCH_EXHAUSTED
+from controller.producer_ids import ProducerIdRange
+from controller.records import (
+    ProducerIdsGranted,
+    Record,
+    TransactionalIdExpired,
+    TransactionalIdUpdated,
+)
+from controller.state import ControllerState
+from controller.transactions import ProducerIdAndEpoch, TransactionalIdState, parse_expected
+from tests.controller.kraft import apply, new_state, replay
+
+OK = ErrorCode.none
 
 
-class Pids:
-    def __init__(self, start: int = 1000) -> None:
-        self._next: Iterator[int] = iter(range(start, 10**6))
-        self.empty = False
-
-    def __call__(self) -> int | None:
-        return None if self.empty else next(self._next)
+def _state(pid_range: ProducerIdRange | None = None) -> ControllerState:
+    return new_state(pid_range=pid_range)
 
 
 def init(
-    current: TransactionalIdState | None,
-    expected: tuple[int, int] | None = None,
-    pids: Pids | None = None,
-) -> InitResult:
-    return transactions.init_transactional(
-        current, transactional_id="tx", timeout_ms=60_000, expected=expected,
-        new_producer_id=pids or Pids(), now_ms=123,
-    )  # fmt: skip
+    state: ControllerState, expected: tuple[int, int] | None = None, now_ms: int = 123
+) -> ProducerIdAndEpoch:
+    result = state.transactions.init_transactional(
+        "tx", timeout_ms=60_000, expected=expected, now_ms=now_ms
+    )
+    return apply(state, result)
 
 
-def state(result: InitResult) -> TransactionalIdState:
-    r = result.record
-    assert r is not None
-    return TransactionalIdState(
-        r.producer_id, r.producer_epoch, r.previous_producer_id, r.last_producer_epoch,
-        r.timeout_ms, r.updated_ms,
-    )  # fmt: skip
+def held(state: ControllerState) -> TransactionalIdState:
+    return state.transactions.transactional_ids["tx"]
 
 
-def test_first_use_gets_a_new_pid_at_epoch_zero() -> None:
-    first = init(None)
-    assert (first.error, first.producer_id, first.producer_epoch) == (0, 1000, 0)
-    assert first.record is not None and first.record.previous_producer_id == 1000
+def with_id(
+    pid: int, epoch: int, last_epoch: int = -1, previous: int | None = None
+) -> ControllerState:
+    """A state where "tx" holds (pid, epoch), and pid was granted."""
+    state = _state()
+    replay(
+        state,
+        ProducerIdsGranted(1, -1, 0, pid + 1, holder="controller"),
+        TransactionalIdUpdated(
+            "tx", pid, epoch, pid if previous is None else previous, last_epoch, 60_000, 0
+        ),
+    )
+    return state
+
+
+def test_first_use_grants_the_pool_a_block_and_takes_its_first_pid() -> None:
+    state = _state()
+    result = state.transactions.init_transactional("tx", timeout_ms=60_000, expected=None, now_ms=5)
+    assert result.response == ProducerIdAndEpoch(OK, 0, 0)
+    grant, update = result.records
+    assert grant == ProducerIdsGranted(1, -1, 0, 1000, holder="controller")
+    assert update == TransactionalIdUpdated("tx", 0, 0, 0, -1, 60_000, 5)
+    apply(state, result)
+    assert held(state).producer_id == 0
 
 
 def test_reinit_bumps_the_epoch_of_the_same_pid() -> None:
-    s = state(init(None))
-    again = init(s)
-    assert (again.producer_id, again.producer_epoch) == (1000, 1)
-    assert state(again).last_producer_epoch == -1  # a fresh init clears the last epoch
+    state = _state()
+    init(state)
+    assert init(state) == ProducerIdAndEpoch(OK, 0, 1)
+    assert held(state).last_producer_epoch == -1  # a fresh init clears the last epoch
 
 
 def test_epoch_exhaustion_rotates_to_a_new_pid() -> None:
-    s = TransactionalIdState(7, EPOCH_EXHAUSTED - 1, 7, -1, 60_000, 0)
-    bumped = init(s)
-    assert bumped.producer_epoch == EPOCH_EXHAUSTED  # 32766 is still handed out
-    rotated = init(state(bumped), pids=Pids(5000))
-    assert (rotated.producer_id, rotated.producer_epoch) == (5000, 0)
-    assert state(rotated).previous_producer_id == 7
+    state = with_id(7, EPOCH_EXHAUSTED - 1)
+    assert init(state).producer_epoch == EPOCH_EXHAUSTED  # 32766 is still handed out
+    rotated = init(state)
+    assert rotated.producer_epoch == 0 and rotated.producer_id != 7
+    assert held(state).previous_producer_id == 7
 
 
 def test_kip360_bump_with_current_pid_and_epoch() -> None:
-    s = state(init(state(init(None))))  # epoch 1
-    bumped = init(s, expected=(s.producer_id, s.producer_epoch))
-    assert bumped.producer_epoch == s.producer_epoch + 1
-    assert state(bumped).last_producer_epoch == s.producer_epoch
+    state = _state()
+    init(state)
+    init(state)  # epoch 1
+    bumped = init(state, expected=(0, 1))
+    assert bumped == ProducerIdAndEpoch(OK, 0, 2)
+    assert held(state).last_producer_epoch == 1
 
 
 def test_kip360_retry_of_a_bump_returns_the_same_result_and_writes_nothing() -> None:
-    s = state(init(None))
-    bumped = state(init(s, expected=(1000, 0)))
-    retry = init(bumped, expected=(1000, 0))
-    assert (retry.error, retry.producer_id, retry.producer_epoch) == (0, 1000, 1)
-    assert retry.record is None
+    state = _state()
+    init(state)
+    init(state, expected=(0, 0))
+    retry = state.transactions.init_transactional(
+        "tx", timeout_ms=60_000, expected=(0, 0), now_ms=1
+    )
+    assert retry.response == ProducerIdAndEpoch(OK, 0, 1)
+    assert retry.records == ()
 
 
 def test_kip360_stale_epoch_is_fenced() -> None:
-    s = state(init(state(init(state(init(None))))))  # epoch 2, last -1
-    assert init(s, expected=(1000, 0)).error == ErrorCode.producer_fenced
-    assert init(s, expected=(999, 2)).error == ErrorCode.producer_fenced
+    state = with_id(7, 2)
+    assert init(state, expected=(7, 0)).error == ErrorCode.producer_fenced
+    assert init(state, expected=(6, 2)).error == ErrorCode.producer_fenced
+    assert held(state).producer_epoch == 2
 
 
 def test_kip360_rotation_and_its_retry() -> None:
-    s = TransactionalIdState(7, EPOCH_EXHAUSTED, 7, -1, 60_000, 0)
-    rotated = init(s, expected=(7, EPOCH_EXHAUSTED), pids=Pids(5000))
-    assert (rotated.producer_id, rotated.producer_epoch) == (5000, 0)
-    after = state(rotated)
+    state = with_id(7, EPOCH_EXHAUSTED)
+    rotated = init(state, expected=(7, EPOCH_EXHAUSTED))
+    assert rotated.producer_epoch == 0 and rotated.producer_id != 7
+    after = held(state)
     assert after.last_producer_epoch == EPOCH_EXHAUSTED and after.previous_producer_id == 7
-    retry = init(after, expected=(7, EPOCH_EXHAUSTED))
-    assert (retry.error, retry.producer_id, retry.producer_epoch) == (0, 5000, 0)
+    assert init(state, expected=(7, EPOCH_EXHAUSTED)) == rotated
 
 
 def test_recovering_producer_for_an_unknown_id_gets_a_new_pid() -> None:
-    result = init(None, expected=(42, 3))
-    assert (result.error, result.producer_id, result.producer_epoch) == (0, 1000, 0)
+    assert init(_state(), expected=(42, 3)) == ProducerIdAndEpoch(OK, 0, 0)
 
 
-def test_empty_pool_is_coordinator_load_in_progress() -> None:
-    pids = Pids()
-    pids.empty = True
-    assert init(None, pids=pids).error == ErrorCode.coordinator_load_in_progress
-    exhausted = TransactionalIdState(7, EPOCH_EXHAUSTED, 7, -1, 60_000, 0)
-    assert init(exhausted, pids=pids).error == ErrorCode.coordinator_load_in_progress
+def test_invalid_name_and_timeouts() -> None:
+    transactions = _state().transactions
+    empty = transactions.init_transactional("", timeout_ms=1, expected=None, now_ms=0)
+    assert empty.response.error == ErrorCode.invalid_request and empty.records == ()
+    for timeout in (0, -1, 900_001):
+        result = transactions.init_transactional("t", timeout_ms=timeout, expected=None, now_ms=0)
+        assert result.response.error == ErrorCode.invalid_transaction_timeout
+
+
+def test_idempotent_pids_come_from_blocks_refilled_at_ninety_percent() -> None:
+    state = _state()
+    transactions = state.transactions
+    first = transactions.init_idempotent()
+    assert first.response == ProducerIdAndEpoch(OK, 0, 0)
+    assert first.records == (ProducerIdsGranted(1, -1, 0, 1000, holder="controller"),)
+    apply(state, first)
+    refills: list[Record] = []
+    for expected in range(1, 1500):
+        result = transactions.init_idempotent()
+        assert result.response.producer_id == expected
+        refills += result.records
+        apply(state, result)
+    # The next block was granted once 900 of the first were used, before they ran out.
+    assert refills == [ProducerIdsGranted(1, -1, 1000, 2000, holder="controller")]
+
+
+def test_no_pid_ready_is_coordinator_load_in_progress() -> None:
+    state = _state(ProducerIdRange(first=0, last=999))
+    for _ in range(1000):
+        assert apply(state, state.transactions.init_idempotent()).error == OK
+    assert apply(state, state.transactions.init_idempotent()) == ProducerIdAndEpoch(
+        ErrorCode.coordinator_load_in_progress
+    )
+    assert init(state).error == ErrorCode.coordinator_load_in_progress
 
 
 def test_parse_expected() -> None:
-    assert transactions.parse_expected(-1, -1) is None
-    assert transactions.parse_expected(5, 1) == (5, 1)
-    assert transactions.parse_expected(-1, 1) == ErrorCode.invalid_request
-    assert transactions.parse_expected(5, -1) == ErrorCode.invalid_request
+    assert parse_expected(-1, -1) is None
+    assert parse_expected(5, 1) == (5, 1)
+    assert parse_expected(-1, 1) == ErrorCode.invalid_request
+    assert parse_expected(5, -1) == ErrorCode.invalid_request
 
 
 def test_expiry_selects_ids_unused_for_too_long() -> None:
-    held = {
-        "old": TransactionalIdState(1, 0, 1, -1, 60_000, updated_ms=0),
-        "new": TransactionalIdState(2, 0, 2, -1, 60_000, updated_ms=900),
-    }
-    assert transactions.expired(held, now_ms=1000, expiration_ms=500) == [("old", 1)]
+    state = _state().configure(transactional_id_expiration_ms=500)
+    replay(
+        state,
+        ProducerIdsGranted(1, -1, 0, 3, holder="controller"),
+        TransactionalIdUpdated("old", 1, 0, 1, -1, 60_000, 0),
+        TransactionalIdUpdated("new", 2, 0, 2, -1, 60_000, 900),
+    )
+    result = state.transactions.expire(now_ms=1000)
+    assert result.records == (TransactionalIdExpired("old", 1),)
+    assert apply(state, result) == 1
+    assert list(state.transactions.transactional_ids) == ["new"]
