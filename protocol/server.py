@@ -1,0 +1,231 @@
+"""Sans-IO server connection: bytes in → requests, responses → bytes out.
+
+The server side's counterpart of :class:`protocol.client.ClientProtocol`, in the manner of
+h11's ``Connection``: the transport feeds :meth:`ServerConnection.receive_data` whatever the
+socket delivered, takes events from :meth:`ServerConnection.next_event`, and writes what
+:meth:`ServerConnection.send` returns. The connection knows where it is (:class:`Phase`),
+what may be asked before SASL authentication, and when the client has taken too long
+(:attr:`ServerConnection.deadline`, plain data the transport waits on); it never touches a
+socket, a task or a clock of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from kio.static.protocol import ResponsePayload
+
+from .api_versions import unsupported_version_response
+from .apis import ApiKey, SupportedApis
+from .codec import (
+    ProtocolViolation,
+    Request,
+    UnsupportedApiVersionsVersion,
+    decode_request,
+    encode_response,
+)
+from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError
+from .headers import RequestHeader
+
+#: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+#: Time a client may take to send the rest of a request once it has begun (no slowloris).
+DEFAULT_FRAME_TIMEOUT_S = 30.0
+
+#: What a SASL listener answers before authentication; anything else closes the connection
+#: ("Unexpected Kafka request ... during SASL handshake", as Kafka).
+ALLOWED_BEFORE_AUTHENTICATION = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}
+)
+
+
+class Phase(enum.Enum):
+    """Where a connection is in its life."""
+
+    #: A SASL listener's connection before SaslHandshake.
+    HANDSHAKE = "handshake"
+    #: After a SaslHandshake: SaslAuthenticate exchanges until one succeeds or fails.
+    AUTHENTICATE = "authenticate"
+    #: Authenticated, or on a listener without SASL: every served API.
+    READY = "ready"
+    #: Nothing more is read; answer what came before, then close.
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    """A decoded request for the server to answer, in order."""
+
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerReady:
+    """A request the connection answered itself (ApiVersions at an unknown version, in the
+    v0 layout so the client can retry at a version listed)."""
+
+    header: RequestHeader
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    """The connection must be closed once what came before is answered; ``reason`` is a
+    short label (for logs and metrics), ``detail`` says what happened."""
+
+    reason: str
+    detail: str = ""
+
+
+Event = RequestReceived | AnswerReady | ConnectionClosed
+
+
+class ServerConnection:
+    """One client connection's protocol state (no I/O)."""
+
+    __slots__ = (
+        "_authenticated",
+        "_decoder",
+        "_frame_started",
+        "_frames",
+        "_last_activity",
+        "closed_because",
+        "frame_timeout_s",
+        "idle_timeout_s",
+        "phase",
+        "supported",
+    )
+
+    def __init__(
+        self,
+        supported: SupportedApis,
+        *,
+        sasl: bool = False,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S,
+        now: float = 0.0,
+    ) -> None:
+        self.supported = supported
+        self.phase = Phase.HANDSHAKE if sasl else Phase.READY
+        self._authenticated = not sasl
+        self.idle_timeout_s = idle_timeout_s
+        self.frame_timeout_s = frame_timeout_s
+        self.closed_because: ConnectionClosed | None = None
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._frames: deque[bytes] = deque()
+        self._frame_started: float | None = None
+        self._last_activity = now
+
+    # -- input ------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray, now: float) -> None:
+        """Feed bytes the transport received at time ``now`` (any monotonic clock, seconds);
+        ``b""`` means the client closed its side. Events come from :meth:`next_event`."""
+        if self.phase is Phase.CLOSED:
+            return
+        if not data:
+            # The client closed its side: what it sent before is still answered.
+            self._close("client", keep_pending=True)
+            return
+        was_in_frame = self._decoder.in_frame
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as e:
+            self._close("frame_too_large", str(e))
+            return
+        self._frames.extend(frames)
+        self._last_activity = now
+        if self._decoder.in_frame and (frames or not was_in_frame):
+            self._frame_started = now  # a new frame has begun
+        elif not self._decoder.in_frame:
+            self._frame_started = None
+
+    def next_event(self) -> Event | None:
+        """The next request (or answer, or closure) in arrival order; None when more bytes
+        are needed. After a :class:`ConnectionClosed` there are no more events."""
+        while self._frames:
+            event = self._decode(self._frames.popleft())
+            if isinstance(event, ConnectionClosed):
+                self._frames.clear()
+                self.phase = Phase.CLOSED
+                self.closed_because = event
+                break
+            return event
+        if self.phase is Phase.CLOSED and self.closed_because is not None:
+            closed, self.closed_because = self.closed_because, None
+            return closed
+        return None
+
+    @property
+    def has_pending_requests(self) -> bool:
+        """Whole frames received and not yet returned as events."""
+        return bool(self._frames)
+
+    def _decode(self, frame: bytes) -> Event:
+        try:
+            request = decode_request(frame, self.supported)
+        except UnsupportedApiVersionsVersion as e:
+            return AnswerReady(e.header, unsupported_version_response(self.supported))
+        except ProtocolViolation as e:
+            return ConnectionClosed("protocol_error", str(e))
+        if not self._authenticated and request.api_key not in ALLOWED_BEFORE_AUTHENTICATION:
+            return ConnectionClosed(
+                "unauthenticated_request",
+                f"API key {request.api_key} before SASL authentication",
+            )
+        return RequestReceived(request)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def send(self, header: RequestHeader, body: ResponsePayload) -> bytes:
+        """The bytes of the response to the request with ``header``."""
+        return encode_response(header, body)
+
+    # -- SASL -------------------------------------------------------------------------------
+
+    def handshake_accepted(self) -> None:
+        """A SaslHandshake named an enabled mechanism: SaslAuthenticate comes next."""
+        if self.phase is Phase.HANDSHAKE:
+            self.phase = Phase.AUTHENTICATE
+
+    def authenticated(self) -> None:
+        """A SaslAuthenticate succeeded: every API from now on."""
+        self._authenticated = True
+        if self.phase is not Phase.CLOSED:
+            self.phase = Phase.READY
+
+    def authentication_failed(self, detail: str) -> None:
+        """A SaslAuthenticate failed: answer it, then close."""
+        self._close("authentication_failed", detail)
+
+    # -- time -------------------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> float:
+        """When the client has taken too long: the frame deadline while a request is half
+        received, else the idle deadline."""
+        if self._frame_started is not None:
+            return self._frame_started + self.frame_timeout_s
+        return self._last_activity + self.idle_timeout_s
+
+    def check_deadline(self, now: float) -> bool:
+        """Close (``frame_timeout`` or ``idle``) if ``now`` is past :attr:`deadline`; True if
+        it did."""
+        if self.phase is Phase.CLOSED or now < self.deadline:
+            return False
+        reason = "frame_timeout" if self._frame_started is not None else "idle"
+        self._close(
+            reason, f"no {'whole request' if reason == 'frame_timeout' else 'request'} in time"
+        )
+        return True
+
+    def _close(self, reason: str, detail: str = "", *, keep_pending: bool = False) -> None:
+        if self.phase is not Phase.CLOSED:
+            self.phase = Phase.CLOSED
+            self.closed_because = ConnectionClosed(reason, detail)
+            if not keep_pending:
+                self._frames.clear()
