@@ -1,0 +1,154 @@
+"""The sans-IO server connection: bytes in, events out, without a socket or a clock."""
+
+from __future__ import annotations
+
+import struct
+
+from kio.schema.api_versions.v0 import ApiVersionsResponse as ApiVersionsResponseV0
+
+from controller.service import SERVED_APIS
+from protocol import requests
+from protocol.apis import ApiKey, supported_apis
+from protocol.codec import encode_request
+from protocol.server import (
+    AnswerReady,
+    ConnectionClosed,
+    Event,
+    Phase,
+    RequestReceived,
+    ServerConnection,
+)
+
+SUPPORTED = supported_apis(SERVED_APIS)
+
+
+def _connection(**options: object) -> ServerConnection:
+    return ServerConnection(SUPPORTED, **options)  # type: ignore[arg-type]
+
+
+def _events(connection: ServerConnection) -> list[Event]:
+    events = []
+    while (event := connection.next_event()) is not None:
+        events.append(event)
+    return events
+
+
+def _phase(connection: ServerConnection) -> Phase:
+    return connection.phase
+
+
+def _frame(body: object, correlation_id: int = 1) -> bytes:
+    return encode_request(body, correlation_id, "test")  # type: ignore[arg-type]
+
+
+def test_requests_split_across_reads_and_pipelined_in_one_read() -> None:
+    connection = _connection()
+    data = _frame(requests.init_producer_id(None), 1) + _frame(requests.api_versions(), 2)
+    connection.receive_data(data[:7], now=0.0)
+    assert _events(connection) == []
+    connection.receive_data(data[7:], now=0.1)
+    events = _events(connection)
+    assert [type(e) for e in events] == [RequestReceived, RequestReceived]
+    first, second = (e.request for e in events if isinstance(e, RequestReceived))
+    assert (first.api_key, first.header.correlation_id) == (ApiKey.INIT_PRODUCER_ID, 1)
+    assert (second.api_key, second.header.correlation_id) == (ApiKey.API_VERSIONS, 2)
+
+
+def test_a_frame_over_the_limit_closes_before_its_body_arrives() -> None:
+    connection = _connection(max_frame_bytes=100)
+    connection.receive_data(struct.pack(">i", 101), now=0.0)
+    assert _events(connection) == [
+        ConnectionClosed("frame_too_large", "frame of 101 bytes exceeds max_frame_bytes=100")
+    ]
+    assert connection.phase is Phase.CLOSED
+    connection.receive_data(b"more", now=0.1)  # ignored once closed
+    assert _events(connection) == []
+
+
+def test_unknown_api_closes_after_answering_what_came_before() -> None:
+    connection = _connection()
+    bogus = struct.pack(">hhi", 999, 0, 7) + b"\xff\xff"
+    data = _frame(requests.api_versions()) + struct.pack(">i", len(bogus)) + bogus
+    connection.receive_data(data + _frame(requests.api_versions(), 3), now=0.0)
+    events = _events(connection)
+    assert isinstance(events[0], RequestReceived)
+    assert isinstance(events[1], ConnectionClosed) and events[1].reason == "protocol_error"
+    assert len(events) == 2  # the request after the bad frame is dropped
+
+
+def test_api_versions_at_an_unknown_version_is_answered_in_the_v0_layout() -> None:
+    connection = _connection()
+    # A flexible (v2) request header: a null client id, then no tagged fields.
+    header = struct.pack(">hhih", ApiKey.API_VERSIONS, 99, 5, -1) + b"\0"
+    connection.receive_data(struct.pack(">i", len(header)) + header, now=0.0)
+    (event,) = _events(connection)
+    assert isinstance(event, AnswerReady)
+    assert isinstance(event.body, ApiVersionsResponseV0)
+    assert event.body.error_code == 35  # UNSUPPORTED_VERSION
+    encoded = connection.send(event.header, event.body)
+    assert struct.unpack_from(">ii", encoded) == (len(encoded) - 4, 5)
+
+
+def test_sasl_listener_serves_only_the_handshake_apis_before_authentication() -> None:
+    connection = _connection(sasl=True)
+    assert connection.phase is Phase.HANDSHAKE
+    connection.receive_data(_frame(requests.api_versions()), now=0.0)
+    assert isinstance(connection.next_event(), RequestReceived)
+    connection.receive_data(_frame(requests.metadata()), now=0.0)
+    assert _events(connection) == [
+        ConnectionClosed("unauthenticated_request", "API key 3 before SASL authentication")
+    ]
+
+
+def test_after_authentication_every_api() -> None:
+    connection = _connection(sasl=True)
+    connection.handshake_accepted()
+    assert _phase(connection) is Phase.AUTHENTICATE
+    connection.authenticated()
+    assert _phase(connection) is Phase.READY
+    connection.receive_data(_frame(requests.metadata()), now=0.0)
+    assert isinstance(connection.next_event(), RequestReceived)
+
+
+def test_failed_authentication_closes() -> None:
+    connection = _connection(sasl=True)
+    connection.handshake_accepted()
+    connection.authentication_failed("bad password")
+    assert _events(connection) == [ConnectionClosed("authentication_failed", "bad password")]
+
+
+def test_client_close_still_answers_what_it_sent_before() -> None:
+    connection = _connection()
+    connection.receive_data(_frame(requests.api_versions()), now=0.0)
+    connection.receive_data(b"", now=0.1)
+    events = _events(connection)
+    assert isinstance(events[0], RequestReceived)
+    assert events[1] == ConnectionClosed("client")
+
+
+def test_unauthenticated_request_then_close_is_not_served() -> None:
+    connection = _connection(sasl=True)
+    connection.receive_data(_frame(requests.metadata()), now=0.0)
+    connection.receive_data(b"", now=0.0)
+    (event,) = _events(connection)
+    assert isinstance(event, ConnectionClosed) and event.reason == "unauthenticated_request"
+
+
+def test_idle_deadline_moves_with_each_request() -> None:
+    connection = _connection(idle_timeout_s=10.0, now=0.0)
+    assert connection.deadline == 10.0
+    connection.receive_data(_frame(requests.api_versions()), now=4.0)
+    assert connection.deadline == 14.0
+    assert not connection.check_deadline(13.9)
+    assert connection.check_deadline(14.0)
+    assert _events(connection)[-1] == ConnectionClosed("idle", "no request in time")
+
+
+def test_frame_deadline_counts_from_the_start_of_the_frame() -> None:
+    connection = _connection(idle_timeout_s=600.0, frame_timeout_s=2.0, now=0.0)
+    data = _frame(requests.api_versions())
+    connection.receive_data(data[:3], now=1.0)
+    connection.receive_data(data[3:5], now=2.5)  # more of the same frame: no new deadline
+    assert connection.deadline == 3.0
+    assert connection.check_deadline(3.0)
+    assert connection.next_event() == ConnectionClosed("frame_timeout", "no whole request in time")
