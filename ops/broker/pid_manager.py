@@ -14,19 +14,18 @@ not run the pool dry.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 import structlog
 import trio
 
+from controller.blocks import InvalidBlock, ProducerIdPool
+from controller.kafka import PREFETCH_THRESHOLD
+
 log = structlog.get_logger("pidctl.broker.pid_manager")
 
-#: Kafka's ProducerIdManager.PidPrefetchThreshold.
-DEFAULT_PREFETCH_THRESHOLD = 0.9
 #: Kafka's RetryBackoffMs for failed allocations.
 RETRY_BACKOFF_S = 0.05
-INT64_MAX = 2**63 - 1
 #: Adaptive mode keeps the PIDs for this many fetch round trips at the observed rate.
 _ROUND_TRIPS_AHEAD = 4
 _MAX_BLOCKS_AHEAD = 64
@@ -41,29 +40,20 @@ class CoordinatorLoadInProgress(Exception):
     """No producer id is ready yet; answer COORDINATOR_LOAD_IN_PROGRESS and retry."""
 
 
-class InvalidBlock(Exception):
-    """The controller returned a block that overlaps, is negative or overflows."""
-
-
 class ProducerIdManager:
     def __init__(
         self,
         fetch: Fetch,
         *,
-        prefetch_threshold: float = DEFAULT_PREFETCH_THRESHOLD,
+        prefetch_threshold: float = PREFETCH_THRESHOLD,
         prefetch_depth: int = 1,
         adaptive: bool = True,
         backoff_s: float = RETRY_BACKOFF_S,
     ) -> None:
-        if not 0 < prefetch_threshold <= 1 or prefetch_depth < 1:
-            raise ValueError("prefetch_threshold in (0, 1], prefetch_depth >= 1")
+        self._pool = ProducerIdPool(prefetch_threshold, prefetch_depth)
         self._fetch = fetch
-        self.prefetch_threshold = prefetch_threshold
-        self.prefetch_depth = prefetch_depth
         self.adaptive = adaptive
         self.backoff_s = backoff_s
-        self._blocks: deque[list[int]] = deque()  # [next, end, size]
-        self._highest_end = -1
         self._wanted = trio.Event()
         self._rate = 0.0  # PIDs per second, smoothed
         self._rate_since = 0.0
@@ -72,18 +62,14 @@ class ProducerIdManager:
 
     @property
     def remaining(self) -> int:
-        return sum(end - nxt for nxt, end, _ in self._blocks)
+        return self._pool.remaining
 
     def generate(self) -> int:
         """The next producer id, at once; CoordinatorLoadInProgress if none is ready."""
-        while self._blocks and self._blocks[0][0] >= self._blocks[0][1]:
-            self._blocks.popleft()
-        if not self._blocks:
+        pid = self._pool.take()
+        if pid is None:
             self._wanted.set()
             raise CoordinatorLoadInProgress("no producer id block ready")
-        block = self._blocks[0]
-        pid = block[0]
-        block[0] += 1
         self._observe_use()
         if self._wants_more():
             self._wanted.set()
@@ -99,28 +85,17 @@ class ProducerIdManager:
             self._rate_since, self._rate_count = now, 0
 
     def _wants_more(self) -> bool:
-        if not self._blocks:
+        if self._pool.wants_block():
             return True
-        current = self._blocks[0]
-        ahead = len(self._blocks) - 1
-        used = current[2] - (current[1] - current[0])
-        if ahead < self.prefetch_depth and used >= self.prefetch_threshold * current[2]:
-            return True
-        if self.adaptive and ahead < _MAX_BLOCKS_AHEAD:
+        if self.adaptive and self._pool.blocks_ahead < _MAX_BLOCKS_AHEAD:
             needed = self._rate * self._fetch_seconds * _ROUND_TRIPS_AHEAD
             return self.remaining < needed
         return False
 
     def accept_block(self, first: int, length: int) -> None:
-        """Add a granted block after Kafka's checks; raises InvalidBlock."""
-        if first < 0 or length <= 0 or first > INT64_MAX - length:
-            raise InvalidBlock(f"block [{first}, +{length}) is negative or overflows")
-        if first < self._highest_end:
-            raise InvalidBlock(
-                f"block at {first} overlaps the current one (ends {self._highest_end})"
-            )
-        self._blocks.append([first, first + length, length])
-        self._highest_end = first + length
+        """Add a granted block after Kafka's checks (the one block pool's); raises
+        :class:`InvalidBlock` for one that overlaps, is negative or overflows."""
+        self._pool.add_block(first, length)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fetch blocks when wanted: one request at a time, 50 ms back-off after a failure."""

@@ -13,14 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from controller.blocks import InvalidBlock
+from controller.kafka import INT64_MAX
 from ops.broker.lifecycle import BrokerLifecycle, SyncBroker
-from ops.broker.pid_manager import (
-    INT64_MAX,
-    AllocationRefused,
-    CoordinatorLoadInProgress,
-    InvalidBlock,
-    ProducerIdManager,
-)
+from ops.broker.pid_manager import AllocationRefused, CoordinatorLoadInProgress, ProducerIdManager
 from ops.serverproc import ServerProcess
 
 
