@@ -13,8 +13,9 @@ import time
 import structlog
 import trio
 
+from protocol.addresses import HostPort
+
 from .connection import ConnectionServer
-from .hostport import HostPort
 from .listeners import ListenerSpec, principal_from_certificate, server_ssl_context
 from .metrics import Metrics
 from .quotas import Quotas

@@ -12,6 +12,7 @@ import trio
 from kio.static.protocol import RequestPayload
 
 from protocol import requests
+from protocol.addresses import HostPort
 from protocol.client import ClientProtocol
 from protocol.sasl_client import ScramClient, plain_token
 
@@ -20,10 +21,11 @@ _RECEIVE_BYTES = 64 * 1024
 
 def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
     """``HOST:PORT`` to a (host, port) pair."""
-    host, sep, port = bootstrap.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"bootstrap must be HOST:PORT, got {bootstrap!r}")
-    return host.strip("[]"), int(port)
+    try:
+        address = HostPort.parse(bootstrap)
+    except ValueError:
+        raise ValueError(f"bootstrap must be HOST:PORT, got {bootstrap!r}") from None
+    return address.host, address.port
 
 
 class AuthenticationError(Exception):

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from .hostport import HostPort
+from protocol.addresses import HostPort
 
 #: The counter key, under the source's prefix.
 COUNTER_KEY = "next_producer_id"

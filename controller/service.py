@@ -10,6 +10,7 @@ loop, so the logic needs no locks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import sys
@@ -20,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
+from protocol.addresses import parse_listener
 from protocol.api_versions import build_api_versions_response, has_valid_client_software
 from protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
 from protocol.codec import Request
@@ -458,10 +460,9 @@ def _response(request: Request, **fields: Any) -> Any:
 def _first_listener(listeners: tuple[str, ...]) -> tuple[str, int]:
     """(host, port) of a registration's first ``NAME://host:port`` listener, or ("", -1)."""
     for listener in listeners:
-        address = listener.split("://", 1)[-1]
-        host, _, port = address.rpartition(":")
-        if port.isdigit():
-            return host.strip("[]"), int(port)
+        with contextlib.suppress(ValueError):
+            address = parse_listener(listener)[1]
+            return address.host, address.port
     return "", -1
 
 

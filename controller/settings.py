@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol import addresses
+from protocol.addresses import HostPort
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 from .acl import Acl, AclError, parse_acl
 from .etcd import EtcdLocation
-from .hostport import HostPort
 from .kafka import (
     BLOCK_SIZE,
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
@@ -351,15 +352,15 @@ def _quota_overrides(entries: Any) -> tuple[QuotaOverride, ...]:
 
 
 def parse_listeners(text: str) -> list[tuple[str, HostPort]]:
+    """Listeners named by their security protocol (``SASL_SSL://host:9094``)."""
     result = []
-    for item in (part.strip() for part in text.split(",") if part.strip()):
-        protocol, sep, address = item.partition("://")
-        if not sep or protocol.upper() not in PROTOCOLS:
-            raise ValueError(f"listener {item!r} is not PROTOCOL://HOST:PORT with PROTOCOL one of "
-                             f"{', '.join(PROTOCOLS)}")  # fmt: skip
-        result.append((protocol.upper(), HostPort.parse(address)))
-    if not result:
-        raise ValueError("no listener given")
+    for protocol, address in addresses.parse_listeners(text):
+        if protocol.upper() not in PROTOCOLS:
+            raise ValueError(
+                f"listener {protocol}://{address} is not PROTOCOL://HOST:PORT with PROTOCOL "
+                f"one of {', '.join(PROTOCOLS)}"
+            )
+        result.append((protocol.upper(), address))
     return result
 
 

@@ -14,6 +14,7 @@ from kio.schema.types import BrokerId
 from kio.schema.unregister_broker.v0 import UnregisterBrokerRequest
 from kio.static.primitive import i8, i16, i64, u16
 
+from .addresses import parse_listener
 from .apis import ApiKey, request_class
 
 
@@ -38,15 +39,12 @@ def registration(
 
 
 def _listener(text: str) -> Listener:
-    name, sep, address = text.partition("://")
-    host, _, port = address.rpartition(":")
-    if not sep or not name or not port.isdigit():
-        raise ValueError(f"listener must be NAME://HOST:PORT, got {text!r}")
+    name, address = parse_listener(text)
     # Security protocol ids (Kafka's SecurityProtocol): PLAINTEXT 0, SSL 1, SASL_PLAINTEXT 2,
     # SASL_SSL 3; a listener named after one uses it, any other name is PLAINTEXT.
     protocols = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
     return Listener(
-        name=name, host=host.strip("[]"), port=u16(int(port)),
+        name=name, host=address.host, port=u16(address.port),
         security_protocol=i16(protocols.get(name.upper(), 0)),
     )  # fmt: skip
 

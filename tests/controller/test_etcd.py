@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from controller.etcd import Counter, EtcdCounter, EtcdLocation, EtcdRefused, EtcdUnavailable
-from controller.hostport import HostPort
 from ops.coordination import EtcdProcess, free_port
+from protocol.addresses import HostPort
 
 
 @pytest.mark.parametrize(
