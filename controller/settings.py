@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,30 +41,175 @@ class SettingsError(ValueError):
     """One line naming the setting and what is wrong with it."""
 
 
-def _setting(default: Any, doc: str, unit: str = "", *, secret: bool = False) -> Any:
-    return field(default=default, metadata={"doc": doc, "unit": unit, "secret": secret})
+Parse = Callable[[Any], Any]
+
+
+def _setting(
+    default: Any, doc: str, unit: str = "", *, parse: Parse | None = None, secret: bool = False
+) -> Any:
+    """A setting: its default, what it means, its unit, and how a raw value (a string from a
+    flag or the environment, or a TOML value) becomes the setting's type; by default by the
+    default's type (an int must not be negative, a string is taken as it is)."""
+    if parse is None:
+        by_type: dict[type, Parse] = {int: NON_NEGATIVE, str: str, float: _number}
+        parse = by_type[type(default)]
+    metadata = {"doc": doc, "unit": unit, "secret": secret, "parse": parse}
+    return field(default=default, metadata=metadata)
+
+
+def _integer(minimum: int | None) -> Parse:
+    def parse(raw: Any) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int | str):
+            raise ValueError(f"expected an integer, got {raw!r}")
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+        if minimum == 1 and value < 1:
+            raise ValueError(f"must be positive, got {value}")
+        if minimum == 0 and value < 0:
+            raise ValueError(f"must not be negative, got {value}")
+        return value
+
+    return parse
+
+
+POSITIVE = _integer(1)
+NON_NEGATIVE = _integer(0)
+ANY_INTEGER = _integer(None)
+
+
+def _float(raw: Any) -> float:
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a number, got {raw!r}") from None
+
+
+def _number(raw: Any) -> float:
+    """A rate: finite and not negative."""
+    value = _float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"must be a finite number >= 0, got {raw!r}")
+    return value
+
+
+def _fraction(raw: Any) -> float:
+    value = _float(raw)
+    if not 0 < value <= 1:
+        raise ValueError(f"must be in (0, 1], got {raw!r}")
+    return value
+
+
+def _choice(*options: str) -> Parse:
+    def parse(raw: Any) -> str:
+        value = str(raw).lower()
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _address(raw: Any) -> HostPort:
+    return HostPort.parse(str(raw))
+
+
+def _optional_address(raw: Any) -> HostPort | None:
+    return None if raw in (None, "") else _address(raw)
+
+
+def _optional_text(raw: Any) -> str | None:
+    return None if raw in (None, "") else str(raw)
+
+
+def _path(raw: Any) -> Path:
+    return Path(str(raw))
+
+
+def _listeners(raw: Any) -> str:
+    parse_listeners(str(raw))  # validates
+    return str(raw)
+
+
+def _pid_source(raw: Any) -> str:
+    if raw:
+        EtcdLocation.parse(str(raw))  # validates
+    return str(raw)
+
+
+def _mechanisms(raw: Any) -> str:
+    mechanisms = [m.strip().upper() for m in str(raw).split(",") if m.strip()]
+    unknown = set(mechanisms) - set(MECHANISMS)
+    if unknown or not mechanisms:
+        raise ValueError(f"mechanisms must be among {', '.join(MECHANISMS)}, got {raw!r}")
+    return ",".join(mechanisms)
+
+
+def _tables(raw: Any) -> list[dict[str, Any]]:
+    """An array of tables in the file, or the same as JSON in a flag or the environment."""
+    entries = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("expected an array of tables")
+    return entries
+
+
+def _acls(raw: Any) -> tuple[Acl, ...]:
+    try:
+        return tuple(parse_acl(entry) for entry in _tables(raw))
+    except AclError as e:
+        raise ValueError(str(e)) from None
+
+
+_QUOTA_APIS = {"allocate_producer_ids_quota": 67, "init_producer_id_quota": 22}
+
+
+def _quota_overrides(raw: Any) -> tuple[QuotaOverride, ...]:
+    result = []
+    for entry in _tables(raw):
+        unknown = set(entry) - {"principal", "client_id", *_QUOTA_APIS}
+        if unknown or not ({"principal", "client_id"} & set(entry)):
+            raise ValueError(f"{entry}: needs principal and/or client_id, and known quotas only")
+        for name, api_key in _QUOTA_APIS.items():
+            if name in entry:
+                rate = float(entry[name])
+                if not rate >= 0:
+                    raise ValueError(f"{entry}: {name} must be >= 0")
+                result.append(
+                    QuotaOverride(api_key, rate, entry.get("principal"), entry.get("client_id"))
+                )
+    return tuple(result)
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     listen: HostPort = _setting(
-        HostPort("127.0.0.1", 9093), "Kafka-protocol listener (HOST:PORT; port 0 picks one)"
+        HostPort("127.0.0.1", 9093),
+        "Kafka-protocol listener (HOST:PORT; port 0 picks one)",
+        parse=_address,
     )
     listeners: str = _setting(
         "",
         "comma-separated PROTOCOL://HOST:PORT with PROTOCOL one of PLAINTEXT, SSL, "
         "SASL_PLAINTEXT, SASL_SSL; replaces `listen` when set",
+        parse=_listeners,
     )
     advertised_listener: HostPort | None = _setting(
-        None, "HOST:PORT given to clients in Metadata (default: the listen address)"
+        None,
+        "HOST:PORT given to clients in Metadata (default: the listen address)",
+        parse=_optional_address,
     )
     metrics_listen: HostPort = _setting(
-        HostPort("127.0.0.1", 9464), "HTTP for /metrics, /healthz and /readyz (HOST:PORT)"
+        HostPort("127.0.0.1", 9464),
+        "HTTP for /metrics, /healthz and /readyz (HOST:PORT)",
+        parse=_address,
     )
-    data_dir: Path = _setting(Path("pidctl-data"), "directory of the metadata log")
-    node_id: int = _setting(1, "this controller's node id")
+    data_dir: Path = _setting(Path("pidctl-data"), "directory of the metadata log", parse=_path)
+    node_id: int = _setting(1, "this controller's node id", parse=ANY_INTEGER)
     cluster_id: str | None = _setting(
-        None, "cluster id; generated at first start and stored in the log when unset"
+        None,
+        "cluster id; generated at first start and stored in the log when unset",
+        parse=_optional_text,
     )
     first_producer_id: int = _setting(0, "lowest producer id this controller may grant")
     last_producer_id: int = _setting(
@@ -75,15 +220,20 @@ class Settings:
         "where PIDs come from: empty = this controller alone; etcd://HOST:PORT[,HOST:PORT...]"
         "/PREFIX (etcds:// for TLS) = leases from a counter in etcd shared by a fleet of "
         "controllers (docs/etcd.md)",
+        parse=_pid_source,
     )
     pid_lease_size: int = _setting(
-        DEFAULT_LEASE_SIZE, "PIDs taken from etcd per lease (a multiple of 1000)", "producer ids"
+        DEFAULT_LEASE_SIZE,
+        "PIDs taken from etcd per lease (a multiple of 1000)",
+        "producer ids",
+        parse=POSITIVE,
     )
     pid_lease_prefetch_ratio: float = _setting(
         DEFAULT_PREFETCH_RATIO,
         "take the next lease while less than this fraction of a lease is left (0 < r <= 1)",
+        parse=_fraction,
     )
-    etcd_timeout_ms: int = _setting(2000, "time allowed for one etcd request", "ms")
+    etcd_timeout_ms: int = _setting(2000, "time allowed for one etcd request", "ms", parse=POSITIVE)
     etcd_cafile: str = _setting("", "PEM CA bundle etcd's certificate is checked against")
     etcd_certfile: str = _setting("", "PEM client certificate for etcd (client-cert auth)")
     etcd_keyfile: str = _setting("", "PEM private key of that certificate")
@@ -97,67 +247,89 @@ class Settings:
         "none",
         "client certificates on SSL listeners: none, requested or required (Kafka's "
         "ssl.client.auth); the principal is User:<certificate subject>",
+        parse=_choice("none", "requested", "required"),
     )
     sasl_enabled_mechanisms: str = _setting(
-        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", "SASL mechanisms of SASL_* listeners"
+        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        "SASL mechanisms of SASL_* listeners",
+        parse=_mechanisms,
     )
     credentials_file: str = _setting(
         "", "SCRAM credentials (salted, hashed) of SASL users; see `pidctl users`"
     )
     authorizer: str = _setting(
-        "none", "none (everyone may do everything) or acl (the acls below, deny by default)"
+        "none",
+        "none (everyone may do everything) or acl (the acls below, deny by default)",
+        parse=_choice("none", "acl"),
     )
     super_users: str = _setting("", "comma-separated principals allowed everything")
     acls: tuple[Acl, ...] = _setting(
         (),
         "ACLs: an array of tables in the config file (principal, operation, resource_type, "
         "resource_name, pattern_type, permission, host), or JSON in PIDCTL_ACLS",
+        parse=_acls,
     )
     max_frame_bytes: int = _setting(
         DEFAULT_MAX_FRAME_BYTES,
         "largest request frame accepted; larger closes the connection",
         "bytes",
+        parse=POSITIVE,
     )
     max_in_flight_per_connection: int = _setting(
-        64, "pipelined requests read ahead per connection before reading pauses", "requests"
+        64,
+        "pipelined requests read ahead per connection before reading pauses",
+        "requests",
+        parse=POSITIVE,
     )
     max_connections: int = _setting(
-        10_000, "client connections open at once; more are closed at once", "connections"
+        10_000,
+        "client connections open at once; more are closed at once",
+        "connections",
+        parse=POSITIVE,
     )
     max_connections_per_address: int = _setting(
         1000,
         "connections open at once from one source address; more are closed at once",
         "connections",
+        parse=POSITIVE,
     )
     connections_max_idle_ms: int = _setting(
         600_000,
         "a connection with no request for this long is closed (Kafka's connections.max.idle.ms)",
         "ms",
+        parse=POSITIVE,
     )
     frame_timeout_ms: int = _setting(
         30_000,
         "time a client may take to send one whole request once it has begun "
         "(slowloris); the connection is closed after it",
         "ms",
+        parse=POSITIVE,
     )
     broker_session_timeout_ms: int = _setting(
-        DEFAULT_SESSION_TIMEOUT_MS, "a broker not heard from for this long is fenced", "ms"
+        DEFAULT_SESSION_TIMEOUT_MS,
+        "a broker not heard from for this long is fenced",
+        "ms",
+        parse=POSITIVE,
     )
     transaction_max_timeout_ms: int = _setting(
         DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
         "largest transaction timeout InitProducerId accepts (Kafka's transaction.max.timeout.ms)",
         "ms",
+        parse=POSITIVE,
     )
     transactional_id_expiration_ms: int = _setting(
         DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
         "a transactional id unused this long expires (Kafka's transactional.id.expiration.ms)",
         "ms",
+        parse=POSITIVE,
     )
     transactional_id_cleanup_interval_ms: int = _setting(
         3_600_000,
         "how often expired transactional ids are removed (Kafka's "
         "transaction.remove.expired.transaction.cleanup.interval.ms)",
         "ms",
+        parse=POSITIVE,
     )
     allocate_producer_ids_quota: float = _setting(
         0.0,
@@ -179,15 +351,22 @@ class Settings:
         "rates for given principals and/or client ids: an array of tables in the config "
         "file with principal and/or client_id, and allocate_producer_ids_quota and/or "
         "init_producer_id_quota; the most specific applies, as in Kafka",
+        parse=_quota_overrides,
     )
     quota_window_ms: int = _setting(
-        1000, "burst allowance of every rate above: rate x window", "ms"
+        1000, "burst allowance of every rate above: rate x window", "ms", parse=POSITIVE
     )
     segment_max_bytes: int = _setting(
-        DEFAULT_SEGMENT_MAX_BYTES, "roll to a new log segment past this size", "bytes"
+        DEFAULT_SEGMENT_MAX_BYTES,
+        "roll to a new log segment past this size",
+        "bytes",
+        parse=POSITIVE,
     )
     snapshot_interval_records: int = _setting(
-        DEFAULT_SNAPSHOT_INTERVAL_RECORDS, "write a snapshot after this many records", "records"
+        DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
+        "write a snapshot after this many records",
+        "records",
+        parse=POSITIVE,
     )
     log_retention_bytes: int = _setting(
         0,
@@ -198,8 +377,14 @@ class Settings:
     shutdown_grace_ms: int = _setting(
         5000, "on SIGTERM/SIGINT, time allowed for in-flight requests to finish", "ms"
     )
-    log_format: str = _setting("json", "log output: json (one object per line) or console")
-    log_level: str = _setting("info", "debug, info, warning or error")
+    log_format: str = _setting(
+        "json",
+        "log output: json (one object per line) or console",
+        parse=_choice("json", "console"),
+    )
+    log_level: str = _setting(
+        "info", "debug, info, warning or error", parse=_choice("debug", "info", "warning", "error")
+    )
 
     @property
     def advertised(self) -> HostPort:
@@ -223,132 +408,13 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
-_FLOATS = {"allocate_producer_ids_quota", "init_producer_id_quota", "connection_creation_rate"}
-_FRACTIONS = {"pid_lease_prefetch_ratio"}
-_POSITIVE = {
-    "max_connections",
-    "max_connections_per_address",
-    "connections_max_idle_ms",
-    "frame_timeout_ms",
-    "quota_window_ms",
-    "transaction_max_timeout_ms",
-    "transactional_id_expiration_ms",
-    "transactional_id_cleanup_interval_ms",
-    "max_frame_bytes",
-    "max_in_flight_per_connection",
-    "broker_session_timeout_ms",
-    "segment_max_bytes",
-    "snapshot_interval_records",
-    "pid_lease_size",
-    "etcd_timeout_ms",
-}
-_CHOICES = {
-    "log_format": ("json", "console"),
-    "log_level": ("debug", "info", "warning", "error"),
-    "ssl_client_auth": ("none", "requested", "required"),
-    "authorizer": ("none", "acl"),
-}
-_STRINGS = {
-    "ssl_certfile", "ssl_keyfile", "ssl_keyfile_password", "ssl_cafile", "credentials_file",
-    "super_users", "etcd_cafile", "etcd_certfile", "etcd_keyfile", "etcd_username",
-    "etcd_password",
-}  # fmt: skip
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
 def _convert(name: str, raw: Any) -> Any:
     """Turn a raw value (string from env/flag, or TOML value) into the setting's type."""
-    if name in ("listen", "advertised_listener", "metrics_listen"):
-        if raw in (None, "") and name == "advertised_listener":
-            return None
-        return HostPort.parse(str(raw))
-    if name == "data_dir":
-        return Path(str(raw))
-    if name in _STRINGS:
-        return str(raw)
-    if name == "listeners":
-        parse_listeners(str(raw))  # validates
-        return str(raw)
-    if name == "pid_source":
-        if raw:
-            EtcdLocation.parse(str(raw))  # validates
-        return str(raw)
-    if name in _FRACTIONS:
-        try:
-            ratio = float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected a number, got {raw!r}") from None
-        if not 0 < ratio <= 1:
-            raise ValueError(f"must be in (0, 1], got {raw!r}")
-        return ratio
-    if name == "sasl_enabled_mechanisms":
-        mechanisms = [m.strip().upper() for m in str(raw).split(",") if m.strip()]
-        unknown = set(mechanisms) - set(MECHANISMS)
-        if unknown or not mechanisms:
-            raise ValueError(f"mechanisms must be among {', '.join(MECHANISMS)}, got {raw!r}")
-        return ",".join(mechanisms)
-    if name == "quota_overrides":
-        return _quota_overrides(json.loads(raw) if isinstance(raw, str) else raw)
-    if name == "acls":
-        entries = json.loads(raw) if isinstance(raw, str) else raw
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise ValueError("expected an array of tables")
-        try:
-            return tuple(parse_acl(entry) for entry in entries)
-        except AclError as e:
-            raise ValueError(str(e)) from None
-    if name == "cluster_id":
-        return None if raw in (None, "") else str(raw)
-    if name in _CHOICES:
-        value = str(raw).lower()
-        if value not in _CHOICES[name]:
-            raise ValueError(f"expected one of {', '.join(_CHOICES[name])}, got {raw!r}")
-        return value
-    if name in _FLOATS:
-        try:
-            rate = float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected a number, got {raw!r}") from None
-        if not rate >= 0 or rate == float("inf"):
-            raise ValueError(f"must be a finite number >= 0, got {raw!r}")
-        return rate
-    if isinstance(raw, bool) or not isinstance(raw, int | str):
-        raise ValueError(f"expected an integer, got {raw!r}")
-    try:
-        number = int(raw)
-    except ValueError:
-        raise ValueError(f"expected an integer, got {raw!r}") from None
-    return _check_range(name, number)
-
-
-def _check_range(name: str, value: int) -> int:
-    if name in _POSITIVE and value <= 0:
-        raise ValueError(f"must be positive, got {value}")
-    if value < 0 and name != "node_id":
-        raise ValueError(f"must not be negative, got {value}")
-    return value
-
-
-_QUOTA_APIS = {"allocate_producer_ids_quota": 67, "init_producer_id_quota": 22}
-
-
-def _quota_overrides(entries: Any) -> tuple[QuotaOverride, ...]:
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ValueError("expected an array of tables")
-    result = []
-    for entry in entries:
-        unknown = set(entry) - {"principal", "client_id", *_QUOTA_APIS}
-        if unknown or not ({"principal", "client_id"} & set(entry)):
-            raise ValueError(f"{entry}: needs principal and/or client_id, and known quotas only")
-        for name, api_key in _QUOTA_APIS.items():
-            if name in entry:
-                rate = float(entry[name])
-                if not rate >= 0:
-                    raise ValueError(f"{entry}: {name} must be >= 0")
-                result.append(
-                    QuotaOverride(api_key, rate, entry.get("principal"), entry.get("client_id"))
-                )
-    return tuple(result)
+    return _FIELDS[name].metadata["parse"](raw)
 
 
 def parse_listeners(text: str) -> list[tuple[str, HostPort]]:
