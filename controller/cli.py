@@ -343,9 +343,8 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
+    from ops.client import SyncClient
     from protocol import requests
-
-    from .client import SyncClient
 
     try:
         with SyncClient(args.bootstrap) as client:
@@ -406,10 +405,9 @@ def _users(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from ops.client import SyncClient
     from protocol import requests
     from protocol.apis import ApiKey
-
-    from .client import SyncClient
 
     with SyncClient(args.bootstrap) as client:
         versions, metadata, cluster = client.pipeline(
@@ -440,7 +438,7 @@ def _allocate(args: argparse.Namespace) -> int:
     from kio.schema.types import BrokerId
     from kio.static.primitive import i64
 
-    from .client import SyncClient
+    from ops.client import SyncClient
 
     with SyncClient(args.bootstrap) as client:
         response = client.request(

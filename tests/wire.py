@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.serverproc import stored_cluster_id
 from protocol.requests import allocate, heartbeat, registration, unregister
 

@@ -26,7 +26,7 @@ from typing import Any
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.postgres import PostgresProcess
 from ops.serverproc import ServerProcess
 from ops.spark.allocation import allocate_job_blocks

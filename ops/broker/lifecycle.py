@@ -14,7 +14,7 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
-from controller.client import TrioClient
+from ops.client import TrioClient
 from protocol import requests
 
 from .pid_manager import AllocationRefused, ProducerIdManager

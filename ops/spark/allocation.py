@@ -15,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from controller.client import AuthenticationError, SyncClient
+from ops.client import AuthenticationError, SyncClient
 from protocol import requests
 
 #: Kafka's block size: an AllocateProducerIds grant is always 1000 PIDs.

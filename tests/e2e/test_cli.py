@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from tests import wire
 

@@ -13,7 +13,7 @@ import kafka
 import pytest
 from kafka.errors import ProducerFencedError
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from protocol import requests
 from tests import wire

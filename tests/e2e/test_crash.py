@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import SyncClient
 from ops.bench.common import first_overlap
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from tests import wire
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from controller.client import SyncClient
 from controller.metalog import read_log
 from controller.records import ProducerIdsLeased
 from ops.bench.common import first_overlap
 from ops.broker.lifecycle import BrokerLifecycle
 from ops.broker.pid_manager import AllocationRefused
+from ops.client import SyncClient
 from ops.coordination import EtcdProcess, free_port
 from ops.serverproc import ServerProcess
 from protocol import requests

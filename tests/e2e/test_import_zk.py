@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.coordination import EtcdProcess, ZooKeeperProcess
 from ops.serverproc import ServerProcess
 from protocol import requests

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from controller.client import SyncClient
 from controller.logtools import dump_lines
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from protocol import requests
 from tests import wire

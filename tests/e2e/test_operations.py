@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from controller.client import SyncClient
 from ops.bench.core import build_history
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from protocol import requests
 from tests import wire

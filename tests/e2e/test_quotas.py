@@ -7,7 +7,7 @@ import datetime
 import time
 from pathlib import Path
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from protocol import requests
 from tests import wire

@@ -20,8 +20,8 @@ import pytest
 import trustme
 from kio.schema.errors import ErrorCode
 
-from controller.client import AuthenticationError, SyncClient
 from controller.records import ProducerIdsGranted
+from ops.client import AuthenticationError, SyncClient
 from ops.serverproc import ServerProcess
 from protocol import requests
 from protocol.codec import encode_request

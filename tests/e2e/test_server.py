@@ -13,7 +13,7 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsV0
 from kio.schema.api_versions.v4 import ApiVersionsRequest as ApiVersionsV4
 from kio.schema.errors import ErrorCode
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from protocol.codec import decode_response, encode_request
 from protocol.framing import FrameDecoder

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller.client import SyncClient
+from ops.client import SyncClient
 from ops.serverproc import ServerProcess
 from protocol import requests
 
