@@ -11,8 +11,37 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+#: How long a test waits for a condition by default: generous, since CI machines are busy;
+#: a condition that holds returns at once.
+WAIT_TIMEOUT_S = 60.0
+
+
+def wait_until(
+    condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S, poll: float = 0.05
+) -> None:
+    """Poll ``condition`` until it holds; raise TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(poll)
+
+
+async def wait_until_async(
+    condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S, poll: float = 0.05
+) -> None:
+    """:func:`wait_until` for trio tests (``condition`` runs on the event loop)."""
+    import trio
+
+    with trio.move_on_after(timeout) as scope:
+        while not condition():
+            await trio.sleep(poll)
+    if scope.cancelled_caught:
+        raise TimeoutError(f"{what}: not within {timeout} s")
 
 
 def stored_cluster_id(data_dir: Path) -> str:
