@@ -10,6 +10,8 @@ retry and fencing rules when the client sends its current (producer id, epoch).
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,63 @@ class TransactionalIdState:
     updated_ms: int
 
 
+#: One transactional id's state, packed: producer id, epoch, previous producer id, last epoch,
+#: timeout and last update. 32 bytes in one bytes object instead of an object and five ints:
+#: a controller holding a million transactional ids keeps about 200 bytes for each.
+_PACKED = struct.Struct("<qhqhiq")
+
+
+class TransactionalIdTable:
+    """transactional id → :class:`TransactionalIdState`, each state stored packed."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: dict[str, bytes] | None = None) -> None:
+        self._rows: dict[str, bytes] = {} if rows is None else rows
+
+    def get(self, transactional_id: str) -> TransactionalIdState | None:
+        row = self._rows.get(transactional_id)
+        return None if row is None else TransactionalIdState(*_PACKED.unpack(row))
+
+    def __getitem__(self, transactional_id: str) -> TransactionalIdState:
+        return TransactionalIdState(*_PACKED.unpack(self._rows[transactional_id]))
+
+    def __setitem__(self, transactional_id: str, state: TransactionalIdState) -> None:
+        self._rows[transactional_id] = _PACKED.pack(
+            state.producer_id,
+            state.producer_epoch,
+            state.previous_producer_id,
+            state.last_producer_epoch,
+            state.timeout_ms,
+            state.updated_ms,
+        )
+
+    def __delitem__(self, transactional_id: str) -> None:
+        del self._rows[transactional_id]
+
+    def __contains__(self, transactional_id: object) -> bool:
+        return transactional_id in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def items(self) -> Iterator[tuple[str, TransactionalIdState]]:
+        for transactional_id, row in self._rows.items():
+            yield transactional_id, TransactionalIdState(*_PACKED.unpack(row))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransactionalIdTable) and self._rows == other._rows
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def copy(self) -> TransactionalIdTable:
+        """A copy later changes do not reach (the rows are immutable bytes)."""
+        return TransactionalIdTable(dict(self._rows))
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerIdAndEpoch:
     """InitProducerId's answer (-1, -1 with an error)."""
@@ -71,7 +130,7 @@ class TransactionControlManager:
     node_id: int = field(default=1, compare=False)
     max_timeout_ms: int = field(default=DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, compare=False)
     expiration_ms: int = field(default=DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS, compare=False)
-    transactional_ids: dict[str, TransactionalIdState] = field(default_factory=dict)
+    transactional_ids: TransactionalIdTable = field(default_factory=TransactionalIdTable)
     pool: ProducerIdPool = field(default_factory=ProducerIdPool, compare=False, repr=False)
 
     # -- decisions ------------------------------------------------------------------------
@@ -192,15 +251,14 @@ class TransactionControlManager:
     # -- snapshots ------------------------------------------------------------------------
 
     def copy(self, producer_ids: ProducerIdControlManager) -> TransactionControlManager:
-        """A copy later records do not change: the per-id states are immutable, so copying
-        the dict suffices (about 35 ms for a million ids, where building the snapshot
-        itself takes about 700 ms off the event loop)."""
+        """A copy later records do not change: the packed rows are immutable, so copying the
+        dict suffices (tens of ms for a million ids; the snapshot is built off the loop)."""
         return TransactionControlManager(
             producer_ids,
             self.node_id,
             self.max_timeout_ms,
             self.expiration_ms,
-            dict(self.transactional_ids),
+            self.transactional_ids.copy(),
         )
 
     def snapshot_fields(self) -> dict[str, Any]:
@@ -221,9 +279,10 @@ class TransactionControlManager:
         }
 
     def restore(self, data: dict[str, Any]) -> None:
-        self.transactional_ids = {
-            row[0]: TransactionalIdState(*row[1:]) for row in data.get("transactional_ids", [])
-        }
+        table = TransactionalIdTable()
+        for row in data.get("transactional_ids", []):
+            table[row[0]] = TransactionalIdState(*row[1:])
+        self.transactional_ids = table
 
 
 def _is_valid_producer_id(current: TransactionalIdState, expected: tuple[int, int]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from controller.kafka import EPOCH_EXHAUSTED
+from controller.kafka import EPOCH_EXHAUSTED, INT64_MAX
 from controller.producer_ids import ProducerIdRange
 from controller.records import (
     ProducerIdsGranted,
@@ -14,7 +14,12 @@ from controller.records import (
     TransactionalIdUpdated,
 )
 from controller.state import ControllerState
-from controller.transactions import ProducerIdAndEpoch, TransactionalIdState, parse_expected
+from controller.transactions import (
+    ProducerIdAndEpoch,
+    TransactionalIdState,
+    TransactionalIdTable,
+    parse_expected,
+)
 from tests.controller.kraft import apply, new_state, replay
 
 OK = ErrorCode.none
@@ -173,3 +178,28 @@ def test_expiry_selects_ids_unused_for_too_long() -> None:
     assert result.records == (TransactionalIdExpired("old", 1),)
     assert apply(state, result) == 1
     assert list(state.transactions.transactional_ids) == ["new"]
+
+
+def test_states_round_trip_packed_including_the_extremes() -> None:
+    table = TransactionalIdTable()
+    states = {
+        "a": TransactionalIdState(0, 0, 0, -1, 1, 0),
+        "b": TransactionalIdState(
+            INT64_MAX - 1, EPOCH_EXHAUSTED, INT64_MAX - 2, 32766, 2**31 - 1, 2**62
+        ),
+        "c": TransactionalIdState(7, -1, -1, -1, 900_000, 1_763_870_000_000),
+    }
+    for tid, state in states.items():
+        table[tid] = state
+    assert dict(table.items()) == states
+    assert table.get("b") == states["b"] and table["c"] == states["c"]
+    assert table.get("missing") is None and "a" in table and len(table) == 3
+
+
+def test_copies_are_independent_and_compare_by_content() -> None:
+    table = TransactionalIdTable()
+    table["x"] = TransactionalIdState(1, 0, 1, -1, 60_000, 5)
+    copy = table.copy()
+    assert copy == table
+    del table["x"]
+    assert "x" in copy and copy != table
