@@ -15,6 +15,7 @@ import datetime
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 import trio
@@ -101,6 +102,9 @@ class ConnectionServer:
         # Decided once: building the request log's fields costs on every request otherwise.
         self.log_requests = log_requests
         self.live: set[LiveConnection] = set()
+        # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
+        self._answered: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
 
     def stop_all(self) -> None:
         for live in list(self.live):
@@ -172,7 +176,7 @@ class ConnectionServer:
                 metrics.bytes_sent.inc(sum(len(d) for d in answers.data))
                 sent = time.perf_counter()
                 for api, received in answers.timings:
-                    metrics.latency.labels(api).observe(sent - received)
+                    self._latency_of(api).observe(sent - received)
             if closed is not None:
                 if closed.reason != "client":
                     log.warning(
@@ -264,8 +268,17 @@ class ConnectionServer:
         self.metrics.throttled.labels(api).inc()
         self.metrics.throttle_seconds.labels(api).inc(seconds)
 
+    def _latency_of(self, api: str) -> Any:
+        child = self._latency.get(api)
+        if child is None:
+            child = self._latency[api] = self.metrics.latency.labels(api)
+        return child
+
     def _count(self, api: str, version: int, body: object) -> None:
-        self.metrics.requests.labels(api, str(version)).inc()
+        child = self._answered.get((api, version))
+        if child is None:
+            child = self._answered[api, version] = self.metrics.requests.labels(api, str(version))
+        child.inc()
         error = getattr(body, "error_code", ErrorCode.none)
         if error:
             self.metrics.errors.labels(api, str(version), ErrorCode(error).name.upper()).inc()
