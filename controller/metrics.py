@@ -3,22 +3,18 @@
 Counters and histograms are updated on the event loop as things happen; gauges about the
 state (PID space, brokers, transactional ids) are read at scrape time by a collector, so the
 request path pays nothing for them. The HTTP endpoint is prometheus-client's WSGI app on a
-small threaded server: scrapes never run on the event loop.
+the event loop (``http.py``).
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from protocol.apis import ApiKey
@@ -205,44 +201,3 @@ class Metrics:
     def granted(self, holder: str, broker_id: int, count: int) -> None:
         self.blocks_granted.labels(holder, str(broker_id)).inc()
         self.grant_rate.add(count, time.time())
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # scrapes every few seconds would drown the structured log
-
-
-class HttpEndpoint:
-    """/metrics, /healthz (the process is up) and /readyz (log recovered, listeners bound)."""
-
-    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
-        self.ready = False
-        metrics_app = make_wsgi_app(metrics.registry)
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            path = environ.get("PATH_INFO", "")
-            if path == "/healthz":
-                start_response("200 OK", [("Content-Type", "text/plain")])
-                return [b"ok\n"]
-            if path == "/readyz":
-                status = "200 OK" if self.ready else "503 Service Unavailable"
-                start_response(status, [("Content-Type", "text/plain")])
-                return [b"ready\n" if self.ready else b"not ready\n"]
-            if path in ("/metrics", "/"):
-                result: Iterable[bytes] = metrics_app(environ, start_response)
-                return result
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found\n"]
-
-        self._httpd = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
-        self.port: int = self._httpd.server_port
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="pidctl-metrics", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

@@ -23,9 +23,10 @@ from protocol.apis import ApiKey
 from .acl import Authorizer
 from .admission import Admission, bind_listeners
 from .connection import ConnectionLimits, ConnectionServer, now
+from .http import HttpEndpoint
 from .lease_keeper import LeaseKeeper, etcd_counter
 from .metalog import MetadataLog, lock_data_dir, recover
-from .metrics import HttpEndpoint, Metrics, StateView
+from .metrics import Metrics, StateView
 from .quotas import Quotas
 from .records import ProducerIdsGranted, Record, new_cluster_id
 from .sasl import CredentialStore
@@ -62,6 +63,7 @@ class PidctlServer:
         )
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
+        self.http = HttpEndpoint(self.metrics)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
 
@@ -84,16 +86,19 @@ class PidctlServer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         data_dir = Path(self.settings.data_dir)
         lock_fd = lock_data_dir(data_dir)
-        # Up before recovery, so /healthz answers (and /readyz says 503) while it runs.
-        address = self.settings.metrics_listen
-        self.http = HttpEndpoint(self.metrics, address.host, address.port)
-        self.http.start()
-        log.info("metrics listening", address=str(address), port=self.http.port)
         try:
-            await self._run(data_dir, task_status)
+            async with trio.open_nursery() as http:
+                # Up before recovery, so /healthz answers (and /readyz says 503) meanwhile.
+                address = self.settings.metrics_listen
+                await self.http.bind(address.host, address.port)
+                log.info("metrics listening", address=str(address), port=self.http.port)
+                http.start_soon(self.http.serve)
+                try:
+                    await self._run(data_dir, task_status)
+                finally:
+                    self.http.ready = False
+                    http.cancel_scope.cancel()
         finally:
-            self.http.ready = False
-            self.http.stop()
             os.close(lock_fd)
 
     async def _run(self, data_dir: Path, task_status: trio.TaskStatus[None]) -> None:
