@@ -23,6 +23,16 @@ PERMISSIONS = ("allow", "deny")
 CLUSTER = "kafka-cluster"
 
 _IMPLIED_BY = {"Describe": {"Read", "Write", "Delete", "Alter"}}
+#: Kafka's AclEntry.supportedOperations: what an ACL on each resource type may name (All
+#: goes with every type).
+SUPPORTED_OPERATIONS = {
+    "Topic": {"Read", "Write", "Create", "Describe", "Delete", "Alter", "DescribeConfigs",
+              "AlterConfigs"},
+    "Group": {"Read", "Describe", "Delete"},
+    "Cluster": {"Create", "ClusterAction", "DescribeConfigs", "AlterConfigs",
+                "IdempotentWrite", "Alter", "Describe"},
+    "TransactionalId": {"Describe", "Write"},
+}  # fmt: skip
 
 
 class AclError(ValueError):
@@ -59,12 +69,18 @@ class Acl:
 def parse_acl(entry: Mapping[str, Any]) -> Acl:
     """One ACL from a config table: principal, operation, resource_type, resource_name, and
     optionally pattern_type (literal|prefixed), permission (allow|deny), host."""
+    resource_type = str(entry.get("resource_type", ""))
     try:
         acl = Acl(
             principal=str(entry["principal"]),
             operation=str(entry["operation"]),
             resource_type=str(entry["resource_type"]),
-            resource_name=str(entry.get("resource_name", CLUSTER)),
+            # Only the Cluster resource has a name to take for granted.
+            resource_name=str(
+                entry["resource_name"]
+                if resource_type != "Cluster"
+                else entry.get("resource_name", CLUSTER)
+            ),
             pattern_type=str(entry.get("pattern_type", "literal")).lower(),
             permission=str(entry.get("permission", "allow")).lower(),
             host=str(entry.get("host", "*")),
@@ -73,8 +89,10 @@ def parse_acl(entry: Mapping[str, Any]) -> Acl:
         raise AclError(f"ACL {dict(entry)} lacks {e.args[0]!r}") from None
     unknown = set(entry) - {"principal", "operation", "resource_type", "resource_name",
                             "pattern_type", "permission", "host"}  # fmt: skip
+    supported = SUPPORTED_OPERATIONS.get(acl.resource_type, set())
     problems = [
-        (not acl.principal.startswith("User:"), f"principal {acl.principal!r} is not User:NAME"),
+        (not acl.principal.startswith("User:") or acl.principal == "User:",
+         f"principal {acl.principal!r} is not User:NAME"),
         (acl.operation not in OPERATIONS,
          f"operation {acl.operation!r} is not one of {OPERATIONS}"),
         (acl.resource_type not in RESOURCE_TYPES,
@@ -82,6 +100,17 @@ def parse_acl(entry: Mapping[str, Any]) -> Acl:
         (acl.pattern_type not in PATTERN_TYPES, f"pattern_type {acl.pattern_type!r}"),
         (acl.permission not in PERMISSIONS, f"permission {acl.permission!r}"),
         (bool(unknown), f"unknown keys {sorted(unknown)}"),
+        (acl.resource_type in SUPPORTED_OPERATIONS and acl.operation in OPERATIONS
+         and acl.operation != "All" and acl.operation not in supported,
+         f"operation {acl.operation} does not apply to {acl.resource_type} "
+         f"(one of {sorted(supported)} or All)"),
+        (acl.resource_name == "", "resource_name is empty (a prefix of nothing would match "
+         "everything; use \"*\" for every name)"),
+        (acl.resource_name == "*" and acl.pattern_type == "prefixed",
+         "\"*\" is a literal wildcard, not a prefix"),
+        (acl.resource_type == "Cluster" and acl.resource_name != CLUSTER,
+         f"the Cluster resource is named {CLUSTER!r}"),
+        (acl.host == "", "host is empty (\"*\" for any host)"),
     ]  # fmt: skip
     for bad, message in problems:
         if bad:

@@ -36,12 +36,24 @@ class BoundListener:
         return port
 
 
+class ListenFailed(Exception):
+    """A listener could not be bound (address in use, not permitted, ...)."""
+
+
+async def open_listeners(address: HostPort) -> list[trio.SocketListener]:
+    """Bind ``address``; raises :class:`ListenFailed` naming it."""
+    try:
+        return await trio.open_tcp_listeners(address.port, host=address.host)
+    except OSError as e:
+        raise ListenFailed(f"cannot listen on {address}: {e.strerror or e}") from e
+
+
 async def bind_listeners(settings: Settings) -> list[BoundListener]:
     """Open every listener; each advertises its own address (the first the explicit
     ``advertised_listener`` if set)."""
     bound = []
     for index, (protocol, address) in enumerate(settings.listener_list):
-        sockets = await trio.open_tcp_listeners(address.port, host=address.host)
+        sockets = await open_listeners(address)
         port = sockets[0].socket.getsockname()[1]
         explicit = settings.advertised_listener if index == 0 else None
         host, advertised_port = advertised_address(address, port, explicit)

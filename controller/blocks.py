@@ -72,6 +72,10 @@ class ProducerIdPool:
         self._blocks.append(_Block(first, first + length))
         self._highest_end = first + length
 
+    def clear(self) -> None:
+        """Drop every block held (their PIDs are never handed out)."""
+        self._blocks.clear()
+
     def take(self) -> int | None:
         """The next PID, or None when the pool is empty."""
         self._drop_used()

@@ -154,6 +154,11 @@ def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | Non
         return None
 
 
+#: Exit status of `pidctl serve` after a failed write or sync of the data dir (sysexits'
+#: EX_IOERR): the process stopped rather than answer anything it could not make durable.
+EXIT_STORAGE_FAILED = 74
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -192,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
+    from .admission import ListenFailed
     from .logs import configure_logging
-    from .metalog import DataDirLocked, LogCorruption
-    from .server import ClusterIdMismatch, PidSourceMismatch, serve
+    from .metalog import DataDirLocked, LogCorruption, StorageFailed
+    from .server import ClusterIdMismatch, PidSourceMismatch, ResourceLimit, serve
 
     loaded = _settings_from(args)
     if loaded is None:
@@ -213,12 +219,17 @@ def _serve(args: argparse.Namespace) -> int:
         trio.run(serve, settings, reload)
     except BaseException as e:
         error = _single(e)
+        if isinstance(error, StorageFailed):
+            print(f"pidctl: storage failed, stopping: {error}", file=sys.stderr)
+            return EXIT_STORAGE_FAILED
         if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch | PidSourceMismatch):
             print(f"pidctl: {error}", file=sys.stderr)
             return 1
+        if isinstance(error, ListenFailed | ResourceLimit):
+            print(f"pidctl: {error}", file=sys.stderr)
+            return 1
         if isinstance(error, OSError):
-            reason = error.strerror or error
-            print(f"pidctl: cannot listen on {settings.listen}: {reason}", file=sys.stderr)
+            print(f"pidctl: {error}", file=sys.stderr)
             return 1
         raise
     return 0

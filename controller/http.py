@@ -13,6 +13,9 @@ import contextlib
 import trio
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from protocol.addresses import HostPort
+
+from .admission import open_listeners
 from .metrics import Metrics
 
 #: Bytes of a request head read at most; a scrape sends a few hundred.
@@ -33,8 +36,8 @@ class HttpEndpoint:
         self.port = 0
         self._listeners: list[trio.SocketListener] = []
 
-    async def bind(self, host: str, port: int) -> None:
-        self._listeners = await trio.open_tcp_listeners(port, host=host)
+    async def bind(self, address: HostPort) -> None:
+        self._listeners = await open_listeners(address)
         self.port = self._listeners[0].socket.getsockname()[1]
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

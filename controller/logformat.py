@@ -41,11 +41,21 @@ class LogEntry:
     record: Record
 
 
+class RecordTooLarge(ValueError):
+    """A record would exceed :data:`MAX_RECORD_BYTES`: replay could not read it back, so it
+    is never appended (the request that made it is refused)."""
+
+
 def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
-    """Frame one record for appending to a segment."""
+    """Frame one record for appending to a segment; :class:`RecordTooLarge` if replay could
+    not read it back."""
     body = _HEADER.pack(
         FRAME_FORMAT_VERSION, record.TYPE, RECORD_VERSION, offset, timestamp_ms
     ) + encode_payload(record)
+    if len(body) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"{type(record).__name__} of {len(body)} bytes exceeds {MAX_RECORD_BYTES} bytes"
+        )
     return _PREFIX.pack(len(body), zlib.crc32(body)) + body
 
 

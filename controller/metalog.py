@@ -15,6 +15,8 @@ directory fsync) and segments wholly below the newest snapshot are then deleted.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -56,6 +58,32 @@ class LogCorruption(Exception):
 
 class DataDirLocked(Exception):
     """Another process holds the data dir's lock."""
+
+
+class StorageFailed(Exception):
+    """A write or sync of the data dir failed. Fail-stop: nothing more is acknowledged and
+    the process exits (a failed fsync is never retried: the kernel may have dropped the
+    data and marked the pages clean, PostgreSQL's "fsyncgate", 2018)."""
+
+    def __init__(self, path: Path, operation: str, error: OSError) -> None:
+        self.path = path
+        self.operation = operation
+        self.errno = error.errno or 0
+        self.errno_name = errno.errorcode.get(self.errno, str(self.errno))
+        super().__init__(f"{operation} of {path} failed: {error.strerror or error}")
+
+
+#: Errors that mean "no file descriptor now", not a failing disk: a roll or a snapshot
+#: that meets one is postponed, not fatal.
+_FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+
+
+def _storage_call(path: Path, operation: str, call: Callable[..., Any], *args: Any) -> Any:
+    """An OS call on the data dir; any failure is a :class:`StorageFailed`."""
+    try:
+        return call(*args)
+    except OSError as e:
+        raise StorageFailed(path, operation, e) from e
 
 
 def segment_name(base_offset: int) -> str:
@@ -122,6 +150,8 @@ class LogContents:
     #: Bytes at the end of the last segment that a crash left half-written.
     torn_tail_bytes: int = 0
     torn_tail_problem: str | None = None
+    #: Empty segment files out of place (nothing in them to lose).
+    stray_segments: list[Path] = field(default_factory=list)
 
     @property
     def end_offset(self) -> int:
@@ -158,6 +188,11 @@ def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None)
     expected_base: int | None = None
     for index, path in enumerate(paths):
         base = offset_of(path)
+        if expected_base is not None and base != expected_base and path.stat().st_size == 0:
+            # An empty segment out of place holds nothing: left by a roll that failed before
+            # this version made rolls atomic. Skipped (and removed by recovery).
+            contents.stray_segments.append(path)
+            continue
         if expected_base is not None and base != expected_base:
             raise LogCorruption(
                 f"{path}: segment starts at offset {base}, expected {expected_base} "
@@ -165,7 +200,7 @@ def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None)
             )
         scan = scan_segment(path.read_bytes(), base)
         if scan.problem is not None:
-            is_last = index == len(paths) - 1
+            is_last = all(p.stat().st_size == 0 for p in paths[index + 1 :])
             if not (is_last and scan.torn):
                 raise LogCorruption(f"{path}: corrupt record {scan.problem}")
             contents.torn_tail_bytes = path.stat().st_size - scan.valid_bytes
@@ -221,20 +256,39 @@ def _fsync_dir(path: Path) -> None:
 
 
 def lock_data_dir(data_dir: Path) -> int:
-    """Take the data dir's exclusive lock (held until the process exits); return its fd."""
+    """Take the data dir's exclusive lock, held until the process exits; return its fd.
+
+    The lock is a ``flock`` on the directory itself, so no file deletion releases it (the
+    ``.lock`` file only says which process holds it, for people)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
+        holder = _lock_holder(data_dir)
         raise DataDirLocked(
             f"data dir {data_dir} is in use by another pidctl process (pid {holder})"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    with contextlib.suppress(OSError):  # information only: the lock is the directory's
+        (data_dir / LOCK_FILE).write_text(f"{os.getpid()}\n")
     return fd
+
+
+def _lock_holder(data_dir: Path) -> str:
+    """The pid holding the flock on ``data_dir``, from the kernel's table of locks (so it
+    is known even when the .lock file was deleted)."""
+    try:
+        st = os.stat(data_dir)
+        device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234 0 EOF"
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device:
+                return fields[4]
+    except OSError:
+        pass
+    return "unknown"
 
 
 @dataclass(slots=True)
@@ -251,7 +305,11 @@ def recover(data_dir: Path) -> Recovery:
     contents = read_log(data_dir)
     state, replayed = rebuild_state(contents)
     for leftover in data_dir.glob("*" + TMP_SUFFIX):
+        log.warning("removing what an interrupted roll or snapshot left", file=str(leftover))
         leftover.unlink()
+    for stray in contents.stray_segments:
+        log.warning("removing an empty segment out of place", segment=str(stray))
+        stray.unlink()
     if contents.torn_tail_bytes:
         last = contents.segments[-1]
         log.warning(
@@ -267,7 +325,11 @@ def recover(data_dir: Path) -> Recovery:
 
 
 class MetadataLog:
-    """Append records, wait for them to be durable; one writer task does all disk I/O."""
+    """Append records, wait for them to be durable; one writer task does all disk I/O.
+
+    Fail-stop: after a failed write or sync (of a segment, a roll or a snapshot) nothing is
+    marked durable any more, ``on_failure`` is told once, and :meth:`run` raises
+    :class:`StorageFailed`; waiters are never woken, so nothing more is answered."""
 
     def __init__(
         self,
@@ -281,6 +343,7 @@ class MetadataLog:
         retention_bytes: int = 0,
         on_batch: Callable[[int, float], None] | None = None,
         on_snapshot: Callable[[int], None] | None = None,
+        on_failure: Callable[[StorageFailed], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.end_offset = end_offset
@@ -289,36 +352,46 @@ class MetadataLog:
         self.segment_max_bytes = segment_max_bytes
         self.snapshot_interval_records = snapshot_interval_records
         self.retention_bytes = retention_bytes
+        self.failed: StorageFailed | None = None
         self._snapshot_source = snapshot_source
         self._on_batch = on_batch
         self._on_snapshot = on_snapshot
+        self._on_failure = on_failure
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
         self._closed = False
         self._snapshot_running = False
-        self._fd = self._open_active_segment()
+        self._path, self._fd = self._open_active_segment()
 
-    def _open_active_segment(self) -> int:
+    def _open_active_segment(self) -> tuple[Path, int]:
         segments = sorted(self.data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
-        path = segments[-1] if segments else self.data_dir / segment_name(self.end_offset)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if not segments:
-            _fsync_dir(self.data_dir)
-        return fd
+        if segments:
+            path = segments[-1]
+            return path, _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
+        path = self.data_dir / segment_name(self.end_offset)
+        _create_segment(path)
+        return path, _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
 
     def append(self, record: Record, timestamp_ms: int) -> int:
-        """Buffer a record for the next group commit and return its offset. Never waits."""
-        if self._closed:
+        """Buffer a record for the next group commit and return its offset. Never waits;
+        raises :class:`RecordTooLarge` (buffering nothing) for a record replay could not
+        read."""
+        return self.append_entry(encode_entry(self.end_offset, timestamp_ms, record))
+
+    def append_entry(self, entry: bytes) -> int:
+        """Buffer an entry encoded for the next offset (:func:`encode_entry`)."""
+        if self._closed or self.failed is not None:
             raise RuntimeError("metadata log is closed")
         offset = self.end_offset
-        self._pending.append(encode_entry(offset, timestamp_ms, record))
+        self._pending.append(entry)
         self.end_offset = offset + 1
         self._pending_event.set()
         return offset
 
     async def wait_durable(self, offset: int) -> None:
-        """Return once the record at ``offset`` (and every one before it) is on disk."""
+        """Return once the record at ``offset`` (and every one before it) is on disk; after
+        a storage failure, never (the process is going down)."""
         while self.durable_end <= offset:
             await self._durable_event.wait()
 
@@ -331,17 +404,26 @@ class MetadataLog:
 
         Snapshots are written by a task of their own, so commits go on meanwhile."""
         task_status.started()
-        async with trio.open_nursery() as snapshots:
-            try:
-                while True:
-                    await self._pending_event.wait()
-                    await self._commit_batch(snapshots)
-            finally:
-                with trio.CancelScope(shield=True):
-                    while self._pending:
-                        await self._commit_batch(None)
-                    self._closed = True
-                    os.close(self._fd)
+        try:
+            async with trio.open_nursery() as snapshots:
+                try:
+                    while True:
+                        await self._pending_event.wait()
+                        await self._commit_batch(snapshots)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        while self._pending and self.failed is None:
+                            await self._commit_batch(None)
+        finally:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+    def _fail(self, error: StorageFailed) -> None:
+        if self.failed is None:
+            self.failed = error
+            if self._on_failure is not None:
+                self._on_failure(error)
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
         batch, self._pending = self._pending, []
@@ -356,51 +438,83 @@ class MetadataLog:
         data = b"".join(batch)
         started = trio.current_time()
         # Not cancellable: a sync in progress must finish before anyone is told the outcome.
-        size = await trio.to_thread.run_sync(self._write_and_sync, data)
+        try:
+            size = await trio.to_thread.run_sync(self._write_and_sync, data)
+            self._after_batch(len(batch), started, batch_end)
+            if snapshot is not None and snapshots is not None:
+                # Roll first, so that a snapshot at batch_end always has a segment there.
+                if await trio.to_thread.run_sync(self._roll, batch_end):
+                    self._snapshot_running = True
+                    snapshots.start_soon(self._write_snapshot, batch_end, snapshot)
+            elif size >= self.segment_max_bytes:
+                await trio.to_thread.run_sync(self._roll, batch_end)
+        except StorageFailed as e:
+            self._fail(e)  # at once: /readyz fails before anything else happens
+            raise
+
+    def _after_batch(self, records: int, started: float, batch_end: int) -> None:
         if self._on_batch is not None:
-            self._on_batch(len(batch), trio.current_time() - started)
+            self._on_batch(records, trio.current_time() - started)
         self.durable_end = batch_end
         done, self._durable_event = self._durable_event, trio.Event()
         done.set()
-        if snapshot is not None and snapshots is not None:
-            # Roll first, so that a snapshot at batch_end always has a segment starting there.
-            await trio.to_thread.run_sync(self._roll, batch_end)
-            self._snapshot_running = True
-            snapshots.start_soon(self._write_snapshot, batch_end, snapshot)
-        elif size >= self.segment_max_bytes:
-            await trio.to_thread.run_sync(self._roll, batch_end)
 
     async def _write_snapshot(self, offset: int, state: Callable[[], dict[str, Any]]) -> None:
         # Shielded: a snapshot that has started is finished even during shutdown.
         with trio.CancelScope(shield=True):
             try:
                 size = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
-                self.snapshot_offset = offset
-                if self._on_snapshot is not None:
-                    self._on_snapshot(size)
+                if size is not None:
+                    self.snapshot_offset = offset
+                    if self._on_snapshot is not None:
+                        self._on_snapshot(size)
+            except StorageFailed as e:
+                self._fail(e)
+                raise
             finally:
                 self._snapshot_running = False
 
     def _write_and_sync(self, data: bytes) -> int:
         view = memoryview(data)
         while view:
-            written = os.write(self._fd, view)
+            written = _storage_call(self._path, "write", os.write, self._fd, view)
             view = view[written:]
-        os.fdatasync(self._fd)
-        return os.fstat(self._fd).st_size
+        _storage_call(self._path, "fdatasync", os.fdatasync, self._fd)
+        size: int = _storage_call(self._path, "fstat", os.fstat, self._fd).st_size
+        return size
 
-    def _roll(self, base_offset: int) -> None:
+    def _roll(self, base_offset: int) -> bool:
+        """Start a new segment at ``base_offset``; False if postponed (no file descriptor
+        to be had: tried again after the next batch)."""
         path = self.data_dir / segment_name(base_offset)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        _fsync_dir(self.data_dir)
-        old, self._fd = self._fd, fd
+        if path == self._path:
+            return True  # nothing was written since this segment began
+        if path.exists():
+            raise LogCorruption(f"{path}: a segment already starts at offset {base_offset}")
+        try:
+            _create_segment(path)
+            fd = _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
+        except StorageFailed as e:
+            if e.errno not in _FD_EXHAUSTED:
+                raise
+            log.warning("segment roll postponed", segment=str(path), error=e.errno_name)
+            return False
+        old, self._fd, self._path = self._fd, fd, path
         os.close(old)
+        return True
 
-    def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int:
-        size = write_snapshot_file(self.data_dir, offset, state()).stat().st_size
+    def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int | None:
+        try:
+            path = write_snapshot_file(self.data_dir, offset, state())
+        except StorageFailed as e:
+            if e.errno not in _FD_EXHAUSTED:
+                raise
+            log.warning("snapshot postponed", offset=offset, error=e.errno_name)
+            return None
+        size = path.stat().st_size
         for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
             if offset_of(old) < offset:
-                old.unlink()
+                _storage_call(old, "unlink", old.unlink)
         # Segments wholly below the snapshot are not needed for recovery; keep the newest of
         # them up to retention_bytes as an audit trail for `pidctl log dump`.
         covered = sorted(
@@ -414,21 +528,42 @@ class MetadataLog:
             if kept > self.retention_bytes:
                 # Delete oldest first, so a crash midway never leaves a gap between segments.
                 for old in reversed(covered[index:]):
-                    old.unlink()
+                    _storage_call(old, "unlink", old.unlink)
                 break
-        _fsync_dir(self.data_dir)
+        _storage_call(self.data_dir, "fsync", _fsync_dir, self.data_dir)
         log.info("snapshot written", offset=offset, bytes=size)
         return size
+
+
+_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+
+
+def _create_segment(path: Path) -> None:
+    """Create an empty segment atomically: a temporary file, synced, renamed, and the
+    directory synced, so that a segment file either exists whole or not at all."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = _storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _storage_call(tmp, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+    _storage_call(path, "rename", os.replace, tmp, path)
+    _storage_call(path.parent, "fsync", _fsync_dir, path.parent)
 
 
 def write_snapshot_file(data_dir: Path, offset: int, state: dict[str, Any]) -> Path:
     """Atomically write a snapshot: temporary file, fsync, rename, directory fsync."""
     path = data_dir / snapshot_name(offset)
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(encode_snapshot(offset, state))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(data_dir)
+    data = encode_snapshot(offset, state)
+    fd = _storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[_storage_call(tmp, "write", os.write, fd, view) :]
+        _storage_call(tmp, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+    _storage_call(path, "rename", os.replace, tmp, path)
+    _storage_call(data_dir, "fsync", _fsync_dir, data_dir)
     return path

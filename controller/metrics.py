@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from protocol.apis import ApiKey
+
+from .logs import log_write_failures
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -70,7 +72,12 @@ class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "pidctl_log_write_failures",
+            "Log lines that could not be written to stderr (dropped; the server goes on).",
+            value=log_write_failures(),
+        )
         view = self._metrics.state_view
         if view is None:
             return

@@ -110,6 +110,13 @@ class CredentialStore:
         return False
 
 
+#: Kafka's PlainSaslServer and ScramSaslServer refuse an authorization id other than the
+#: authenticated user with this message.
+AUTHZID_MISMATCH = (
+    "Authentication failed: Client requested an authorization id that is different from username"
+)
+
+
 def parse_plain(message: bytes) -> tuple[str, str]:
     """RFC 4616: [authzid] NUL authcid NUL passwd; returns (user, password)."""
     parts = message.split(b"\0")
@@ -117,7 +124,7 @@ def parse_plain(message: bytes) -> tuple[str, str]:
         raise AuthenticationFailed("Authentication failed: invalid PLAIN message")
     authzid, user, password = (p.decode("utf-8", "replace") for p in parts)
     if authzid and authzid != user:
-        raise AuthenticationFailed("Authentication failed: authorization id must match")
+        raise AuthenticationFailed(AUTHZID_MISMATCH)
     return user, password
 
 
@@ -158,6 +165,11 @@ class ScramServer:
         client_nonce = attributes.get("r", "")
         if not user or not client_nonce:
             raise AuthenticationFailed("Authentication failed: malformed SCRAM client-first")
+        if authzid:
+            if not authzid.startswith("a="):
+                raise AuthenticationFailed("Authentication failed: malformed SCRAM client-first")
+            if _unescape(authzid[2:]) != user:
+                raise AuthenticationFailed(AUTHZID_MISMATCH)
         credential = self.store.credential(user, self.mechanism)
         if credential is None or credential.iterations < MIN_ITERATIONS:
             raise AuthenticationFailed("Authentication failed: invalid username or password")

@@ -8,7 +8,9 @@ order on SIGTERM/SIGINT: stop accepting, stop reading, finish in-flight answers,
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -25,12 +27,12 @@ from .admission import Admission, bind_listeners
 from .connection import ConnectionLimits, ConnectionServer, now
 from .http import HttpEndpoint
 from .lease_keeper import LeaseKeeper, etcd_counter
-from .metalog import MetadataLog, lock_data_dir, recover
+from .metalog import MetadataLog, StorageFailed, lock_data_dir, recover
 from .metrics import Metrics, StateView
 from .quotas import Quotas
 from .records import ProducerIdsGranted, Record, new_cluster_id
 from .sasl import CredentialStore
-from .service import Controller
+from .service import Controller, RequestLimits
 from .settings import Settings
 from .state import ControllerState
 
@@ -43,6 +45,32 @@ class ClusterIdMismatch(Exception):
 
 class PidSourceMismatch(Exception):
     """The data dir leased from etcd, and the controller was started without pid_source."""
+
+
+class ResourceLimit(Exception):
+    """The process may not open enough files for the configured connections."""
+
+
+#: File descriptors kept free beside client connections: the log's segment and directory,
+#: a snapshot being written, listeners, the metrics endpoint, etcd, stdio and trio's own.
+RESERVED_FILE_DESCRIPTORS = 64
+
+
+def raise_file_limit(max_connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (soft 1,024 is common) and check that
+    ``max_connections`` fits beside the reserve; return the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if max_connections + RESERVED_FILE_DESCRIPTORS > soft:
+        raise ResourceLimit(
+            f"max_connections {max_connections} needs {max_connections + RESERVED_FILE_DESCRIPTORS}"
+            f" file descriptors (with {RESERVED_FILE_DESCRIPTORS} reserved) but the limit is "
+            f"{soft} (ulimit -n); lower max_connections or raise the limit"
+        )
+    return soft
 
 
 class PidctlServer:
@@ -85,12 +113,14 @@ class PidctlServer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         data_dir = Path(self.settings.data_dir)
+        limit = raise_file_limit(self.settings.max_connections)
+        log.info("file descriptors", limit=limit)
         lock_fd = lock_data_dir(data_dir)
         try:
             async with trio.open_nursery() as http:
                 # Up before recovery, so /healthz answers (and /readyz says 503) meanwhile.
                 address = self.settings.metrics_listen
-                await self.http.bind(address.host, address.port)
+                await self.http.bind(address)
                 log.info("metrics listening", address=str(address), port=self.http.port)
                 http.start_soon(self.http.serve)
                 try:
@@ -134,9 +164,15 @@ class PidctlServer:
             retention_bytes=settings.log_retention_bytes,
             on_batch=self.metrics.log_batch,
             on_snapshot=self.metrics.snapshot_written,
+            on_failure=self._storage_failed,
+        )
+        limits = RequestLimits(
+            max_coordinator_keys=settings.max_coordinator_keys,
+            max_metadata_topics=settings.max_metadata_topics,
+            max_registration_entries=settings.max_registration_entries,
         )
         controller = Controller(
-            state, metalog, node_id=settings.node_id, authorizer=self.authorizer
+            state, metalog, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
         )
         self._controller = controller
         lease_keeper = self._lease_keeper(controller, metalog)
@@ -226,6 +262,18 @@ class PidctlServer:
             grace = self.settings.shutdown_grace_ms / 1000
             nursery.cancel_scope.deadline = trio.current_time() + grace
 
+    def _storage_failed(self, error: StorageFailed) -> None:
+        """Fail-stop: not ready any more, one event saying what failed; the error then ends
+        the process (exit status EXIT_STORAGE_FAILED)."""
+        self.http.ready = False
+        log.error(
+            "storage_failed",
+            file=str(error.path),
+            operation=error.operation,
+            errno=error.errno,
+            error=error.errno_name,
+        )
+
     def _lease_keeper(self, controller: Controller, metalog: MetadataLog) -> LeaseKeeper | None:
         """With ``pid_source``: the task that leases from etcd. Without: refuse a data dir that
         leased before, whose PIDs above its last lease other controllers may hold."""
@@ -299,7 +347,8 @@ def _state_view(state: ControllerState) -> StateView:
 
 
 def build_authorizer(settings: Settings) -> Authorizer:
-    super_users = [u.strip() for u in settings.super_users.split(",") if u.strip()]
+    # Separated by ";" as Kafka's super.users: a certificate's principal contains commas.
+    super_users = [u.strip() for u in settings.super_users.split(";") if u.strip()]
     return Authorizer(settings.acls, super_users, enabled=settings.authorizer == "acl")
 
 

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import datetime
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -28,6 +29,7 @@ from protocol.codec import Request
 
 from .acl import Authorizer
 from .kafka import CLUSTER_RESOURCE
+from .logformat import RecordTooLarge, encode_entry
 from .producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID
 from .records import Record
 from .result import ControllerResult
@@ -63,7 +65,9 @@ T = TypeVar("T")
 class RecordSink(Protocol):
     """Where records go to become durable (the metadata log)."""
 
-    def append(self, record: Record, timestamp_ms: int) -> int: ...
+    def append_entry(self, entry: bytes) -> int:
+        """Buffer one encoded entry (:func:`encode_entry`); return its offset."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,23 @@ class ConnectionInfo:
 
 Handler = Callable[["Controller", Request, Now, ConnectionInfo], Reply]
 
+#: Defaults of the request bounds (settings of the same names): what one request may ask
+#: for, so that no request occupies the event loop for long or makes an answer without end.
+#: About 50 µs of work per key or topic: a thousand keep one request near 50 ms.
+DEFAULT_MAX_COORDINATOR_KEYS = 1000
+DEFAULT_MAX_METADATA_TOPICS = 1000
+#: Listeners, features and log directories in one BrokerRegistration, each.
+DEFAULT_MAX_REGISTRATION_ENTRIES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """How much one request may ask for; more is answered INVALID_REQUEST at once."""
+
+    max_coordinator_keys: int = DEFAULT_MAX_COORDINATOR_KEYS
+    max_metadata_topics: int = DEFAULT_MAX_METADATA_TOPICS
+    max_registration_entries: int = DEFAULT_MAX_REGISTRATION_ENTRIES
+
 
 class Controller:
     """Turns requests into records and responses against one :class:`ControllerState`."""
@@ -108,9 +129,11 @@ class Controller:
         *,
         node_id: int = 1,
         authorizer: Authorizer | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.state = state
         self.node_id = node_id
+        self.limits = limits or RequestLimits()
         self.authorizer = authorizer or Authorizer()
         self.sink = sink
         #: Told of every record applied (audit log lines, metrics, the lease keeper's wake-up).
@@ -129,8 +152,15 @@ class Controller:
         }
 
     def handle(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
-        """Decide one request. The caller sends ``reply.body`` once ``durable_offset`` is."""
-        return self._handlers[request.api_key](self, request, now, conn)
+        """Decide one request. The caller sends ``reply.body`` once ``durable_offset`` is.
+
+        A request whose record would be too large for the log to read back is answered
+        INVALID_REQUEST, and nothing is written."""
+        try:
+            return self._handlers[request.api_key](self, request, now, conn)
+        except RecordTooLarge:
+            refusal = _REFUSALS[request.api_key]
+            return Reply(_response(request, error_code=ErrorCode.invalid_request, **refusal))
 
     def apply(self, result: ControllerResult[T], now: Now) -> tuple[T, int]:
         """Replay a result's records and append them; return its response and the offset
@@ -138,14 +168,28 @@ class Controller:
         may report state (a retried registration's epoch, a PID of a pool block) that an
         earlier, still pending record made."""
         state, sink = self.state, self.sink
-        for record in result.records:
-            offset = state.next_offset
-            state.replay(offset, record)
-            appended = sink.append(record, now.wall_ms)
-            if appended != offset:
-                raise AssertionError(f"log offset {appended} != state offset {offset}")
-            for observe in self.observers:
-                observe(record)
+        records = result.records
+        if records:
+            # Encoded first: a record replay could not read back (RecordTooLarge) fails the
+            # request before anything changes. Then replayed (every invariant checked before
+            # the state changes), then appended.
+            first = state.next_offset
+            try:
+                entries = [encode_entry(first + i, now.wall_ms, r) for i, r in enumerate(records)]
+            except RecordTooLarge:
+                # The decision may have filled the InitProducerId pool from a grant in this
+                # result, now not logged: dropping the pool wastes a block or two, and never
+                # hands out a PID twice.
+                state.transactions.pool.clear()
+                raise
+            for entry, record in zip(entries, records, strict=True):
+                offset = state.next_offset
+                state.replay(offset, record)
+                appended = sink.append_entry(entry)
+                if appended != offset:
+                    raise AssertionError(f"log offset {appended} != state offset {offset}")
+                for observe in self.observers:
+                    observe(record)
         return result.response, state.next_offset - 1
 
     def apply_records(self, records: Sequence[Record], now: Now) -> int:
@@ -182,7 +226,8 @@ class Controller:
         if not self._may(conn, "ClusterAction"):
             error = ErrorCode.cluster_authorization_failed
             return Reply(_response(request, error_code=error, broker_epoch=i64(-1)))
-        if body.incarnation_id is None:
+        most = max(len(body.listeners), len(body.features), len(getattr(body, "log_dirs", ())))
+        if body.incarnation_id is None or most > self.limits.max_registration_entries:
             return Reply(
                 _response(request, error_code=ErrorCode.invalid_request, broker_epoch=i64(-1))
             )
@@ -306,8 +351,11 @@ class Controller:
             port=i32(conn.advertised_port),
             rack=None,
         )
+        asked = request.body.topics or ()
+        if len(asked) > self.limits.max_metadata_topics:
+            return Reply(_too_many_topics(request, len(asked), self.limits.max_metadata_topics))
         topics = []
-        for topic in request.body.topics or ():
+        for topic in asked:
             # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those.
             error = ErrorCode.unknown_topic_or_partition
             if topic.name is None and version >= 10:
@@ -430,12 +478,32 @@ class Controller:
 
         if version >= 4:
             entry = sys.modules[cls.__module__].Coordinator
-            coordinators = tuple(entry(key=key, **answer(key)) for key in body.coordinator_keys)
+            keys, most = body.coordinator_keys, self.limits.max_coordinator_keys
+            if len(keys) > most:
+                # One entry says why, whatever was asked: the answer stays small.
+                message = f"{len(keys)} keys in one request; at most {most} (max_coordinator_keys)"
+                refusal = entry(
+                    key="",
+                    error_code=ErrorCode.invalid_request,
+                    error_message=message,
+                    node_id=i32(-1),
+                    host="",
+                    port=i32(-1),
+                )
+                return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=(refusal,)))
+            coordinators = tuple(entry(key=key, **answer(key)) for key in keys)
             return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=coordinators))
         return Reply(_build(cls, throttle_time=_NO_THROTTLE, **answer(body.key)))
 
 
 _NO_THROTTLE = datetime.timedelta(0)
+#: The rest of an error answer, per API that writes records.
+_REFUSALS: dict[int, dict[str, Any]] = {
+    ApiKey.BROKER_REGISTRATION: {"broker_epoch": i64(-1)},
+    ApiKey.UNREGISTER_BROKER: {"error_message": "record too large"},
+    ApiKey.ALLOCATE_PRODUCER_IDS: {"producer_id_start": i64(0), "producer_id_len": i32(0)},
+    ApiKey.INIT_PRODUCER_ID: {"producer_id": i64(-1), "producer_epoch": i16(-1)},
+}
 
 
 def _init_reply(
@@ -449,6 +517,39 @@ def _init_reply(
     )
     body = _response(request, error_code=error, producer_id=i64(pid), producer_epoch=i16(epoch))
     return Reply(body, durable_offset)
+
+
+def _too_many_topics(request: Request, asked: int, most: int) -> Any:
+    """Metadata naming more topics than allowed: INVALID_REQUEST, top-level from v13
+    (KIP-1102), before that as the one topic listed; no brokers, nothing else."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    if request.api_version >= 13:
+        return _build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            brokers=(),
+            cluster_id=None,
+            controller_id=i32(-1),
+            topics=(),
+            error_code=ErrorCode.invalid_request,
+        )
+    topic = sys.modules[cls.__module__].MetadataResponseTopic
+    refusal = _build(
+        topic,
+        error_code=ErrorCode.invalid_request,
+        name="",
+        topic_id=uuid.UUID(int=0),
+        is_internal=False,
+        partitions=(),
+    )
+    return _build(
+        cls,
+        throttle_time=_NO_THROTTLE,
+        brokers=(),
+        cluster_id=None,
+        controller_id=i32(-1),
+        topics=(refusal,),
+    )
 
 
 def _response(request: Request, **fields: Any) -> Any:

@@ -33,6 +33,11 @@ from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORD
 from .producer_ids import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO, ProducerIdRange
 from .quotas import QuotaOverride
 from .sasl import MECHANISMS
+from .service import (
+    DEFAULT_MAX_COORDINATOR_KEYS,
+    DEFAULT_MAX_METADATA_TOPICS,
+    DEFAULT_MAX_REGISTRATION_ENTRIES,
+)
 
 ENV_PREFIX = "PIDCTL_"
 
@@ -262,7 +267,11 @@ class Settings:
         "none (everyone may do everything) or acl (the acls below, deny by default)",
         parse=_choice("none", "acl"),
     )
-    super_users: str = _setting("", "comma-separated principals allowed everything")
+    super_users: str = _setting(
+        "",
+        "principals allowed everything, separated by ; as Kafka's super.users "
+        "(User:CN=a,O=b;User:admin)",
+    )
     acls: tuple[Acl, ...] = _setting(
         (),
         "ACLs: an array of tables in the config file (principal, operation, resource_type, "
@@ -273,6 +282,25 @@ class Settings:
         DEFAULT_MAX_FRAME_BYTES,
         "largest request frame accepted; larger closes the connection",
         "bytes",
+        parse=POSITIVE,
+    )
+    max_coordinator_keys: int = _setting(
+        DEFAULT_MAX_COORDINATOR_KEYS,
+        "keys one FindCoordinator (v4+) may ask for; more is answered INVALID_REQUEST in one entry",
+        "keys",
+        parse=POSITIVE,
+    )
+    max_metadata_topics: int = _setting(
+        DEFAULT_MAX_METADATA_TOPICS,
+        "topics one Metadata request may name; more is answered INVALID_REQUEST",
+        "topics",
+        parse=POSITIVE,
+    )
+    max_registration_entries: int = _setting(
+        DEFAULT_MAX_REGISTRATION_ENTRIES,
+        "listeners, features and log dirs (each) one BrokerRegistration may carry; more is "
+        "answered INVALID_REQUEST",
+        "entries",
         parse=POSITIVE,
     )
     max_in_flight_per_connection: int = _setting(

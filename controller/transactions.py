@@ -121,6 +121,11 @@ def parse_expected(producer_id: int, producer_epoch: int) -> tuple[int, int] | E
 
 _NO_PID = ProducerIdAndEpoch(ErrorCode.coordinator_load_in_progress)
 
+#: Longest transactional id accepted, in UTF-8 bytes: the most a (non-flexible) Kafka
+#: STRING carries. Its record stays far below the log's record limit even when every byte
+#: needs escaping; a longer id is answered INVALID_REQUEST and nothing is written.
+MAX_TRANSACTIONAL_ID_BYTES = 32767
+
 
 @dataclass(slots=True)
 class TransactionControlManager:
@@ -152,7 +157,7 @@ class TransactionControlManager:
         now_ms: int,
     ) -> ControllerResult[ProducerIdAndEpoch]:
         """InitProducerId for a transactional id (its name and ACLs already checked)."""
-        if transactional_id == "":
+        if transactional_id == "" or _too_long(transactional_id):
             return answer(ProducerIdAndEpoch(ErrorCode.invalid_request))
         if not 0 < timeout_ms <= self.max_timeout_ms:
             return answer(ProducerIdAndEpoch(ErrorCode.invalid_transaction_timeout))
@@ -283,6 +288,13 @@ class TransactionControlManager:
         for row in data.get("transactional_ids", []):
             table[row[0]] = TransactionalIdState(*row[1:])
         self.transactional_ids = table
+
+
+def _too_long(transactional_id: str) -> bool:
+    # Cheap first: a str of n characters is at most 4n UTF-8 bytes.
+    if len(transactional_id) * 4 <= MAX_TRANSACTIONAL_ID_BYTES:
+        return False
+    return len(transactional_id.encode("utf-8", "surrogatepass")) > MAX_TRANSACTIONAL_ID_BYTES
 
 
 def _is_valid_producer_id(current: TransactionalIdState, expected: tuple[int, int]) -> bool:

@@ -54,9 +54,18 @@ def stored_cluster_id(data_dir: Path) -> str:
 class ServerProcess:
     """``pidctl serve`` in a subprocess; its JSON log lines are collected in ``events``."""
 
-    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
+    ) -> None:
+        """``prefix`` runs the server under another command (``strace --inject`` for the
+        fault tests); the whole process group is then killed together."""
         self.data_dir = data_dir
         self.extra = list(extra)
+        self.prefix = list(prefix or [])
         self.env = {**os.environ, **(env or {})}
         self.events: list[dict[str, Any]] = []
         self.stderr_lines: list[str] = []
@@ -77,7 +86,7 @@ class ServerProcess:
         """Loopback ports picked by the kernel, unless the extra arguments say otherwise."""
         defaults = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
         return [
-            sys.executable, "-m", "controller.cli", "serve", *defaults,
+            *self.prefix, sys.executable, "-m", "controller.cli", "serve", *defaults,
             "--data-dir", str(self.data_dir), *self.extra,
         ]  # fmt: skip
 
@@ -86,7 +95,7 @@ class ServerProcess:
         self.stderr_lines.clear()
         self.proc = subprocess.Popen(
             self.command(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env=self.env,
+            env=self.env, start_new_session=bool(self.prefix),
         )  # fmt: skip
         listening = threading.Event()
         threading.Thread(target=self._drain, args=(self.proc, listening), daemon=True).start()
@@ -129,7 +138,10 @@ class ServerProcess:
     def kill(self) -> None:
         """SIGKILL: the crash case."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            if self.prefix:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
             self.proc.wait(10)
 
     def terminate(self, timeout: float = 20.0) -> int:

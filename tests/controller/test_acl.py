@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.acl import CLUSTER, Acl, AclError, Authorizer, parse_acl
+from controller.acl import CLUSTER, SUPPORTED_OPERATIONS, Acl, AclError, Authorizer, parse_acl
 
 
 def test_no_authorizer_allows_everything() -> None:
@@ -76,3 +76,53 @@ def test_parse_acl() -> None:
     ):
         with pytest.raises(AclError):
             parse_acl(bad)
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        # An empty prefix would match every name.
+        (
+            {"resource_type": "TransactionalId", "resource_name": "", "pattern_type": "prefixed"},
+            "resource_name is empty",
+        ),
+        # A TransactionalId ACL must name its ids (it used to become "kafka-cluster").
+        ({"resource_type": "TransactionalId"}, "lacks 'resource_name'"),
+        (
+            {
+                "resource_type": "Group",
+                "resource_name": "*",
+                "pattern_type": "prefixed",
+                "operation": "Read",
+            },
+            "literal wildcard",
+        ),
+        ({"resource_type": "Cluster", "resource_name": "other"}, "named 'kafka-cluster'"),
+        (
+            {
+                "resource_type": "TransactionalId",
+                "resource_name": "t",
+                "operation": "ClusterAction",
+            },
+            "does not apply to TransactionalId",
+        ),
+        ({"resource_type": "Cluster", "host": ""}, "host is empty"),
+        ({"resource_type": "Cluster", "principal": "User:"}, "is not User:NAME"),
+    ],
+)
+def test_malformed_acls_are_refused_naming_the_entry(entry: dict[str, str], says: str) -> None:
+    full = {"principal": "User:a", "operation": "Write", **entry}
+    if full["resource_type"] == "Cluster" and "operation" not in entry:
+        full["operation"] = "ClusterAction"
+    with pytest.raises(AclError, match=says) as refused:
+        parse_acl(full)
+    assert str(full["resource_type"]) in str(refused.value)  # the entry is named
+
+
+def test_every_supported_operation_and_all_are_accepted() -> None:
+    for resource_type, operations in SUPPORTED_OPERATIONS.items():
+        name = CLUSTER if resource_type == "Cluster" else "x"
+        for operation in [*operations, "All"]:
+            entry = {"principal": "User:a", "operation": operation,
+                     "resource_type": resource_type, "resource_name": name}  # fmt: skip
+            assert parse_acl(entry).operation == operation

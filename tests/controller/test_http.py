@@ -8,6 +8,7 @@ import trio
 
 from controller.http import MAX_REQUEST_HEAD_BYTES, HttpEndpoint
 from controller.metrics import Metrics
+from protocol.addresses import HostPort
 
 
 async def _get(port: int, request: bytes) -> bytes:
@@ -22,7 +23,7 @@ async def _get(port: int, request: bytes) -> bytes:
 
 async def test_paths_statuses_and_methods() -> None:
     endpoint = HttpEndpoint(Metrics())
-    await endpoint.bind("127.0.0.1", 0)
+    await endpoint.bind(HostPort("127.0.0.1", 0))
     async with trio.open_nursery() as nursery:
         await nursery.start(endpoint.serve)
         port = endpoint.port

@@ -16,6 +16,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.logformat import scan_segment
 from controller.metalog import MetadataLog, recover
 from controller.records import Record
 from controller.service import ConnectionInfo, Controller, Now
@@ -49,9 +50,11 @@ class ListSink:
     def __init__(self) -> None:
         self.entries: list[tuple[int, Record]] = []
 
-    def append(self, record: Record, timestamp_ms: int) -> int:
-        self.entries.append((len(self.entries), record))
-        return len(self.entries) - 1
+    def append_entry(self, entry: bytes) -> int:
+        scan = scan_segment(entry, len(self.entries))
+        (decoded,) = scan.entries
+        self.entries.append((decoded.offset, decoded.record))
+        return decoded.offset
 
 
 def _request(body: object, supported: object) -> object:

@@ -1,0 +1,1 @@
+"""Test harnesses: real servers and load for tests and benchmarks; never shipped."""

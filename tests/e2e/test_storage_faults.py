@@ -1,0 +1,205 @@
+"""Storage faults, produced for real: a system call made to fail with ``strace --inject``
+under load, a second process, a low file limit, an unwritable stderr. After each, the server
+restarts on what is really on disk, and every acknowledged grant is checked against the log.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.cli import EXIT_STORAGE_FAILED
+from controller.metalog import read_log, segment_name
+from controller.records import TransactionalIdUpdated
+from ops.client import SyncClient
+from ops.serverproc import ServerProcess, wait_until
+from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
+from protocol import requests
+from tests.e2e.test_operations import scrape
+
+pytestmark = pytest.mark.slow
+
+
+def strace(syscall: str, error: str, when: str, path: Path | None = None) -> list[str]:
+    """Run the server under strace, failing the ``when``-th ``syscall`` (on ``path`` only,
+    if given) with ``error``."""
+    only = ["-P", str(path)] if path is not None else []
+    return ["strace", "-f", "-qq", "-o", "/dev/null", *only, "-e", f"trace={syscall}",
+            "-e", f"inject={syscall}:error={error}:when={when}"]  # fmt: skip
+
+
+def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[Acknowledged, int]:
+    """Start the server under ``prefix``, load it until it stops; its exit status."""
+    ServerProcess(data_dir).start().terminate()  # create the data dir and the cluster
+    server = ServerProcess(data_dir, *extra, prefix=prefix).start()
+    acked = Acknowledged()
+    load = GrantLoad(server.bootstrap, server.cluster_id(), acked).start()
+    try:
+        assert server.proc is not None
+        status = server.proc.wait(60)
+    finally:
+        load.stop()
+        server.kill()
+    failed = [e for e in server.events if e.get("event") == "storage_failed"]
+    assert len(failed) == 1, server.stderr_lines[-5:]
+    assert failed[0]["errno"] > 0 and failed[0]["operation"] and failed[0]["file"]
+    assert any("storage failed, stopping" in line for line in server.stderr_lines)
+    return acked, status
+
+
+def _restart_and_check(data_dir: Path, acked: Acknowledged) -> None:
+    """Start again on what is on disk: every acknowledged answer is there, and new grants
+    overlap none of them."""
+    verdict = check_data_dir(data_dir, acked)
+    assert verdict.lost == [] and verdict.handed_out_twice == []
+    with ServerProcess(data_dir) as server, SyncClient(server.bootstrap) as client:
+        after = Acknowledged()
+        load = GrantLoad(server.bootstrap, server.cluster_id(), after).start()
+        wait_until(lambda: after.count > 20, "grants after the restart")
+        load.stop()
+        client.request(requests.api_versions())
+    merged = Acknowledged(acked.blocks + after.blocks, acked.pids + after.pids,
+                          acked.transactional + after.transactional)  # fmt: skip
+    assert check_data_dir(data_dir, merged).handed_out_twice == []
+
+
+def test_failed_fdatasync_stops_the_server_and_nothing_unsynced_was_acknowledged(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "d"
+    segment = data_dir / segment_name(0)
+    acked, status = _fault_under_load(data_dir, strace("fdatasync", "EIO", "40", segment))
+    assert status == EXIT_STORAGE_FAILED
+    assert acked.count > 0
+    _restart_and_check(data_dir, acked)
+
+
+def test_failed_write_leaves_no_hole(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    segment = data_dir / segment_name(0)
+    acked, status = _fault_under_load(data_dir, strace("write", "ENOSPC", "30", segment))
+    assert status == EXIT_STORAGE_FAILED
+    _restart_and_check(data_dir, acked)
+
+
+# fsync serves rolls and snapshots only (records use fdatasync), two per roll: the new
+# segment's, then the directory's. 3 and 4 fail the second roll at each of them.
+@pytest.mark.parametrize("when", ["3", "4"])
+def test_a_roll_that_fails_half_way_leaves_a_startable_directory(tmp_path: Path, when: str) -> None:
+    data_dir = tmp_path / "d"
+    acked, status = _fault_under_load(
+        data_dir, strace("fsync", "EIO", when), "--segment-max-bytes", "4000"
+    )
+    assert status == EXIT_STORAGE_FAILED
+    _restart_and_check(data_dir, acked)
+
+
+def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    # The first rename is the roll before the snapshot, the second the snapshot's own.
+    acked, status = _fault_under_load(
+        data_dir, strace("rename", "EIO", "2"), "--snapshot-interval-records", "200"
+    )
+    assert status == EXIT_STORAGE_FAILED
+    _restart_and_check(data_dir, acked)
+
+
+def test_a_record_replay_could_not_read_is_refused_and_nothing_written(
+    server: ServerProcess,
+) -> None:
+    with SyncClient(server.bootstrap) as client:
+        huge = client.request(requests.init_producer_id("\x01" * 175_000))
+        assert (huge.error_code, huge.producer_id) == (42, -1)  # INVALID_REQUEST
+        longest = client.request(requests.init_producer_id("\x01" * 32767))
+        assert longest.error_code == 0
+    records = [e.record for e in read_log(server.data_dir).entries()]
+    updates = [r for r in records if isinstance(r, TransactionalIdUpdated)]
+    assert [len(u.transactional_id) for u in updates] == [32767]
+    server.kill()
+    with ServerProcess(server.data_dir) as again, SyncClient(again.bootstrap) as client:
+        bumped = client.request(requests.init_producer_id("\x01" * 32767))
+        assert (bumped.producer_id, bumped.producer_epoch) == (longest.producer_id, 1)
+
+
+def test_one_writer_per_data_dir_whatever_is_deleted(server: ServerProcess) -> None:
+    for name in os.listdir(server.data_dir):
+        if "lock" in name:
+            os.unlink(server.data_dir / name)
+    second = ServerProcess(server.data_dir)
+    assert server.proc is not None
+    with pytest.raises(
+        RuntimeError, match=f"in use by another pidctl process \\(pid {server.proc.pid}\\)"
+    ):
+        second.start()
+    command = [sys.executable, "-m", "controller.cli", "import-zk", "--zookeeper",
+               "127.0.0.1:1", "--data-dir", str(server.data_dir), "--timeout", "1"]  # fmt: skip
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0
+
+
+def test_max_connections_the_file_limit_cannot_carry_is_refused(tmp_path: Path) -> None:
+    low = ["prlimit", "--nofile=256:256"]
+    with pytest.raises(RuntimeError, match="max_connections 1000 needs 1064 file descriptors"):
+        ServerProcess(tmp_path / "d", "--max-connections", "1000", prefix=low).start()
+
+
+def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    low = ["prlimit", "--nofile=256:256"]
+    server = ServerProcess(
+        tmp_path / "d", "--max-connections", "190", "--segment-max-bytes", "2000", prefix=low
+    )
+    with server:
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(190)]
+        try:
+            # Fill the process's table to the brim with what is left: accepting now meets
+            # EMFILE (waited out by trio), and so does the next roll.
+            wait_until(lambda: scrape(server.metrics_url).get("pidctl_connections", 0) >= 180,
+                       "connections accepted")  # fmt: skip
+        finally:
+            for sock in held:
+                sock.close()
+        with SyncClient(server.bootstrap) as client:
+            cluster = server.cluster_id()
+            epoch = int(client.request(requests.registration(9, cluster)).broker_epoch)
+            for _ in range(100):
+                assert client.request(requests.allocate(9, epoch)).error_code == 0
+        segments = sorted(p.name for p in server.data_dir.glob("*.log"))
+        assert len(segments) > 1  # rolls happened once descriptors were free again
+        assert server.proc is not None and server.proc.poll() is None
+
+
+def test_an_unwritable_stderr_does_not_stop_the_server(tmp_path: Path) -> None:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    command = [
+        sys.executable, "-m", "controller.cli", "serve", "--data-dir", str(tmp_path / "d"),
+        "--listen", f"127.0.0.1:{ports[0]}", "--metrics-listen", f"127.0.0.1:{ports[1]}",
+    ]  # fmt: skip
+    with open("/dev/full", "w") as full:  # every write: ENOSPC
+        proc = subprocess.Popen(command, stdout=full, stderr=full)
+    try:
+
+        def served() -> bool:
+            try:
+                with SyncClient(f"127.0.0.1:{ports[0]}", timeout=2) as client:
+                    return bool(client.request(requests.init_producer_id()).error_code == 0)
+            except OSError:
+                return False
+
+        wait_until(served, "an answer with every log line failing")
+        failures = scrape(f"http://127.0.0.1:{ports[1]}")["pidctl_log_write_failures_total"]
+        assert failures > 0
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
