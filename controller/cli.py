@@ -139,15 +139,22 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
 
 
-def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | None:
-    """Settings from flags, environment and file; None (problems printed) if invalid."""
-    from .settings import SETTING_NAMES, SettingsError, load_settings_with_sources
+def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
+    """Settings from flags, environment and file; raises SettingsError naming each problem."""
+    from .settings import SETTING_NAMES, load_settings_with_sources
 
     env_config = os.environ.get("PIDCTL_CONFIG")
     config = args.config or (Path(env_config) if env_config else None)
     flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
+    return load_settings_with_sources(flags, os.environ, config)
+
+
+def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | None:
+    """Settings from flags, environment and file; None (problems printed) if invalid."""
+    from .settings import SettingsError
+
     try:
-        return load_settings_with_sources(flags, os.environ, config)
+        return _load_settings(args)
     except SettingsError as e:
         for line in str(e).splitlines():
             print(f"pidctl: {line}", file=sys.stderr)
@@ -209,11 +216,9 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
 
     def reload() -> Any:
-        """SIGHUP: the same flags, the environment and the config file read again."""
-        again = _settings_from(args)
-        if again is None:
-            raise ValueError("invalid settings (see above)")
-        return again[0]
+        """SIGHUP: the same flags, the environment and the config file read again (a
+        SettingsError names what is wrong; the server logs it and keeps what it has)."""
+        return _load_settings(args)[0]
 
     try:
         trio.run(serve, settings, reload)
