@@ -25,7 +25,7 @@ ensure_venv() {
     fi
 }
 
-# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL) and Java 17 for Spark;
+# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL), Java 17 for Spark and strace;
 # installed only when missing (needs root, as on CI machines).
 ensure_debian_packages() {
     local missing=()
@@ -33,6 +33,7 @@ ensure_debian_packages() {
     [[ -x /usr/share/zookeeper/bin/zkServer.sh ]] || missing+=(zookeeper)
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
     java -version 2>&1 | grep -q 'version "17' || missing+=(openjdk-17-jre-headless)
+    command -v strace >/dev/null || missing+=(strace)  # the storage-fault tests inject with it
     if (( ${#missing[@]} )); then
         echo "installing Debian packages: ${missing[*]}" >&2
         apt-get update -qq

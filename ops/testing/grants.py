@@ -9,6 +9,7 @@ overlap anything acknowledged before.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 import uuid
@@ -142,8 +143,11 @@ def check_data_dir(data_dir: Path, acked: Acknowledged) -> Verdict:
     for first, length in acked.blocks:
         if (first, length) not in broker_blocks and first >= floor:
             lost.append(f"block {first}+{length}")
+    controller_blocks.sort()
+    starts = [first for first, _ in controller_blocks]
     for pid in acked.pids:
-        inside = any(first <= pid < end for first, end in controller_blocks)
+        index = bisect.bisect_right(starts, pid) - 1
+        inside = index >= 0 and pid < controller_blocks[index][1]
         if not inside and pid >= floor:
             lost.append(f"idempotent pid {pid}")
     for answer in acked.transactional:
@@ -157,10 +161,13 @@ def check_data_dir(data_dir: Path, acked: Acknowledged) -> Verdict:
     # A transactional producer id may repeat (epoch bumps); it must never be a block's or
     # another id's idempotent PID.
     blocks = sorted((f, f + n) for f, n in acked.blocks)
+    block_starts = [first for first, _ in blocks]
     idempotent = set(acked.pids)
     holders: dict[int, str] = {}
     for tid, pid, _ in acked.transactional:
-        if pid in idempotent or any(first <= pid < end for first, end in blocks):
+        index = bisect.bisect_right(block_starts, pid) - 1
+        in_block = index >= 0 and pid < blocks[index][1]
+        if pid in idempotent or in_block:
             twice.append(f"transactional {tid} pid {pid}")
         if holders.setdefault(pid, tid) != tid:
             twice.append(f"pid {pid} of both {holders[pid]} and {tid}")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import trio
 
-from ops.bench import loadgen
+from ops.bench import faults, loadgen
 from ops.bench.suite import chart
 from ops.serverproc import ServerProcess
 
@@ -35,3 +36,11 @@ def test_chart(tmp_path: Path) -> None:
             {"group": "grants", "name": "y", "per_second": 5.0}]  # fmt: skip
     chart(rows, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture[str]) -> None:
+    assert faults.main(["--kills", "4", "--faults", "3", "--episode", "7", "--seed", "3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["kills"] == 4 and result["grants_checked"] >= result["grants_acknowledged"] > 0
+    assert result["faults_injected"] + result["faults_not_reached"] == 3
