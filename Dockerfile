@@ -11,9 +11,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /opt/pidctl
 COPY pyproject.toml README.md ./
+# What ships, and nothing else: the test harnesses (ops/testing) and benchmarks (ops/bench)
+# stay out of the image, as they stay out of the wheel.
 COPY protocol ./protocol
 COPY controller ./controller
-COPY ops ./ops
+COPY ops/client ./ops/client
+COPY ops/broker ./ops/broker
+COPY ops/spark ./ops/spark
 RUN pip install . \
     && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin pidctl \
     && mkdir -p /data \

@@ -27,7 +27,7 @@ examples:
 
 
 def _settings_help() -> str:
-    from .settings import describe_settings
+    from pidctl.controller.settings import describe_settings
 
     rows = [
         f"  {name:<30} {default or '-':<24} {unit:<8} {doc}"
@@ -62,12 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     import_zk.add_argument("--zookeeper", required=True, metavar="HOST:PORT[,HOST:PORT]")
     import_zk.add_argument("--znode", default="/latest_producer_id_block")
-    import_zk.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                           help="how long to wait for ZooKeeper (default 10)")  # fmt: skip
+    import_zk.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for ZooKeeper (default 10)",
+    )
     _add_setting_flags(import_zk)
     config_cmd = commands.add_parser("config", help="inspect settings")
-    config_commands = config_cmd.add_subparsers(dest="config_command", required=True,
-                                                metavar="COMMAND")  # fmt: skip
+    config_commands = config_cmd.add_subparsers(
+        dest="config_command", required=True, metavar="COMMAND"
+    )
     show = config_commands.add_parser(
         "show", help="print the effective settings (flags, environment, file, defaults)"
     )
@@ -82,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--since", metavar="TIME", help="ISO 8601 time or epoch ms (inclusive)")
     dump.add_argument("--until", metavar="TIME", help="ISO 8601 time or epoch ms (inclusive)")
     dump.add_argument(
-        "--summary", action="store_true",
+        "--summary",
+        action="store_true",
         help="blocks and producer ids per holder, holes, restarts (instead of the records)",
-    )  # fmt: skip
+    )
     verify = log_commands.add_parser("verify", help="check checksums and invariants")
     verify.add_argument("--data-dir", type=Path, required=True)
 
@@ -96,9 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--incarnation-id", type=uuid.UUID, help="default: a new random incarnation"
     )
     register.add_argument(
-        "--listener", action="append", default=[], metavar="NAME://HOST:PORT",
+        "--listener",
+        action="append",
+        default=[],
+        metavar="NAME://HOST:PORT",
         help="an advertised listener of the broker (repeatable)",
-    )  # fmt: skip
+    )
     register.add_argument("--rack")
 
     users = commands.add_parser("users", help="SASL users in a credentials file (salted, hashed)")
@@ -107,12 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--credentials-file", type=Path, required=True)
     add.add_argument("--user", required=True)
     add.add_argument(
-        "--mechanism", action="append", choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
+        "--mechanism",
+        action="append",
+        choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
         help="default: both (PLAIN checks passwords against these too)",
-    )  # fmt: skip
+    )
     add.add_argument("--iterations", type=int, default=4096)
-    add.add_argument("--password-stdin", action="store_true",
-                     help="read the password from standard input instead of a prompt")  # fmt: skip
+    add.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from standard input instead of a prompt",
+    )
     remove = user_commands.add_parser("remove", help="remove a user")
     remove.add_argument("--credentials-file", type=Path, required=True)
     remove.add_argument("--user", required=True)
@@ -132,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    from .settings import SETTING_NAMES
+    from pidctl.controller.settings import SETTING_NAMES
 
     parser.add_argument("--config", type=Path, help="TOML file of settings")
     for name in SETTING_NAMES:
@@ -141,7 +156,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
     """Settings from flags, environment and file; raises SettingsError naming each problem."""
-    from .settings import SETTING_NAMES, load_settings_with_sources
+    from pidctl.controller.settings import SETTING_NAMES, load_settings_with_sources
 
     env_config = os.environ.get("PIDCTL_CONFIG")
     config = args.config or (Path(env_config) if env_config else None)
@@ -151,7 +166,7 @@ def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
 
 def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | None:
     """Settings from flags, environment and file; None (problems printed) if invalid."""
-    from .settings import SettingsError
+    from pidctl.controller.settings import SettingsError
 
     try:
         return _load_settings(args)
@@ -177,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             loaded = _settings_from(args)
             if loaded is None:
                 return 2
-            from .settings import show_settings
+            from pidctl.controller.settings import show_settings
 
             print("\n".join(show_settings(*loaded)))
             return 0
@@ -204,10 +219,15 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
-    from .admission import ListenFailed
-    from .logs import configure_logging
-    from .metalog import DataDirLocked, LogCorruption, StorageFailed
-    from .server import ClusterIdMismatch, PidSourceMismatch, ResourceLimit, serve
+    from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, StorageFailed
+    from pidctl.controller.server.admission import ListenFailed
+    from pidctl.controller.server.app import (
+        ClusterIdMismatch,
+        PidSourceMismatch,
+        ResourceLimit,
+        serve,
+    )
+    from pidctl.controller.server.logs import configure_logging
 
     loaded = _settings_from(args)
     if loaded is None:
@@ -243,9 +263,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _import_zk(args: argparse.Namespace) -> int:
     import trio
 
-    from .lease_keeper import etcd_counter
-    from .metalog import DataDirLocked, LogCorruption
-    from .zk_import import (
+    from pidctl.controller.log.metalog import DataDirLocked, LogCorruption
+    from pidctl.controller.server.lease_keeper import etcd_counter
+    from pidctl.controller.zk_import import (
         ImportRefused,
         import_into_data_dir,
         import_into_etcd,
@@ -258,8 +278,10 @@ def _import_zk(args: argparse.Namespace) -> int:
     settings = loaded[0]
     try:
         block = read_zookeeper_block(args.zookeeper, args.znode, args.timeout)
-        origin = (f"zookeeper {args.zookeeper}{args.znode}: broker {block.broker}, "
-                  f"block {block.block_start}..{block.block_end}")  # fmt: skip
+        origin = (
+            f"zookeeper {args.zookeeper}{args.znode}: broker {block.broker}, "
+            f"block {block.block_start}..{block.block_end}"
+        )
         print(f"read {origin}")
         if settings.pid_source:
 
@@ -282,15 +304,14 @@ def _import_zk(args: argparse.Namespace) -> int:
                 )
             )
     except DataDirLocked:
-        print(f"pidctl: {settings.data_dir} is in use: stop the controller first",
-              file=sys.stderr)  # fmt: skip
+        print(f"pidctl: {settings.data_dir} is in use: stop the controller first", file=sys.stderr)
         return 1
     except (ImportRefused, LogCorruption) as e:
         print(f"pidctl: {e}", file=sys.stderr)
         return 1
     except BaseException as e:
         error = _single(e)
-        from .etcd import EtcdRefused, EtcdUnavailable
+        from pidctl.controller.server.etcd import EtcdRefused, EtcdUnavailable
 
         if isinstance(error, EtcdUnavailable | EtcdRefused):
             print(f"pidctl: etcd: {error}", file=sys.stderr)
@@ -323,8 +344,15 @@ def _progress(label: str) -> Any:
 
 
 def _log(args: argparse.Namespace) -> int:
-    from .logtools import DumpFilter, dump_lines, parse_time, selected, summary_lines, verify
-    from .metalog import LogCorruption
+    from pidctl.controller.log.logtools import (
+        DumpFilter,
+        dump_lines,
+        parse_time,
+        selected,
+        summary_lines,
+        verify,
+    )
+    from pidctl.controller.log.metalog import LogCorruption
 
     if args.log_command == "dump":
         if not args.data_dir.is_dir():
@@ -359,16 +387,19 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
-    from ops.client import SyncClient
-    from protocol import requests
+    from pidctl.client import SyncClient
+    from pidctl.protocol import requests
 
     try:
         with SyncClient(args.bootstrap) as client:
             cluster_id = args.cluster_id or client.request(requests.metadata([])).cluster_id
             request = requests.registration(
-                args.broker_id, cluster_id, args.incarnation_id,
-                listeners=tuple(args.listener), rack=args.rack,
-            )  # fmt: skip
+                args.broker_id,
+                cluster_id,
+                args.incarnation_id,
+                listeners=tuple(args.listener),
+                rack=args.rack,
+            )
             response = client.request(request)
     except ValueError as e:
         print(f"pidctl: {e}", file=sys.stderr)
@@ -383,7 +414,7 @@ def _register(args: argparse.Namespace) -> int:
 def _users(args: argparse.Namespace) -> int:
     import getpass
 
-    from .sasl import MIN_ITERATIONS, CredentialStore, ScramCredential
+    from pidctl.controller.server.sasl import MIN_ITERATIONS, CredentialStore, ScramCredential
 
     try:
         store = CredentialStore.load(args.credentials_file)
@@ -421,9 +452,9 @@ def _users(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ops.client import SyncClient
-    from protocol import requests
-    from protocol.apis import ApiKey
+    from pidctl.client import SyncClient
+    from pidctl.protocol import requests
+    from pidctl.protocol.apis import ApiKey
 
     with SyncClient(args.bootstrap) as client:
         versions, metadata, cluster = client.pipeline(
@@ -454,7 +485,7 @@ def _allocate(args: argparse.Namespace) -> int:
     from kio.schema.types import BrokerId
     from kio.static.primitive import i64
 
-    from ops.client import SyncClient
+    from pidctl.client import SyncClient
 
     with SyncClient(args.bootstrap) as client:
         response = client.request(

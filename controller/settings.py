@@ -16,28 +16,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol import addresses
-from protocol.addresses import HostPort
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES
-
-from .acl import Acl, AclError, parse_acl
-from .etcd import EtcdLocation
-from .kafka import (
+from pidctl.controller.api.handlers import (
+    DEFAULT_MAX_COORDINATOR_KEYS,
+    DEFAULT_MAX_METADATA_TOPICS,
+    DEFAULT_MAX_REGISTRATION_ENTRIES,
+)
+from pidctl.controller.core.acl import Acl, AclError, parse_acl
+from pidctl.controller.core.kafka import (
     BLOCK_SIZE,
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
     DEFAULT_SESSION_TIMEOUT_MS,
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
     INT64_MAX,
 )
-from .metalog import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SNAPSHOT_INTERVAL_RECORDS
-from .producer_ids import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO, ProducerIdRange
-from .quotas import QuotaOverride
-from .sasl import MECHANISMS
-from .service import (
-    DEFAULT_MAX_COORDINATOR_KEYS,
-    DEFAULT_MAX_METADATA_TOPICS,
-    DEFAULT_MAX_REGISTRATION_ENTRIES,
+from pidctl.controller.core.producer_ids import (
+    DEFAULT_LEASE_SIZE,
+    DEFAULT_PREFETCH_RATIO,
+    ProducerIdRange,
 )
+from pidctl.controller.core.quotas import QuotaOverride
+from pidctl.controller.log.metalog import (
+    DEFAULT_SEGMENT_MAX_BYTES,
+    DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
+)
+from pidctl.controller.server.etcd import EtcdLocation
+from pidctl.controller.server.sasl import MECHANISMS
+from pidctl.protocol import addresses
+from pidctl.protocol.addresses import HostPort
+from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 ENV_PREFIX = "PIDCTL_"
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import trio
 
-from .etcd import Counter, EtcdCounter
-from .records import (
+from pidctl.controller.core.records import (
     ClusterCreated,
     ControllerStarted,
     ProducerIdFloorRaised,
     Record,
     new_cluster_id,
 )
+from pidctl.controller.server.etcd import Counter, EtcdCounter
 
 ZNODE = "/latest_producer_id_block"
 
@@ -50,8 +50,7 @@ class ZooKeeperBlock:
             fields = json.loads(data)
             if fields.get("version") != 1:
                 raise ValueError(f"version {fields.get('version')!r}, expected 1")
-            block = cls(int(fields["broker"]), int(fields["block_start"]),
-                        int(fields["block_end"]))  # fmt: skip
+            block = cls(int(fields["broker"]), int(fields["block_start"]), int(fields["block_end"]))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ImportRefused(f"not a producer-id block ({e}): {data[:200]!r}") from None
         if not 0 <= block.block_start <= block.block_end < 2**63 - 1:
@@ -97,8 +96,8 @@ def import_into_data_dir(
 ) -> str:
     """Log a :class:`ProducerIdFloorRaised` (the controller must be stopped: the data dir is
     locked while it runs). Returns what was done, in one line."""
-    from .metalog import MetadataLog, lock_data_dir, recover
-    from .service import Controller, Now
+    from pidctl.controller.api.handlers import Controller, Now
+    from pidctl.controller.log.metalog import MetadataLog, lock_data_dir, recover
 
     lock_fd = lock_data_dir(data_dir)
     try:
@@ -114,8 +113,12 @@ def import_into_data_dir(
         records.append(ProducerIdFloorRaised(wanted, origin))
 
         async def write() -> None:
-            log = MetadataLog(data_dir, state.next_offset, recovery.snapshot_offset,
-                              lambda: state.copy().to_snapshot)  # fmt: skip
+            log = MetadataLog(
+                data_dir,
+                state.next_offset,
+                recovery.snapshot_offset,
+                lambda: state.copy().to_snapshot,
+            )
             controller = Controller(state, log, node_id=node_id)
             async with trio.open_nursery() as nursery:
                 await nursery.start(log.run)

@@ -41,6 +41,19 @@ ensure_debian_packages() {
     fi
 }
 
+# mypy checks the code under the names it is installed as (pidctl.*), through a tree of links
+# in the venv; ops/bench, ops/testing and tests run from the checkout under their own names.
+type_check() {
+    local tree="$venv/mypy-src/pidctl"
+    mkdir -p "$tree"
+    ln -sfn "$root/protocol" "$tree/protocol"
+    ln -sfn "$root/controller" "$tree/controller"
+    for library in client broker spark; do
+        ln -sfn "$root/ops/$library" "$tree/$library"
+    done
+    MYPYPATH="$venv/mypy-src" "$venv/bin/mypy" "$tree" ops/bench ops/testing tests
+}
+
 command="${1:-}"
 shift || true
 case "$command" in
@@ -54,7 +67,7 @@ case "$command" in
         cd "$root"
         "$venv/bin/ruff" check .
         "$venv/bin/ruff" format --check .
-        "$venv/bin/mypy"
+        type_check
         status=0
         "$venv/bin/python" -m pytest "$@" || status=$?
         if [[ $status -eq 5 ]]; then

@@ -10,7 +10,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from .apis import ApiKey, SupportedApis, response_class
+from pidctl.protocol.apis import ApiKey, SupportedApis, response_class
 
 # KIP-511: client software name and version must match this (Kafka's ApiVersionsRequest.isValid).
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")

@@ -11,8 +11,8 @@ from typing import Any
 
 from kio.static.protocol import RequestPayload
 
-from .codec import decode_response, encode_request, peek_correlation_id
-from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
+from pidctl.protocol.codec import decode_response, encode_request, peek_correlation_id
+from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 
 #: int32 correlation ids wrap around here.
 _CORRELATION_LIMIT = 2**31

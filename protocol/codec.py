@@ -18,7 +18,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 from kio.static.protocol import RequestPayload, ResponsePayload
 
-from .apis import (
+from pidctl.protocol.apis import (
     ApiKey,
     SupportedApis,
     request_class,
@@ -26,7 +26,7 @@ from .apis import (
     response_class,
     response_header_version,
 )
-from .headers import (
+from pidctl.protocol.headers import (
     RequestHeader,
     parse_request_header,
     peek_api,

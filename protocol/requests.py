@@ -14,8 +14,8 @@ from kio.schema.types import BrokerId
 from kio.schema.unregister_broker.v0 import UnregisterBrokerRequest
 from kio.static.primitive import i8, i16, i64, u16
 
-from .addresses import parse_listener
-from .apis import ApiKey, request_class
+from pidctl.protocol.addresses import parse_listener
+from pidctl.protocol.apis import ApiKey, request_class
 
 
 def registration(
@@ -44,9 +44,11 @@ def _listener(text: str) -> Listener:
     # SASL_SSL 3; a listener named after one uses it, any other name is PLAINTEXT.
     protocols = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
     return Listener(
-        name=name, host=address.host, port=u16(address.port),
+        name=name,
+        host=address.host,
+        port=u16(address.port),
         security_protocol=i16(protocols.get(name.upper(), 0)),
-    )  # fmt: skip
+    )
 
 
 def heartbeat(
@@ -138,7 +140,7 @@ def describe_cluster(*, include_fenced_brokers: bool = True, endpoint_type: int 
 def api_versions() -> Any:
     """An ApiVersions v3 naming this software (KIP-511)."""
     cls: Any = request_class(ApiKey.API_VERSIONS, 3)
-    from . import __version__
+    from pidctl.protocol import __version__
 
     return cls(client_software_name="pidctl", client_software_version=__version__)
 

@@ -18,17 +18,17 @@ from typing import Any
 
 from kio.static.protocol import ResponsePayload
 
-from .api_versions import unsupported_version_response
-from .apis import ApiKey, SupportedApis
-from .codec import (
+from pidctl.protocol.api_versions import unsupported_version_response
+from pidctl.protocol.apis import ApiKey, SupportedApis
+from pidctl.protocol.codec import (
     ProtocolViolation,
     Request,
     UnsupportedApiVersionsVersion,
     decode_request,
     encode_response,
 )
-from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError
-from .headers import RequestHeader
+from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError
+from pidctl.protocol.headers import RequestHeader
 
 #: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
 DEFAULT_IDLE_TIMEOUT_S = 600.0

@@ -7,8 +7,8 @@ import pytest
 import trustme
 from hypothesis import settings
 
-from ops.coordination import EtcdProcess
-from ops.serverproc import ServerProcess
+from ops.testing.coordination import EtcdProcess
+from ops.testing.serverproc import ServerProcess
 
 # Properties here are about records and bytes, not time: no per-example deadline, which
 # only flakes on a busy 2-core CI machine.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.client import SyncClient
-from ops.serverproc import stored_cluster_id
-from protocol.requests import allocate, heartbeat, registration, unregister
+from ops.testing.serverproc import stored_cluster_id
+from pidctl.client import SyncClient
+from pidctl.protocol.requests import allocate, heartbeat, registration, unregister
 
 __all__ = [
     "allocate",

@@ -16,17 +16,19 @@ from kio.schema.init_producer_id.v5 import InitProducerIdResponse
 from kio.schema.types import ProducerId
 from kio.static.primitive import i16, i32Timedelta
 
-from protocol.codec import encode_response
-from protocol.framing import FrameDecoder
-from protocol.headers import RequestHeader
+from pidctl.protocol.codec import encode_response
+from pidctl.protocol.framing import FrameDecoder
+from pidctl.protocol.headers import RequestHeader
 
 _RESPONSE = encode_response(
     RequestHeader(22, 5, 0, None, 2),
     InitProducerIdResponse(
-        throttle_time=i32Timedelta.parse(datetime.timedelta(0)), error_code=ErrorCode.none,
-        producer_id=ProducerId(0), producer_epoch=i16(0),
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=ErrorCode.none,
+        producer_id=ProducerId(0),
+        producer_epoch=i16(0),
     ),
-)  # fmt: skip
+)
 
 
 async def _answer(stream: trio.SocketStream) -> None:

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_json(module: str, *args: str) -> dict[str, Any]:
     """``python -m module args`` in its own process (no GIL shared with the caller or the
     server); its standard output is one JSON object."""
-    out = subprocess.run([sys.executable, "-m", module, *args],
-                         capture_output=True, text=True, check=True, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     result: dict[str, Any] = json.loads(out.stdout)
     return result
 
@@ -44,8 +45,12 @@ def rss_kib(pid: int | str = "self") -> int:
 @contextmanager
 def ceiling_server() -> Iterator[str]:
     """ops/bench/ceiling.py on a free loopback port; yields its HOST:PORT."""
-    proc = subprocess.Popen([sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert proc.stdout is not None
         yield f"127.0.0.1:{int(proc.stdout.readline())}"

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import trio
 
-from controller.metalog import MetadataLog
-from controller.records import BrokerRegistered, ClusterCreated, ProducerIdsGranted
-from controller.service import Controller, Now
-from controller.state import ControllerState
 from ops.bench.common import ROOT, run_json
-from ops.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.controller.api.handlers import Controller, Now
+from pidctl.controller.core.records import BrokerRegistered, ClusterCreated, ProducerIdsGranted
+from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.metalog import MetadataLog
 
 
 def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 10_000) -> None:
@@ -40,9 +40,12 @@ def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 
         state = ControllerState()
         controller: Controller
         metalog = MetadataLog(
-            data_dir, 0, 0, lambda: controller.snapshot(),
+            data_dir,
+            0,
+            0,
+            lambda: controller.snapshot(),
             snapshot_interval_records=snapshot_interval_records,
-        )  # fmt: skip
+        )
         controller = Controller(state, metalog)
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
@@ -64,10 +67,22 @@ def time_restart(data_dir: Path) -> tuple[float, float]:
     """Seconds from spawning `pidctl serve` to its listening line, and recovery seconds."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", "serve", "--listen", "127.0.0.1:0",
-         "--metrics-listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
-        stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            str(data_dir),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.stderr is not None
     recovery = float("nan")
     for line in proc.stderr:
@@ -99,9 +114,17 @@ def grants_per_second(bootstrap: str, brokers: int, seconds: float) -> float:
     """Durable AllocateProducerIds per second from ``brokers`` brokers (the load generator's
     allocate scenario, in its own process; fresh broker ids for each run)."""
     result = run_json(
-        "ops.bench.loadgen", bootstrap, "--scenario", "allocate", "--connections", str(brokers),
-        "--seconds", str(seconds), "--broker-base", str(1000 * brokers),
-    )  # fmt: skip
+        "ops.bench.loadgen",
+        bootstrap,
+        "--scenario",
+        "allocate",
+        "--connections",
+        str(brokers),
+        "--seconds",
+        str(seconds),
+        "--broker-base",
+        str(1000 * brokers),
+    )
     return float(result["per_second"])
 
 
@@ -121,11 +144,21 @@ def main() -> None:
         print(f"built {args.history} grants in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         small_t = min(time_restart(small) for _ in range(3))
         large_t = min(time_restart(large) for _ in range(3))
-        rows.append(("restart, 10 grants (baseline)", f"{small_t[0]:.3f} s",
-                     f"recovery {small_t[1] * 1000:.1f} ms"))  # fmt: skip
+        rows.append(
+            (
+                "restart, 10 grants (baseline)",
+                f"{small_t[0]:.3f} s",
+                f"recovery {small_t[1] * 1000:.1f} ms",
+            )
+        )
         ratio = large_t[0] / small_t[0]
-        rows.append((f"restart, {args.history:,} grants", f"{large_t[0]:.3f} s",
-                     f"recovery {large_t[1] * 1000:.1f} ms; ratio {ratio:.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                f"restart, {args.history:,} grants",
+                f"{large_t[0]:.3f} s",
+                f"recovery {large_t[1] * 1000:.1f} ms; ratio {ratio:.2f}x",
+            )
+        )
 
         disk = disk_rate(base, 1, args.grants_seconds)
         rows.append(("disk: 150 B append + fdatasync each (baseline)", f"{disk:,.0f} /s", ""))
@@ -133,8 +166,13 @@ def main() -> None:
         with ServerProcess(base / "live") as server:
             for brokers in (1, 16):
                 rate = grants_per_second(server.bootstrap, brokers, args.grants_seconds)
-                rows.append((f"durable grants, {brokers} broker(s)", f"{rate:,.0f} /s",
-                             f"{rate / disk:.2f}x the fsync-per-append disk rate"))  # fmt: skip
+                rows.append(
+                    (
+                        f"durable grants, {brokers} broker(s)",
+                        f"{rate:,.0f} /s",
+                        f"{rate / disk:.2f}x the fsync-per-append disk rate",
+                    )
+                )
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>12}  {note}")

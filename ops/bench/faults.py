@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.metalog import SEGMENT_SUFFIX
-from ops.serverproc import ServerProcess
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
+from ops.testing.serverproc import ServerProcess
+from pidctl.controller.log.metalog import SEGMENT_SUFFIX
 
 #: Injected faults: the system call, the errors it gets, and whether to aim at the active
 #: segment (write and fdatasync are also used for stderr and other files).
@@ -38,8 +38,14 @@ FAULTS = [
     ("rename", ("EIO",), False),  # rolls and snapshots
 ]
 #: Small segments and frequent snapshots, so that rolls and snapshots are often under way.
-SETTINGS = ("--segment-max-bytes", "20000", "--snapshot-interval-records", "300",
-            "--log-retention-bytes", "100000000")  # fmt: skip
+SETTINGS = (
+    "--segment-max-bytes",
+    "20000",
+    "--snapshot-interval-records",
+    "300",
+    "--log-retention-bytes",
+    "100000000",
+)
 #: How long a faulty server may run before the fault is given up on (it was not reached).
 FAULT_TIMEOUT_S = 8.0
 
@@ -71,8 +77,18 @@ def _cycle(
         segment = _active_segment(data_dir) if on_segment else None
         only = ["-P", str(segment)] if segment is not None else []
         when = rng.randint(1, 12)
-        prefix = ["strace", "-f", "-qq", "-o", "/dev/null", *only, "-e", f"trace={syscall}",
-                  "-e", f"inject={syscall}:error={rng.choice(errors)}:when={when}"]  # fmt: skip
+        prefix = [
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            *only,
+            "-e",
+            f"trace={syscall}",
+            "-e",
+            f"inject={syscall}:error={rng.choice(errors)}:when={when}",
+        ]
     server = ServerProcess(data_dir, *SETTINGS, prefix=prefix)
     try:
         server.start(timeout=30)
@@ -84,8 +100,9 @@ def _cycle(
         tally.problems.append(f"restart failed: {e}")
         return
     before = acked.count
-    load = GrantLoad(server.bootstrap, server.cluster_id(), acked, brokers=(1,),
-                     transactional_ids=("tx-a",)).start()  # fmt: skip
+    load = GrantLoad(
+        server.bootstrap, server.cluster_id(), acked, brokers=(1,), transactional_ids=("tx-a",)
+    ).start()
     try:
         assert server.proc is not None
         if fault:

@@ -23,11 +23,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from controller.metalog import read_log
-from controller.records import ProducerIdsGranted
 from ops.bench.common import first_overlap, run_json
-from ops.coordination import EtcdProcess
-from ops.serverproc import ServerProcess
+from ops.testing.coordination import EtcdProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.log.metalog import read_log
 
 PIDS_PER_BLOCK = 1000
 
@@ -46,10 +46,17 @@ def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[st
 
     def one(index: int) -> None:
         results[index] = run_json(
-            "ops.bench.loadgen", servers[index].bootstrap, "--scenario", "allocate",
-            "--connections", str(shares[index]), "--seconds", str(seconds),
-            "--broker-base", str(10_000 * (index + 1)),
-        )  # fmt: skip
+            "ops.bench.loadgen",
+            servers[index].bootstrap,
+            "--scenario",
+            "allocate",
+            "--connections",
+            str(shares[index]),
+            "--seconds",
+            str(seconds),
+            "--broker-base",
+            str(10_000 * (index + 1)),
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(servers))]
     for t in threads:

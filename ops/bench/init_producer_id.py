@@ -14,15 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench.common import ceiling_server, run_json
-from ops.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess
 
 
-def load(bootstrap: str, scenario: str, connections: int, seconds: float,
-         *extra: str) -> dict[str, Any]:  # fmt: skip
+def load(
+    bootstrap: str, scenario: str, connections: int, seconds: float, *extra: str
+) -> dict[str, Any]:
     return run_json(
-        "ops.bench.loadgen", bootstrap, "--scenario", scenario,
-        "--connections", str(connections), "--seconds", str(seconds), *extra,
-    )  # fmt: skip
+        "ops.bench.loadgen",
+        bootstrap,
+        "--scenario",
+        scenario,
+        "--connections",
+        str(connections),
+        "--seconds",
+        str(seconds),
+        *extra,
+    )
 
 
 def main() -> None:
@@ -42,12 +50,16 @@ def main() -> None:
             rows.append((f"pidctl {scenario}", result))
 
     base = rows[0][1]["per_second"]
-    print(f"InitProducerId, {args.connections} connections, 1 request in flight each, "
-          f"{args.seconds:g} s per row")  # fmt: skip
+    print(
+        f"InitProducerId, {args.connections} connections, 1 request in flight each, "
+        f"{args.seconds:g} s per row"
+    )
     print(f"{'':<28} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9}  vs ceiling")
     for name, r in rows:
-        print(f"{name:<28} {r['per_second']:>9,.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-              f"{r['p999_ms']:>9.2f}  {r['per_second'] / base:.2f}x")  # fmt: skip
+        print(
+            f"{name:<28} {r['per_second']:>9,.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+            f"{r['p999_ms']:>9.2f}  {r['per_second'] / base:.2f}x"
+        )
 
 
 if __name__ == "__main__":

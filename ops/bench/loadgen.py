@@ -18,8 +18,8 @@ from typing import Any
 import trio
 
 from ops.bench.common import first_overlap
-from protocol import requests
-from protocol.client import ClientProtocol
+from pidctl.protocol import requests
+from pidctl.protocol.client import ClientProtocol
 
 RequestFactory = Callable[[int, int], Any]  # (connection index, request index) -> request
 
@@ -65,9 +65,16 @@ async def _one(stream: trio.SocketStream, protocol: ClientProtocol) -> Any:
 
 
 async def _connection(
-    host: str, port: int, index: int, make: RequestFactory, in_flight: int, deadline: float,
-    latencies: list[float], pids: set[tuple[int, int]] | None, max_requests: int,
-) -> None:  # fmt: skip
+    host: str,
+    port: int,
+    index: int,
+    make: RequestFactory,
+    in_flight: int,
+    deadline: float,
+    latencies: list[float],
+    pids: set[tuple[int, int]] | None,
+    max_requests: int,
+) -> None:
     stream = await trio.open_tcp_stream(host, port)
     protocol = ClientProtocol(f"loadgen-{index}")
     sent_at: dict[int, float] = {}
@@ -129,9 +136,17 @@ async def run(
     async with trio.open_nursery() as nursery:
         for index in range(connections):
             nursery.start_soon(
-                _connection, host, int(port), index, make, in_flight, deadline, latencies, pids,
+                _connection,
+                host,
+                int(port),
+                index,
+                make,
+                in_flight,
+                deadline,
+                latencies,
+                pids,
                 max_requests,
-            )  # fmt: skip
+            )
     elapsed = time.perf_counter() - started
     if scenario == "allocate" and pids:
         overlap = first_overlap((start, -negative) for start, negative in pids)
@@ -211,17 +226,31 @@ def main() -> None:
         "--no-unique-check", action="store_true", help="for the fixed-response ceiling server"
     )
     parser.add_argument(
-        "--broker-base", type=int, default=10_000,
+        "--broker-base",
+        type=int,
+        default=10_000,
         help="allocate scenario: first broker id (each run needs its own)",
-    )  # fmt: skip
-    parser.add_argument("--storm", type=int, metavar="PRODUCERS",
-                        help="instead: PRODUCERS producers connect within one second")  # fmt: skip
+    )
+    parser.add_argument(
+        "--storm",
+        type=int,
+        metavar="PRODUCERS",
+        help="instead: PRODUCERS producers connect within one second",
+    )
     args = parser.parse_args()
     if args.storm:
         json.dump(trio.run(storm, args.bootstrap, args.storm, 1.0, 60.0), sys.stdout)
         return
-    result = trio.run(run, args.bootstrap, args.scenario, args.connections, args.in_flight,
-                      args.seconds, not args.no_unique_check, args.broker_base)  # fmt: skip
+    result = trio.run(
+        run,
+        args.bootstrap,
+        args.scenario,
+        args.connections,
+        args.in_flight,
+        args.seconds,
+        not args.no_unique_check,
+        args.broker_base,
+    )
     json.dump(result, sys.stdout)
 
 

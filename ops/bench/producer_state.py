@@ -21,7 +21,7 @@ from ops.bench.common import rss_kib, run_json
 
 
 def _measure(kind: str, producers: int, retained: int) -> dict[str, float]:
-    from ops.broker.sequences import ProducerStateTable
+    from pidctl.broker.sequences import ProducerStateTable
 
     before = rss_kib() * 1024
     keep: object
@@ -74,8 +74,10 @@ def main() -> None:
     for name, producers, retained, r in results:
         ratio = r["bytes_per_producer"] / baseline if retained == 5 else float("nan")
         ratio_text = f"{ratio:.2f}x" if retained == 5 else "-"
-        print(f"{name:<42} {producers:>10,} {r['bytes_per_producer']:>11,.0f} "
-              f"{r['bytes_per_batch']:>8,.1f}  {ratio_text}")  # fmt: skip
+        print(
+            f"{name:<42} {producers:>10,} {r['bytes_per_producer']:>11,.0f} "
+            f"{r['bytes_per_batch']:>8,.1f}  {ratio_text}"
+        )
     print("Kafka (Java, reference): ~36 B per retained batch")
 
 

@@ -26,13 +26,13 @@ from typing import Any
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
 
-from ops.client import SyncClient
-from ops.postgres import PostgresProcess
-from ops.serverproc import ServerProcess
-from ops.spark.allocation import allocate_job_blocks
-from ops.spark.sink import batches
-from ops.spark.sqlstore import open_store
-from protocol import requests
+from ops.testing.postgres import PostgresProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
+from pidctl.spark.allocation import allocate_job_blocks
+from pidctl.spark.sink import batches
+from pidctl.spark.sqlstore import open_store
 
 
 class PlainAppend(DataSource):
@@ -101,8 +101,10 @@ def sink_throughput(
     store.close()
     out: dict[str, float] = {}
     for _ in range(3):
-        for label, sink, table in (("plain", "plain-sql-append", "plain_rows"),
-                                   ("exactly_once", "pidctl-sql", "eo_rows")):  # fmt: skip
+        for label, sink, table in (
+            ("plain", "plain-sql-append", "plain_rows"),
+            ("exactly_once", "pidctl-sql", "eo_rows"),
+        ):
             writer = df.write.format(sink).mode("append").option("url", url)
             writer = writer.option("table", table).option("bootstrap", bootstrap)
             writer = writer.option("partitions", str(partitions)).option("batchSize", "1000")
@@ -121,24 +123,28 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from ops.spark import register_data_sources
+    from pidctl.spark import register_data_sources
 
     spark = (
-        SparkSession.builder.master("local[2]").appName("pidctl-bench")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        SparkSession.builder.master("local[2]")
+        .appName("pidctl-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
-    )  # fmt: skip
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register_data_sources(spark)
     spark.dataSource.register(PlainAppend)
     out: dict[str, Any] = {"rows": args.rows, "partitions": args.partitions}
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(Path(tmp) / "data") as server:
         out["driver"] = preallocation(server.bootstrap)
-        out["sqlite"] = sink_throughput(spark, server.bootstrap, f"sqlite://{tmp}/bench.db",
-                                        args.rows, args.partitions)  # fmt: skip
+        out["sqlite"] = sink_throughput(
+            spark, server.bootstrap, f"sqlite://{tmp}/bench.db", args.rows, args.partitions
+        )
         with PostgresProcess() as postgres:
-            out["postgresql"] = sink_throughput(spark, server.bootstrap, postgres.url,
-                                                args.rows, args.partitions)  # fmt: skip
+            out["postgresql"] = sink_throughput(
+                spark, server.bootstrap, postgres.url, args.rows, args.partitions
+            )
     spark.stop()
     json.dump(out, sys.stdout, indent=2)
     print()

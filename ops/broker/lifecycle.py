@@ -14,10 +14,9 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
-from ops.client import TrioClient
-from protocol import requests
-
-from .pid_manager import AllocationRefused, ProducerIdManager
+from pidctl.broker.pid_manager import AllocationRefused, ProducerIdManager
+from pidctl.client import TrioClient
+from pidctl.protocol import requests
 
 log = structlog.get_logger("pidctl.broker")
 
@@ -73,10 +72,15 @@ class BrokerLifecycle:
     async def register(self) -> int:
         if self.cluster_id is None:
             self.cluster_id = (await self._call(requests.metadata([]))).cluster_id
-        response = await self._call(requests.registration(
-            self.broker_id, self.cluster_id or "", self.incarnation,
-            listeners=self.listeners, rack=self.rack,
-        ))  # fmt: skip
+        response = await self._call(
+            requests.registration(
+                self.broker_id,
+                self.cluster_id or "",
+                self.incarnation,
+                listeners=self.listeners,
+                rack=self.rack,
+            )
+        )
         if response.error_code:
             raise AllocationRefused(f"registration refused: {response.error_code.name}")
         self.epoch = int(response.broker_epoch)

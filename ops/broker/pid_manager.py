@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 import structlog
 import trio
 
-from controller.blocks import InvalidBlock, ProducerIdPool
-from controller.kafka import PREFETCH_THRESHOLD
+from pidctl.controller.core.blocks import InvalidBlock, ProducerIdPool
+from pidctl.controller.core.kafka import PREFETCH_THRESHOLD
 
 log = structlog.get_logger("pidctl.broker.pid_manager")
 

@@ -122,11 +122,17 @@ class ProducerStateTable:
             for i in range(0, len(batches), 2):
                 if batches[i] == key:
                     first_offset = batches[i + 1]
-                    return Verdict(duplicate=True, first_offset=first_offset,
-                                   last_offset=first_offset + record_count - 1)  # fmt: skip
+                    return Verdict(
+                        duplicate=True,
+                        first_offset=first_offset,
+                        last_offset=first_offset + record_count - 1,
+                    )
         elif first_seq == self._first_of_last(producer) and last == producer.last_seq:
-            return Verdict(duplicate=True, first_offset=producer.last_offset - record_count + 1,
-                           last_offset=producer.last_offset)  # fmt: skip
+            return Verdict(
+                duplicate=True,
+                first_offset=producer.last_offset - record_count + 1,
+                last_offset=producer.last_offset,
+            )
         if first_seq == (producer.last_seq + 1) % SEQUENCE_LIMIT:
             return Verdict()
         window = self.duplicate_window if self.mode == "latest" else SEQUENCE_LIMIT // 2
@@ -184,8 +190,9 @@ class ProducerStateTable:
         """Write the whole table atomically, with a checksum over everything."""
         parts = [_HEADER.pack(len(self._producers))]
         for pid, p in self._producers.items():
-            parts.append(_ENTRY.pack(pid, p.epoch, p.updated_ms, p.last_seq, p.last_offset,
-                                     len(p.batches)))  # fmt: skip
+            parts.append(
+                _ENTRY.pack(pid, p.epoch, p.updated_ms, p.last_seq, p.last_offset, len(p.batches))
+            )
             parts.append(p.batches.tobytes())
         body = b"".join(parts)
         tmp = path.with_name(path.name + ".tmp")

@@ -11,10 +11,10 @@ from typing import Any
 import trio
 from kio.static.protocol import RequestPayload
 
-from protocol import requests
-from protocol.addresses import HostPort
-from protocol.client import ClientProtocol
-from protocol.sasl_client import ScramClient, plain_token
+from pidctl.protocol import requests
+from pidctl.protocol.addresses import HostPort
+from pidctl.protocol.client import ClientProtocol
+from pidctl.protocol.sasl_client import ScramClient, plain_token
 
 _RECEIVE_BYTES = 64 * 1024
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .allocation import JobAllocation, PreallocationError, preallocate_producer_ids
-from .columns import with_producer_columns
+from pidctl.spark.allocation import JobAllocation, PreallocationError, preallocate_producer_ids
+from pidctl.spark.columns import with_producer_columns
 
 __all__ = [
     "JobAllocation",
@@ -20,9 +20,9 @@ __all__ = [
 def register_data_sources(spark: Any) -> None:
     """Make ``format("pidctl-sql")`` and ``format("pidctl-log")`` known to ``spark``; the
     sink's job blocks then carry the application id as client id by default."""
-    from .allocation import application_id
-    from .logsource import PidctlLogSource
-    from .sink import PidctlSqlSink
+    from pidctl.spark.allocation import application_id
+    from pidctl.spark.logsource import PidctlLogSource
+    from pidctl.spark.sink import PidctlSqlSink
 
     # A subclass made here travels to Spark's Python workers by value, with the id in it.
     sink = type("PidctlSqlSink", (PidctlSqlSink,), {"application_id": application_id(spark)})

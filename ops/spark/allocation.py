@@ -15,8 +15,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from ops.client import AuthenticationError, SyncClient
-from protocol import requests
+from pidctl.client import AuthenticationError, SyncClient
+from pidctl.protocol import requests
 
 #: Kafka's block size: an AllocateProducerIds grant is always 1000 PIDs.
 BLOCK_SIZE = 1000
@@ -77,8 +77,11 @@ def client_settings(options: dict[str, str]) -> dict[str, Any]:
         settings["ssl_context"] = ssl.create_default_context(cafile=lowered.get("ssl.cafile"))
     if protocol.startswith("SASL_"):
         try:
-            settings["sasl"] = (lowered.get("sasl.mechanism", "PLAIN").upper(),
-                                lowered["sasl.username"], lowered["sasl.password"])  # fmt: skip
+            settings["sasl"] = (
+                lowered.get("sasl.mechanism", "PLAIN").upper(),
+                lowered["sasl.username"],
+                lowered["sasl.password"],
+            )
         except KeyError as e:
             raise ValueError(f"{protocol} needs {e.args[0]}") from None
     return settings
@@ -103,8 +106,9 @@ def allocate_job_blocks(
         raise ValueError(f"count must be positive, got {count}")
     wanted = math.ceil(count / BLOCK_SIZE)
     try:
-        with SyncClient(bootstrap, client_id=client_id, timeout=timeout,
-                        ssl_context=ssl_context, sasl=sasl) as client:  # fmt: skip
+        with SyncClient(
+            bootstrap, client_id=client_id, timeout=timeout, ssl_context=ssl_context, sasl=sasl
+        ) as client:
             responses = client.pipeline([requests.allocate(-1, -1)] * wanted)
     except (OSError, AuthenticationError) as e:
         raise PreallocationError(f"pidctl at {bootstrap}: {e}") from e

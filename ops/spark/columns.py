@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .allocation import JobAllocation
+from pidctl.spark.allocation import JobAllocation
 
 
 def with_producer_columns(df: Any, allocation: JobAllocation) -> Any:
@@ -19,12 +19,14 @@ def with_producer_columns(df: Any, allocation: JobAllocation) -> Any:
     import pyarrow as pa
     from pyspark.sql.types import IntegerType, LongType, ShortType, StructField, StructType
 
-    schema = StructType([
-        *df.schema.fields,
-        StructField("producer_id", LongType(), False),
-        StructField("producer_epoch", ShortType(), False),
-        StructField("sequence", IntegerType(), False),
-    ])  # fmt: skip
+    schema = StructType(
+        [
+            *df.schema.fields,
+            StructField("producer_id", LongType(), False),
+            StructField("producer_epoch", ShortType(), False),
+            StructField("sequence", IntegerType(), False),
+        ]
+    )
 
     def add_columns(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext

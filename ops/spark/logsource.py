@@ -22,9 +22,13 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from controller.logformat import scan_segment
-from controller.logtools import entry_to_dict
-from controller.metalog import SEGMENT_SUFFIX, LogCorruption, offset_of
+from pidctl.controller.core.logformat import (
+    SEGMENT_SUFFIX,
+    LogCorruption,
+    entry_to_dict,
+    offset_of,
+    scan_segment,
+)
 
 SCHEMA = (
     "offset BIGINT, timestamp TIMESTAMP, type STRING, broker_id INT, broker_epoch BIGINT, "
@@ -33,9 +37,17 @@ SCHEMA = (
     "record STRING"
 )
 _FIELDS = (
-    "broker_id", "broker_epoch", "first_producer_id", "next_producer_id", "holder",
-    "principal", "client_id", "transactional_id", "producer_id", "producer_epoch",
-)  # fmt: skip
+    "broker_id",
+    "broker_epoch",
+    "first_producer_id",
+    "next_producer_id",
+    "holder",
+    "principal",
+    "client_id",
+    "transactional_id",
+    "producer_id",
+    "producer_epoch",
+)
 
 
 class SegmentPartition(InputPartition):
@@ -66,9 +78,12 @@ def read_segment(partition: SegmentPartition) -> Iterator[tuple[Any, ...]]:
         item = entry_to_dict(entry)
         moment = datetime.datetime.fromtimestamp(entry.timestamp_ms / 1000, datetime.UTC)
         yield (
-            entry.offset, moment, item["type"], *(item.get(name) for name in _FIELDS),
+            entry.offset,
+            moment,
+            item["type"],
+            *(item.get(name) for name in _FIELDS),
             json.dumps(item, separators=(",", ":")),
-        )  # fmt: skip
+        )
 
 
 class PidctlLogSource(DataSource):

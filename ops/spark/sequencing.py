@@ -14,7 +14,7 @@ from enum import Enum
 
 from kio.schema.errors import ErrorCode
 
-from ops.broker.sequences import SEQUENCE_LIMIT, ProducerStateTable
+from pidctl.broker.sequences import SEQUENCE_LIMIT, ProducerStateTable
 
 
 class SequenceError(RuntimeError):
@@ -50,8 +50,14 @@ def decide(
         unknown_producer="reject" if stored is None else "accept",
     )
     if stored is not None:
-        table.append(producer_id, stored.epoch, stored.last_batch_first_sequence,
-                     stored.last_sequence - stored.last_batch_first_sequence + 1, 0, 0)  # fmt: skip
+        table.append(
+            producer_id,
+            stored.epoch,
+            stored.last_batch_first_sequence,
+            stored.last_sequence - stored.last_batch_first_sequence + 1,
+            0,
+            0,
+        )
     verdict = table.check(producer_id, epoch, first_sequence, count)
     if verdict.appendable:
         return Decision.APPEND

@@ -34,9 +34,9 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from .allocation import JobAllocation, allocate_job_blocks, client_settings
-from .sequencing import Decision
-from .sqlstore import ProducerReport, check_identifier, open_store
+from pidctl.spark.allocation import JobAllocation, allocate_job_blocks, client_settings
+from pidctl.spark.sequencing import Decision
+from pidctl.spark.sqlstore import ProducerReport, check_identifier, open_store
 
 DEFAULT_BATCH_SIZE = 1000
 DEFAULT_PARTITIONS = 1000
@@ -93,7 +93,7 @@ def _positive(options: dict[str, str], name: str, default: int) -> int:
 class PidctlSqlSink(DataSource):
     """The data source; see the module documentation."""
 
-    #: Set by :func:`ops.spark.register_data_sources` on the class it registers: the default
+    #: Set by :func:`pidctl.spark.register_data_sources` on the class it registers: the default
     #: client id. The writer is built in a Python worker that does not know the application.
     application_id: str | None = None
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .sequencing import Decision, SequenceError, StoredProducer, decide
+from pidctl.spark.sequencing import Decision, SequenceError, StoredProducer, decide
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 #: Seconds SQLite waits for another writer's transaction (a concurrent attempt) to finish.
@@ -109,18 +109,21 @@ class SqlStore:
             self.begin()
             aborted = self.execute(
                 "SELECT job FROM pidctl_aborted_ranges WHERE ? BETWEEN first_producer_id AND "
-                "last_producer_id", (producer_id,),
-            ).fetchone()  # fmt: skip
+                "last_producer_id",
+                (producer_id,),
+            ).fetchone()
             if aborted is not None:
                 raise SequenceError(f"producer {producer_id}: job {aborted[0]} was aborted")
             self.execute(
                 "INSERT INTO pidctl_producer_state VALUES (?, ?, ?, -1, -1) "
-                "ON CONFLICT (producer_id) DO NOTHING", (producer_id, table, epoch),
-            )  # fmt: skip
+                "ON CONFLICT (producer_id) DO NOTHING",
+                (producer_id, table, epoch),
+            )
             row = self.execute(
                 "SELECT producer_epoch, last_batch_first_sequence, last_sequence FROM "
-                f"pidctl_producer_state WHERE producer_id = ?{self.row_lock}", (producer_id,),
-            ).fetchone()  # fmt: skip
+                f"pidctl_producer_state WHERE producer_id = ?{self.row_lock}",
+                (producer_id,),
+            ).fetchone()
             stored = StoredProducer(*row) if row[2] >= 0 else None
             decision = decide(stored, producer_id, epoch, first_sequence, len(rows))
             if decision is Decision.APPEND:
@@ -150,12 +153,14 @@ class SqlStore:
             deleted = 0
             for first, length in blocks:
                 last = first + length - 1
-                self.execute("INSERT INTO pidctl_aborted_ranges VALUES (?, ?, ?)",
-                              (first, last, job))  # fmt: skip
+                self.execute(
+                    "INSERT INTO pidctl_aborted_ranges VALUES (?, ?, ?)", (first, last, job)
+                )
                 cursor = self.execute(
                     f"DELETE FROM {check_identifier(table)} WHERE pidctl_producer_id BETWEEN ? "
-                    "AND ?", (first, last),
-                )  # fmt: skip
+                    "AND ?",
+                    (first, last),
+                )
                 deleted += max(0, cursor.rowcount)
             self.connection.commit()
             return deleted
@@ -170,18 +175,38 @@ class SqlStore:
         marks = ", ".join([self.placeholder] * 8)
         cursor.executemany(
             f"INSERT INTO pidctl_sink_commits VALUES ({marks})",
-            [(job, table, r.producer_id, r.producer_epoch, r.final_sequence, r.rows_written,
-              r.duplicate_rows, now) for r in reports],
-        )  # fmt: skip
+            [
+                (
+                    job,
+                    table,
+                    r.producer_id,
+                    r.producer_epoch,
+                    r.final_sequence,
+                    r.rows_written,
+                    r.duplicate_rows,
+                    now,
+                )
+                for r in reports
+            ],
+        )
         self.connection.commit()
 
 
 class SqliteStore(SqlStore):
     types = {
-        "long": "BIGINT", "integer": "INTEGER", "short": "INTEGER", "byte": "INTEGER",
-        "string": "TEXT", "double": "REAL", "float": "REAL", "boolean": "INTEGER",
-        "binary": "BLOB", "date": "TEXT", "timestamp": "TEXT", "decimal": "NUMERIC",
-    }  # fmt: skip
+        "long": "BIGINT",
+        "integer": "INTEGER",
+        "short": "INTEGER",
+        "byte": "INTEGER",
+        "string": "TEXT",
+        "double": "REAL",
+        "float": "REAL",
+        "boolean": "INTEGER",
+        "binary": "BLOB",
+        "date": "TEXT",
+        "timestamp": "TEXT",
+        "decimal": "NUMERIC",
+    }
 
     def __init__(self, path: str) -> None:
         connection = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None)
@@ -221,10 +246,19 @@ class PostgresStore(SqlStore):
     placeholder = "%s"
     row_lock = " FOR UPDATE"  # the state row locked until commit: attempts take turns
     types = {
-        "long": "BIGINT", "integer": "INTEGER", "short": "SMALLINT", "byte": "SMALLINT",
-        "string": "TEXT", "double": "DOUBLE PRECISION", "float": "REAL", "boolean": "BOOLEAN",
-        "binary": "BYTEA", "date": "DATE", "timestamp": "TIMESTAMPTZ", "decimal": "NUMERIC",
-    }  # fmt: skip
+        "long": "BIGINT",
+        "integer": "INTEGER",
+        "short": "SMALLINT",
+        "byte": "SMALLINT",
+        "string": "TEXT",
+        "double": "DOUBLE PRECISION",
+        "float": "REAL",
+        "boolean": "BOOLEAN",
+        "binary": "BYTEA",
+        "date": "DATE",
+        "timestamp": "TIMESTAMPTZ",
+        "decimal": "NUMERIC",
+    }
 
     def __init__(self, url: str) -> None:
         import psycopg

@@ -16,10 +16,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.metalog import read_log, rebuild_state
-from controller.records import ProducerIdsGranted, TransactionalIdUpdated
-from ops.client import SyncClient
-from protocol import requests
+from pidctl.client import SyncClient
+from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
+from pidctl.controller.log.metalog import read_log, rebuild_state
+from pidctl.protocol import requests
 
 #: Pipelined requests per round trip of each load connection.
 PIPELINE = 4
@@ -130,10 +130,14 @@ def check_data_dir(data_dir: Path, acked: Acknowledged) -> Verdict:
         floor = int(contents.snapshot_state["next_producer_id"])
     else:
         floor = 0
-    broker_blocks = {(g.first_producer_id, g.next_producer_id - g.first_producer_id) for g in grants
-                     if g.holder == "broker"}  # fmt: skip
-    controller_blocks = [(g.first_producer_id, g.next_producer_id) for g in grants
-                         if g.holder == "controller"]  # fmt: skip
+    broker_blocks = {
+        (g.first_producer_id, g.next_producer_id - g.first_producer_id)
+        for g in grants
+        if g.holder == "broker"
+    }
+    controller_blocks = [
+        (g.first_producer_id, g.next_producer_id) for g in grants if g.holder == "controller"
+    ]
     updates = {
         (e.record.transactional_id, e.record.producer_id, e.record.producer_epoch)
         for e in contents.entries()

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
 from tests import wire
 
 
 def pidctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        [sys.executable, "-m", "pidctl.controller.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _grants(tmp_path: Path, count: int) -> tuple[Path, list[int], int]:
@@ -30,8 +33,10 @@ def _grants(tmp_path: Path, count: int) -> tuple[Path, list[int], int]:
     with ServerProcess(data_dir) as server:
         with SyncClient(server.bootstrap) as client:
             epoch = wire.register(client, 1, server.cluster_id())
-            starts = [r.producer_id_start for r in client.pipeline(
-                [wire.allocate(1, epoch) for _ in range(count)])]  # fmt: skip
+            starts = [
+                r.producer_id_start
+                for r in client.pipeline([wire.allocate(1, epoch) for _ in range(count)])
+            ]
         assert server.terminate() == 0
     return data_dir, starts, epoch
 
@@ -50,8 +55,11 @@ def test_dump_json_is_the_audit_trail(tmp_path: Path) -> None:
     assert result.returncode == 0
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["type"] for r in records] == [
-        "ClusterCreated", "ControllerStarted", "BrokerRegistered", *["ProducerIdsGranted"] * 3,
-    ]  # fmt: skip
+        "ClusterCreated",
+        "ControllerStarted",
+        "BrokerRegistered",
+        *["ProducerIdsGranted"] * 3,
+    ]
     assert [r["offset"] for r in records] == list(range(6))
     assert records[2]["broker_epoch"] == epoch == 2  # the registration record's offset
     grants = [r for r in records if r["type"] == "ProducerIdsGranted"]
@@ -99,10 +107,22 @@ def test_corruption_in_the_middle_stops_start_up_and_touches_nothing(tmp_path: P
     verify = pidctl("log", "verify", "--data-dir", str(data_dir))
     assert verify.returncode == 1 and "CORRUPT" in verify.stdout
     serve = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "serve", "--data-dir", str(data_dir),
-         "--metrics-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert serve.returncode == 1
     last_line = serve.stderr.strip().splitlines()[-1]
     assert last_line.startswith("pidctl: ") and segment.name in last_line
@@ -175,7 +195,7 @@ def test_unknown_setting_in_config_file(tmp_path: Path) -> None:
 def test_max_frame_bytes_setting_is_enforced(tmp_path: Path) -> None:
     from kio.schema.api_versions.v3 import ApiVersionsRequest
 
-    from protocol.codec import encode_request
+    from pidctl.protocol.codec import encode_request
 
     big = encode_request(
         ApiVersionsRequest(client_software_name="a" * 300, client_software_version="1"), 1, "c"
@@ -190,15 +210,24 @@ def test_max_frame_bytes_setting_is_enforced(tmp_path: Path) -> None:
 
 
 def test_register_and_allocate_commands(server: ServerProcess) -> None:
-    registered = pidctl("register", "--bootstrap", server.bootstrap, "--broker-id", "4",
-                        "--cluster-id", server.cluster_id())  # fmt: skip
+    registered = pidctl(
+        "register",
+        "--bootstrap",
+        server.bootstrap,
+        "--broker-id",
+        "4",
+        "--cluster-id",
+        server.cluster_id(),
+    )
     assert registered.returncode == 0, registered.stderr
     epoch = registered.stdout.split()[-1]
-    allocated = pidctl("allocate", "--bootstrap", server.bootstrap, "--broker-id", "4",
-                       "--broker-epoch", epoch)  # fmt: skip
+    allocated = pidctl(
+        "allocate", "--bootstrap", server.bootstrap, "--broker-id", "4", "--broker-epoch", epoch
+    )
     assert allocated.stdout.strip() == "producer ids 0..999"
-    refused = pidctl("allocate", "--bootstrap", server.bootstrap, "--broker-id", "4",
-                     "--broker-epoch", "999")  # fmt: skip
+    refused = pidctl(
+        "allocate", "--bootstrap", server.bootstrap, "--broker-id", "4", "--broker-epoch", "999"
+    )
     assert refused.returncode == 1
     assert refused.stderr.strip() == "pidctl: allocation refused: stale_broker_epoch"
 
@@ -207,8 +236,9 @@ def test_connection_refused_is_one_line(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = pidctl("allocate", "--bootstrap", f"127.0.0.1:{port}", "--broker-id", "1",
-                    "--broker-epoch", "1")  # fmt: skip
+    result = pidctl(
+        "allocate", "--bootstrap", f"127.0.0.1:{port}", "--broker-id", "1", "--broker-epoch", "1"
+    )
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -218,8 +248,15 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = pidctl("serve", "--data-dir", str(tmp_path / "d"), "--metrics-listen",
-                        "127.0.0.1:0", "--listen", f"127.0.0.1:{port}")  # fmt: skip
+        result = pidctl(
+            "serve",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--listen",
+            f"127.0.0.1:{port}",
+        )
     assert result.returncode == 1
     assert (
         result.stderr.strip()
@@ -229,8 +266,17 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
 
 
 def test_every_bad_setting_is_named_on_its_own_line(tmp_path: Path) -> None:
-    result = pidctl("serve", "--data-dir", str(tmp_path / "d"), "--node-id", "x",
-                    "--max-frame-bytes", "0", "--listeners", "SSL://127.0.0.1:0")  # fmt: skip
+    result = pidctl(
+        "serve",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--node-id",
+        "x",
+        "--max-frame-bytes",
+        "0",
+        "--listeners",
+        "SSL://127.0.0.1:0",
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2
     assert all(line.startswith("pidctl: ") for line in lines)
@@ -240,7 +286,9 @@ def test_every_bad_setting_is_named_on_its_own_line(tmp_path: Path) -> None:
 
 def test_output_into_a_closed_pipe_stops_quietly(server: ServerProcess) -> None:
     # `true` exits without reading, long before pidctl has connected and prints.
-    command = (f"{sys.executable} -m controller.cli status --bootstrap {server.bootstrap} "
-               "| true; exit ${PIPESTATUS[0]}")  # fmt: skip
+    command = (
+        f"{sys.executable} -m pidctl.controller.cli status --bootstrap {server.bootstrap} "
+        "| true; exit ${PIPESTATUS[0]}"
+    )
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr) == (0, "")

@@ -13,9 +13,9 @@ import kafka
 import pytest
 from kafka.errors import ProducerFencedError
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
-from protocol import requests
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
 from tests import wire
 
 _ACQUIRED = re.compile(r"Acquired PID\{Id:(\d+),Epoch:(\d+)\}")
@@ -79,8 +79,9 @@ def test_librdkafka_transactional_producers_bump_the_epoch(server: ServerProcess
     assert second == (first[0], 1)
     # The first producer's epoch is now fenced: a KIP-360 init with it is refused.
     with SyncClient(server.bootstrap) as client:
-        fenced = client.request(requests.init_producer_id(
-            "orders-tx", producer_id=first[0], producer_epoch=0))  # fmt: skip
+        fenced = client.request(
+            requests.init_producer_id("orders-tx", producer_id=first[0], producer_epoch=0)
+        )
     assert fenced.error_code == confluent_kafka.KafkaError.PRODUCER_FENCED
 
 

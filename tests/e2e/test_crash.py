@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from ops.bench.common import first_overlap
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
 from tests import wire
 
 BROKERS = 8
@@ -54,9 +54,19 @@ def _broker_loop(
 
 def _verify(data_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", "log", "verify", "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "log",
+            "verify",
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.slow

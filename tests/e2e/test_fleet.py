@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from controller.metalog import read_log
-from controller.records import ProducerIdsLeased
 from ops.bench.common import first_overlap
-from ops.broker.lifecycle import BrokerLifecycle
-from ops.broker.pid_manager import AllocationRefused
-from ops.client import SyncClient
-from ops.coordination import EtcdProcess, free_port
-from ops.serverproc import ServerProcess, wait_until_async
-from protocol import requests
+from ops.testing.coordination import EtcdProcess, free_port
+from ops.testing.serverproc import ServerProcess, wait_until_async
+from pidctl.broker.lifecycle import BrokerLifecycle
+from pidctl.broker.pid_manager import AllocationRefused
+from pidctl.client import SyncClient
+from pidctl.controller.core.records import ProducerIdsLeased
+from pidctl.controller.log.metalog import read_log
+from pidctl.protocol import requests
 
 CLUSTER_ID = "fleetFleetFleetFleet01"
 
@@ -28,9 +28,16 @@ CLUSTER_ID = "fleetFleetFleetFleet01"
 def _controller(tmp_path: Path, etcd: EtcdProcess, node: int, *extra: str) -> ServerProcess:
     return ServerProcess(
         tmp_path / f"c{node}",
-        "--listen", f"127.0.0.1:{free_port()}", "--node-id", str(node),
-        "--cluster-id", CLUSTER_ID, "--pid-source", etcd.pid_source(), *extra,
-    )  # fmt: skip
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--node-id",
+        str(node),
+        "--cluster-id",
+        CLUSTER_ID,
+        "--pid-source",
+        etcd.pid_source(),
+        *extra,
+    )
 
 
 def _metric(server: ServerProcess, name: str) -> float:
@@ -234,8 +241,7 @@ def test_tls_to_etcd_is_a_setting(tmp_path: Path, tls_etcd: tuple[EtcdProcess, P
     etcd, ca_file = tls_etcd
     source = etcd.pid_source()
     assert source.startswith("etcds://")
-    trusting = ServerProcess(tmp_path / "a", "--pid-source", source, "--etcd-cafile",
-                             str(ca_file))  # fmt: skip
+    trusting = ServerProcess(tmp_path / "a", "--pid-source", source, "--etcd-cafile", str(ca_file))
     with trusting, SyncClient(trusting.bootstrap) as client:
         assert _allocate_job(client)[0] == 0
     # Without the CA the certificate is refused: no lease, a retriable answer, a reason.

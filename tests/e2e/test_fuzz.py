@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.metalog import read_log
 from ops.bench.common import rss_kib
-from ops.serverproc import ServerProcess
-from protocol import requests
-from protocol.codec import encode_request
+from ops.testing.serverproc import ServerProcess
+from pidctl.controller.log.metalog import read_log
+from pidctl.protocol import requests
+from pidctl.protocol.codec import encode_request
 from tests import wire
 from tests.e2e.test_operations import scrape
 
@@ -54,8 +54,13 @@ frames = st.one_of(
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path_factory.mktemp("fuzz") / "d", "--frame-timeout-ms", "200",
-                           "--connections-max-idle-ms", "200")  # fmt: skip
+    server = ServerProcess(
+        tmp_path_factory.mktemp("fuzz") / "d",
+        "--frame-timeout-ms",
+        "200",
+        "--connections-max-idle-ms",
+        "200",
+    )
     with server:
         yield server
 

@@ -21,11 +21,11 @@ from kio.schema.metadata.v0.request import MetadataRequestTopic
 from kio.schema.types import TopicName
 from kio.static.primitive import i8
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess, wait_until
-from protocol import requests
-from protocol.codec import decode_response, encode_request
-from protocol.sasl_client import ScramClient
+from ops.testing.serverproc import ServerProcess, wait_until
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
+from pidctl.protocol.codec import decode_response, encode_request
+from pidctl.protocol.sasl_client import ScramClient
 
 #: An answer to another client may take this long while the attack goes on (the issue's bound).
 LATENCY_BOUND_S = 0.25
@@ -112,9 +112,16 @@ def _tls_server(tmp_path: Path, ca: trustme.CA, *extra: str) -> ServerProcess:
     files = {"certfile": "server.pem", "keyfile": "server.key", "cafile": "ca.pem"}
     tls = [arg for name, file in files.items() for arg in (f"--ssl-{name}", str(tmp_path / file))]
     return ServerProcess(
-        tmp_path / "d", "--listeners", "SSL://127.0.0.1:0", *tls,
-        "--ssl-client-auth", "required", "--authorizer", "acl", *extra,
-    )  # fmt: skip
+        tmp_path / "d",
+        "--listeners",
+        "SSL://127.0.0.1:0",
+        *tls,
+        "--ssl-client-auth",
+        "required",
+        "--authorizer",
+        "acl",
+        *extra,
+    )
 
 
 def _client(server: ServerProcess, ca: trustme.CA, **subject: str) -> SyncClient:
@@ -131,13 +138,19 @@ def test_super_users_are_separated_by_semicolons_and_matched_whole(tmp_path: Pat
     admin = "User:CN=admin,OU=ops,O=acme"
     with _tls_server(tmp_path, ca, "--super-users", f"{admin};User:alice") as server:
         cluster = server.cluster_id()
-        real = {"common_name": "admin", "organization_unit_name": "ops",
-                "organization_name": "acme"}  # fmt: skip
+        real = {
+            "common_name": "admin",
+            "organization_unit_name": "ops",
+            "organization_name": "acme",
+        }
         with _client(server, ca, **real) as client:
             assert client.request(requests.registration(1, cluster)).error_code == 0
         # The same CN in another organisation is not the super user (it used to be).
-        forged = {"common_name": "admin", "organization_unit_name": "ops",
-                  "organization_name": "evil"}  # fmt: skip
+        forged = {
+            "common_name": "admin",
+            "organization_unit_name": "ops",
+            "organization_name": "evil",
+        }
         with _client(server, ca, **forged) as client:
             assert client.request(requests.registration(2, cluster)).error_code == 31
         only_cn = {"common_name": "admin"}
@@ -146,18 +159,34 @@ def test_super_users_are_separated_by_semicolons_and_matched_whole(tmp_path: Pat
 
 
 def _serve_command(tmp_path: Path, config: Path) -> list[str]:
-    return [sys.executable, "-m", "controller.cli", "serve", "--config", str(config),
-            "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-            "--data-dir", str(tmp_path / "d")]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pidctl.controller.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        str(tmp_path / "d"),
+    ]
 
 
 BAD_ACLS = [
-    ('resource_type = "TransactionalId"\nresource_name = ""\npattern_type = "prefixed"\n'
-     'operation = "Write"', "resource_name is empty"),
+    (
+        'resource_type = "TransactionalId"\nresource_name = ""\npattern_type = "prefixed"\n'
+        'operation = "Write"',
+        "resource_name is empty",
+    ),
     ('resource_type = "TransactionalId"\noperation = "Write"', "lacks 'resource_name'"),
-    ('resource_type = "TransactionalId"\nresource_name = "x"\noperation = "ClusterAction"',
-     "does not apply to TransactionalId"),
-]  # fmt: skip
+    (
+        'resource_type = "TransactionalId"\nresource_name = "x"\noperation = "ClusterAction"',
+        "does not apply to TransactionalId",
+    ),
+]
 
 
 @pytest.mark.parametrize(("acl", "says"), BAD_ACLS)
@@ -174,8 +203,10 @@ def test_a_malformed_acl_stops_start_up_naming_it(tmp_path: Path, acl: str, says
 
 def test_a_malformed_acl_on_sighup_keeps_the_old_ones(tmp_path: Path) -> None:
     config = tmp_path / "pidctl.toml"
-    good = ('authorizer = "acl"\n[[acls]]\nprincipal = "User:ANONYMOUS"\n'
-            'operation = "IdempotentWrite"\nresource_type = "Cluster"\n')  # fmt: skip
+    good = (
+        'authorizer = "acl"\n[[acls]]\nprincipal = "User:ANONYMOUS"\n'
+        'operation = "IdempotentWrite"\nresource_type = "Cluster"\n'
+    )
     config.write_text(good)
     with ServerProcess(tmp_path / "d", "--config", str(config)) as server:
         with SyncClient(server.bootstrap) as client:
@@ -183,8 +214,10 @@ def test_a_malformed_acl_on_sighup_keeps_the_old_ones(tmp_path: Path) -> None:
         config.write_text(good + '[[acls]]\nprincipal = "User:ANONYMOUS"\n' + BAD_ACLS[0][0])
         assert server.proc is not None
         server.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: any(e.get("event", "").startswith("reload failed")
-                               for e in server.events), "the refusal logged")  # fmt: skip
+        wait_until(
+            lambda: any(e.get("event", "").startswith("reload failed") for e in server.events),
+            "the refusal logged",
+        )
         refusal = next(e for e in server.events if e.get("event", "").startswith("reload failed"))
         assert "resource_name is empty" in refusal["error"]
         with SyncClient(server.bootstrap) as client:  # the old ACLs are still in force
@@ -199,14 +232,30 @@ def sasl_server(tmp_path: Path) -> ServerProcess:
     users = tmp_path / "users.json"
     for user in ("alice", "mallory"):
         subprocess.run(
-            [sys.executable, "-m", "controller.cli", "users", "add", "--credentials-file",
-             str(users), "--user", user, "--password-stdin"],
-            input=f"{user}-pw\n", text=True, check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pidctl.controller.cli",
+                "users",
+                "add",
+                "--credentials-file",
+                str(users),
+                "--user",
+                user,
+                "--password-stdin",
+            ],
+            input=f"{user}-pw\n",
+            text=True,
+            check=True,
+            capture_output=True,
+        )
     server = ServerProcess(
-        tmp_path / "d", "--listeners", "SASL_PLAINTEXT://127.0.0.1:0",
-        "--credentials-file", str(users),
-    )  # fmt: skip
+        tmp_path / "d",
+        "--listeners",
+        "SASL_PLAINTEXT://127.0.0.1:0",
+        "--credentials-file",
+        str(users),
+    )
     return server
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from ops.client import SyncClient
-from ops.coordination import EtcdProcess, ZooKeeperProcess
-from ops.serverproc import ServerProcess
-from protocol import requests
+from ops.testing.coordination import EtcdProcess, ZooKeeperProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
 
 ZNODE = "/latest_producer_id_block"
 
@@ -42,7 +42,7 @@ def _block(broker: int, start: int, end: int) -> bytes:
 
 
 def _import(zk: ZooKeeperProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "controller.cli", "import-zk", "--zookeeper", zk.hosts]
+    command = [sys.executable, "-m", "pidctl.controller.cli", "import-zk", "--zookeeper", zk.hosts]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
 
 
@@ -71,9 +71,20 @@ def test_import_into_a_data_dir(zookeeper: ZooKeeperProcess, tmp_path: Path) -> 
     with ServerProcess(data_dir) as server:
         assert _first_block(server) == 5_001_000  # strictly above ZooKeeper's last block
     dump = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "log", "dump", "--data-dir", str(data_dir),
-         "--json"], capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "log",
+            "dump",
+            "--data-dir",
+            str(data_dir),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     floors = [json.loads(line) for line in dump.stdout.splitlines() if "FloorRaised" in line]
     assert [f["next_producer_id"] for f in floors] == [5_001_000]
     # Once the controller granted above it, the same block is lower: refused, log unchanged.
@@ -126,8 +137,18 @@ def test_bad_input_gets_one_line(zookeeper: ZooKeeperProcess, tmp_path: Path) ->
 
 
 def test_unreachable_zookeeper_is_one_line(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "controller.cli", "import-zk", "--zookeeper",
-               "127.0.0.1:1", "--timeout", "1", "--data-dir", str(tmp_path / "d")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pidctl.controller.cli",
+        "import-zk",
+        "--zookeeper",
+        "127.0.0.1:1",
+        "--timeout",
+        "1",
+        "--data-dir",
+        str(tmp_path / "d"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr == "pidctl: ZooKeeper 127.0.0.1:1: no answer in 1 s\n"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from controller.logtools import dump_lines
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
-from protocol import requests
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.controller.log.logtools import dump_lines
+from pidctl.protocol import requests
 from tests import wire
 
 TIMEOUTS_CLIENTS_SEND = [-1, 0, 60_000, 2**31 - 1]
@@ -34,13 +34,15 @@ def test_idempotent_gets_fresh_pids_at_epoch_zero(server: ServerProcess, version
 def test_transactional_validation(tmp_path: Path, version: int) -> None:
     server = ServerProcess(tmp_path / "d", "--transaction-max-timeout-ms", "1000")
     with server, SyncClient(server.bootstrap) as client:
-        empty, zero, negative, too_long, at_max = client.pipeline([
-            requests.init_producer_id("", version=version),
-            requests.init_producer_id("tx", 0, version=version),
-            requests.init_producer_id("tx", -1, version=version),
-            requests.init_producer_id("tx", 1001, version=version),
-            requests.init_producer_id("tx", 1000, version=version),
-        ])  # fmt: skip
+        empty, zero, negative, too_long, at_max = client.pipeline(
+            [
+                requests.init_producer_id("", version=version),
+                requests.init_producer_id("tx", 0, version=version),
+                requests.init_producer_id("tx", -1, version=version),
+                requests.init_producer_id("tx", 1001, version=version),
+                requests.init_producer_id("tx", 1000, version=version),
+            ]
+        )
     assert empty.error_code == ErrorCode.invalid_request
     assert (
         zero.error_code
@@ -75,29 +77,39 @@ def test_reinit_bumps_epoch_and_keeps_pid(server: ServerProcess, version: int) -
     assert [first.producer_epoch, second.producer_epoch, third.producer_epoch] == [0, 1, 2]
 
 
-@pytest.mark.parametrize(("version", "fenced"), [
-    (3, ErrorCode.invalid_producer_epoch), (4, ErrorCode.producer_fenced),
-    (5, ErrorCode.producer_fenced),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("version", "fenced"),
+    [
+        (3, ErrorCode.invalid_producer_epoch),
+        (4, ErrorCode.producer_fenced),
+        (5, ErrorCode.producer_fenced),
+    ],
+)
 def test_kip360_bump_retry_and_fencing(
     server: ServerProcess, version: int, fenced: ErrorCode
 ) -> None:
     with SyncClient(server.bootstrap) as client:
         first = client.request(requests.init_producer_id("tx-360"))
         pid = first.producer_id
-        bump = client.request(requests.init_producer_id(
-            "tx-360", producer_id=pid, producer_epoch=0, version=version))  # fmt: skip
+        bump = client.request(
+            requests.init_producer_id("tx-360", producer_id=pid, producer_epoch=0, version=version)
+        )
         assert (bump.error_code, bump.producer_id, bump.producer_epoch) == (0, pid, 1)
-        retry = client.request(requests.init_producer_id(
-            "tx-360", producer_id=pid, producer_epoch=0, version=version))  # fmt: skip
+        retry = client.request(
+            requests.init_producer_id("tx-360", producer_id=pid, producer_epoch=0, version=version)
+        )
         assert (retry.error_code, retry.producer_id, retry.producer_epoch) == (0, pid, 1)
         other = client.request(requests.init_producer_id("tx-360"))  # a new producer: epoch 2
         assert other.producer_epoch == 2
-        stale = client.request(requests.init_producer_id(
-            "tx-360", producer_id=pid, producer_epoch=1, version=version))  # fmt: skip
+        stale = client.request(
+            requests.init_producer_id("tx-360", producer_id=pid, producer_epoch=1, version=version)
+        )
         assert (stale.error_code, stale.producer_id, stale.producer_epoch) == (fenced, -1, -1)
-        wrong_pid = client.request(requests.init_producer_id(
-            "tx-360", producer_id=pid + 1, producer_epoch=2, version=version))  # fmt: skip
+        wrong_pid = client.request(
+            requests.init_producer_id(
+                "tx-360", producer_id=pid + 1, producer_epoch=2, version=version
+            )
+        )
         assert wrong_pid.error_code == fenced
 
 
@@ -119,11 +131,13 @@ def test_kip360_rotation_retry(server: ServerProcess) -> None:
         responses = client.pipeline([requests.init_producer_id("tx-rot")] * 32767)
         old_pid, last = responses[-1].producer_id, responses[-1].producer_epoch
         assert last == 32766
-        rotated = client.request(requests.init_producer_id(
-            "tx-rot", producer_id=old_pid, producer_epoch=32766))  # fmt: skip
+        rotated = client.request(
+            requests.init_producer_id("tx-rot", producer_id=old_pid, producer_epoch=32766)
+        )
         assert rotated.producer_id != old_pid and rotated.producer_epoch == 0
-        retry = client.request(requests.init_producer_id(
-            "tx-rot", producer_id=old_pid, producer_epoch=32766))  # fmt: skip
+        retry = client.request(
+            requests.init_producer_id("tx-rot", producer_id=old_pid, producer_epoch=32766)
+        )
         assert (retry.producer_id, retry.producer_epoch) == (rotated.producer_id, 0)
 
 
@@ -131,13 +145,15 @@ def test_restart_between_bump_and_retry(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "d") as server:
         with SyncClient(server.bootstrap) as client:
             pid = client.request(requests.init_producer_id("tx-r")).producer_id
-            bump = client.request(requests.init_producer_id(
-                "tx-r", producer_id=pid, producer_epoch=0))  # fmt: skip
+            bump = client.request(
+                requests.init_producer_id("tx-r", producer_id=pid, producer_epoch=0)
+            )
         server.kill()
         server.start()
         with SyncClient(server.bootstrap) as client:
-            retry = client.request(requests.init_producer_id(
-                "tx-r", producer_id=pid, producer_epoch=0))  # fmt: skip
+            retry = client.request(
+                requests.init_producer_id("tx-r", producer_id=pid, producer_epoch=0)
+            )
     assert (bump.producer_id, bump.producer_epoch) == (pid, 1)
     assert (retry.error_code, retry.producer_id, retry.producer_epoch) == (0, pid, 1)
 
@@ -200,8 +216,10 @@ def test_idempotent_pids_never_collide_with_broker_blocks_across_restarts(
         for _ in range(3):
             with SyncClient(server.bootstrap) as client:
                 for _ in range(5):
-                    pids.extend(r.producer_id for r in client.pipeline(
-                        [requests.init_producer_id(None)] * 300))  # fmt: skip
+                    pids.extend(
+                        r.producer_id
+                        for r in client.pipeline([requests.init_producer_id(None)] * 300)
+                    )
                     grant = client.request(wire.allocate(1, epoch))
                     blocks.append((grant.producer_id_start, grant.producer_id_len))
             server.kill()
@@ -221,14 +239,18 @@ def test_idempotent_pool_exhausted_is_coordinator_load_in_progress(tmp_path: Pat
 
 def test_transactional_ids_expire(tmp_path: Path) -> None:
     server = ServerProcess(
-        tmp_path / "d", "--transactional-id-expiration-ms", "300",
-        "--transactional-id-cleanup-interval-ms", "100",
-    )  # fmt: skip
+        tmp_path / "d",
+        "--transactional-id-expiration-ms",
+        "300",
+        "--transactional-id-cleanup-interval-ms",
+        "100",
+    )
     with server, SyncClient(server.bootstrap) as client:
         old = client.request(requests.init_producer_id("tx-exp"))
         deadline = time.monotonic() + 10
-        while not any("TransactionalIdExpired" in line
-                      for line in dump_lines(server.data_dir, False)):  # fmt: skip
+        while not any(
+            "TransactionalIdExpired" in line for line in dump_lines(server.data_dir, False)
+        ):
             assert time.monotonic() < deadline, "no expiry record was written"
             time.sleep(0.1)
         new = client.request(requests.init_producer_id("tx-exp"))
@@ -241,10 +263,12 @@ def test_metadata_every_version(tmp_path: Path, version: int) -> None:
         tmp_path / "d", "--advertised-listener", "pidctl.example:19093", "--node-id", "7"
     ) as server:
         with SyncClient(server.bootstrap) as client:
-            named, everything = client.pipeline([
-                requests.metadata(["orders", "payments"], version=version),
-                requests.metadata(None if version else [], version=version),
-            ])  # fmt: skip
+            named, everything = client.pipeline(
+                [
+                    requests.metadata(["orders", "payments"], version=version),
+                    requests.metadata(None if version else [], version=version),
+                ]
+            )
         cluster = server.cluster_id()
     for response in (named, everything):
         [broker] = response.brokers

@@ -7,10 +7,10 @@ import struct
 import time
 from pathlib import Path
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess, wait_until
-from protocol import requests
-from protocol.codec import encode_request
+from ops.testing.serverproc import ServerProcess, wait_until
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
+from pidctl.protocol.codec import encode_request
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> float | None:

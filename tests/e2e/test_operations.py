@@ -22,9 +22,9 @@ from pathlib import Path
 import yaml
 
 from ops.bench.core import build_history
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
-from protocol import requests
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
 from tests import wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +94,10 @@ def check_metrics_follow_traffic(bootstrap: str, metrics_url: str) -> None:
     after = scrape(metrics_url)
     allocate = 'pidctl_requests_total{api="allocate_producer_ids",version="0"}'
     assert after[allocate] - before.get(allocate, 0) == 4
-    stale = ('pidctl_request_errors_total{api="allocate_producer_ids",'
-             'error="STALE_BROKER_EPOCH",version="0"}')  # fmt: skip
+    stale = (
+        'pidctl_request_errors_total{api="allocate_producer_ids",'
+        'error="STALE_BROKER_EPOCH",version="0"}'
+    )
     assert after[stale] == 1
     assert after["pidctl_next_producer_id"] >= before["pidctl_next_producer_id"] + 4000
     assert after["pidctl_log_appended_records_total"] > before["pidctl_log_appended_records_total"]
@@ -110,8 +112,13 @@ def check_metrics_follow_traffic(bootstrap: str, metrics_url: str) -> None:
 def test_readme_command_serves_metrics_and_readiness(tmp_path: Path) -> None:
     """`ops/dev.sh serve`, as the README says, on its embedded defaults (9093 and 9464)."""
     env = {**os.environ, "VENV": str(VENV_BIN.parent)}
-    proc = subprocess.Popen([str(ROOT / "ops" / "dev.sh"), "serve"], cwd=tmp_path, env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(ROOT / "ops" / "dev.sh"), "serve"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for("http://127.0.0.1:9464/readyz")
         check_metrics_follow_traffic("127.0.0.1:9093", "http://127.0.0.1:9464")
@@ -138,13 +145,18 @@ def test_dockerfile_entrypoint_outside_docker(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     # After shutdown the health check fails, as it must.
-    assert subprocess.run([sys.executable, *health[1:]], timeout=10,
-                          stderr=subprocess.DEVNULL).returncode != 0  # fmt: skip
+    assert (
+        subprocess.run(
+            [sys.executable, *health[1:]], timeout=10, stderr=subprocess.DEVNULL
+        ).returncode
+        != 0
+    )
 
 
 def test_dockerfile_lints_clean() -> None:
-    result = subprocess.run([str(VENV_BIN / "hadolint"), str(ROOT / "Dockerfile")],
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [str(VENV_BIN / "hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -214,24 +226,43 @@ def test_sigterm_under_load_loses_no_acknowledged_grant(tmp_path: Path) -> None:
 
 def test_status_and_config_show(server: ServerProcess) -> None:
     registered = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "register", "--bootstrap", server.bootstrap,
-         "--broker-id", "4", "--listener", "PLAINTEXT://kafka-4:9092", "--rack", "r1"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "register",
+            "--bootstrap",
+            server.bootstrap,
+            "--broker-id",
+            "4",
+            "--listener",
+            "PLAINTEXT://kafka-4:9092",
+            "--rack",
+            "r1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert registered.returncode == 0, registered.stderr
     status = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "status", "--bootstrap", server.bootstrap],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [sys.executable, "-m", "pidctl.controller.cli", "status", "--bootstrap", server.bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert status.returncode == 0
     assert f"cluster id:  {server.cluster_id()}" in status.stdout
     assert "node id:     1" in status.stdout
     assert re.search(r"ALLOCATE_PRODUCER_IDS\s+67\s+v0-v0", status.stdout)
     assert re.search(r"broker 4\s+kafka-4:9092\s+fenced", status.stdout)
     shown = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "config", "show", "--node-id", "9"],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "PIDCTL_LOG_LEVEL": "debug"},
-    )  # fmt: skip
+        [sys.executable, "-m", "pidctl.controller.cli", "config", "show", "--node-id", "9"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PIDCTL_LOG_LEVEL": "debug"},
+    )
     assert "node_id = 9  # --node-id" in shown.stdout
     assert 'log_level = "debug"  # PIDCTL_LOG_LEVEL' in shown.stdout
     assert "max_frame_bytes = 1048576  # default" in shown.stdout
@@ -250,8 +281,12 @@ def test_describe_cluster_lists_registered_brokers(server: ServerProcess) -> Non
         controllers = client.request(requests.describe_cluster(endpoint_type=2))
     assert fenced_only.brokers == ()  # registered brokers start fenced
     [broker] = active.brokers
-    assert (broker.broker_id, broker.host, broker.port, broker.is_fenced) == (5, "kafka-5", 9092,
-                                                                              False)  # fmt: skip
+    assert (broker.broker_id, broker.host, broker.port, broker.is_fenced) == (
+        5,
+        "kafka-5",
+        9092,
+        False,
+    )
     assert active.cluster_id == cluster and active.controller_id == 1
     assert [c.broker_id for c in controllers.brokers] == [1]
 

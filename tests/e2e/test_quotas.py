@@ -7,9 +7,9 @@ import datetime
 import time
 from pathlib import Path
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
-from protocol import requests
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
 from tests import wire
 from tests.e2e.test_operations import scrape
 

@@ -20,31 +20,51 @@ import pytest
 import trustme
 from kio.schema.errors import ErrorCode
 
-from controller.records import ProducerIdsGranted
-from ops.client import AuthenticationError, SyncClient
-from ops.serverproc import ServerProcess, wait_until
-from protocol import requests
-from protocol.codec import encode_request
+from ops.testing.serverproc import ServerProcess, wait_until
+from pidctl.client import AuthenticationError, SyncClient
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.protocol import requests
+from pidctl.protocol.codec import encode_request
 from tests import wire
 from tests.e2e.test_clients import kafka_python_pid, librdkafka_pid
 from tests.e2e.test_operations import scrape
 
-PASSWORDS = {"admin": "admin-pw", "broker": "broker-pw", "producer": "producer-pw",
-             "nobody": "nobody-pw"}  # fmt: skip
+PASSWORDS = {
+    "admin": "admin-pw",
+    "broker": "broker-pw",
+    "producer": "producer-pw",
+    "nobody": "nobody-pw",
+}
 
 ACLS = [
     {"principal": "User:broker", "operation": "ClusterAction", "resource_type": "Cluster"},
     {"principal": "User:broker", "operation": "Alter", "resource_type": "Cluster"},
-    {"principal": "User:CN=broker-tls,OU=brokers,O=acme", "operation": "ClusterAction",
-     "resource_type": "Cluster"},
+    {
+        "principal": "User:CN=broker-tls,OU=brokers,O=acme",
+        "operation": "ClusterAction",
+        "resource_type": "Cluster",
+    },
     {"principal": "User:producer", "operation": "IdempotentWrite", "resource_type": "Cluster"},
-    {"principal": "User:CN=producer-tls,OU=apps,O=acme", "operation": "IdempotentWrite",
-     "resource_type": "Cluster"},
-    {"principal": "User:producer", "operation": "Write", "resource_type": "TransactionalId",
-     "resource_name": "app-", "pattern_type": "prefixed"},
-    {"principal": "User:producer", "operation": "Write", "resource_type": "TransactionalId",
-     "resource_name": "app-secret", "permission": "deny"},
-]  # fmt: skip
+    {
+        "principal": "User:CN=producer-tls,OU=apps,O=acme",
+        "operation": "IdempotentWrite",
+        "resource_type": "Cluster",
+    },
+    {
+        "principal": "User:producer",
+        "operation": "Write",
+        "resource_type": "TransactionalId",
+        "resource_name": "app-",
+        "pattern_type": "prefixed",
+    },
+    {
+        "principal": "User:producer",
+        "operation": "Write",
+        "resource_type": "TransactionalId",
+        "resource_name": "app-secret",
+        "permission": "deny",
+    },
+]
 
 
 @dataclass
@@ -62,9 +82,11 @@ class Secured:
         self.ca.configure_trust(context)
         if client_cert:
             self.ca.issue_cert(
-                client_cert, common_name=client_cert, organization_name="acme",
+                client_cert,
+                common_name=client_cert,
+                organization_name="acme",
                 organization_unit_name="brokers",
-            ).configure_cert(context)  # fmt: skip
+            ).configure_cert(context)
         return context
 
 
@@ -90,10 +112,23 @@ def _write_config(path: Path, tmp: Path, acls: list[dict[str, str]]) -> None:
 
 def _add_user(credentials: Path, user: str, password: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "controller.cli", "users", "add", "--credentials-file",
-         str(credentials), "--user", user, "--password-stdin"],
-        input=password + "\n", text=True, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "users",
+            "add",
+            "--credentials-file",
+            str(credentials),
+            "--user",
+            user,
+            "--password-stdin",
+        ],
+        input=password + "\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -168,30 +203,42 @@ def test_unknown_mechanism(secured: Secured) -> None:
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_librdkafka_over_sasl(secured: Secured, mechanism: str) -> None:
-    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
-              "sasl.username": "producer", "sasl.password": PASSWORDS["producer"]}  # fmt: skip
+    config = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": "producer",
+        "sasl.password": PASSWORDS["producer"],
+    }
     pid, epoch = librdkafka_pid(secured.sasl_plaintext, **config, **{"enable.idempotence": True})
     assert pid >= 0 and epoch == 0
-    first = librdkafka_pid(secured.sasl_plaintext, **config,
-                           **{"transactional.id": f"app-{mechanism}"})  # fmt: skip
+    first = librdkafka_pid(
+        secured.sasl_plaintext, **config, **{"transactional.id": f"app-{mechanism}"}
+    )
     assert first[1] == 0
 
 
 def test_librdkafka_over_sasl_ssl(secured: Secured) -> None:
-    config = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-              "sasl.username": "producer", "sasl.password": PASSWORDS["producer"],
-              "ssl.ca.location": str(secured.tmp / "ca.pem"),
-              "enable.idempotence": True}  # fmt: skip
+    config = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "producer",
+        "sasl.password": PASSWORDS["producer"],
+        "ssl.ca.location": str(secured.tmp / "ca.pem"),
+        "enable.idempotence": True,
+    }
     assert librdkafka_pid(secured.sasl_ssl, **config)[1] == 0
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_kafka_python_over_sasl(secured: Secured, mechanism: str) -> None:
     producer = kafka.KafkaProducer(
-        bootstrap_servers=secured.sasl_plaintext, security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism=mechanism, sasl_plain_username="producer",
-        sasl_plain_password=PASSWORDS["producer"], transactional_id=f"app-kp-{mechanism}",
-    )  # fmt: skip
+        bootstrap_servers=secured.sasl_plaintext,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=mechanism,
+        sasl_plain_username="producer",
+        sasl_plain_password=PASSWORDS["producer"],
+        transactional_id=f"app-kp-{mechanism}",
+    )
     try:
         producer.init_transactions()
         assert kafka_python_pid(producer)[1] == 0
@@ -202,10 +249,14 @@ def test_kafka_python_over_sasl(secured: Secured, mechanism: str) -> None:
 def test_kafka_python_wrong_password(secured: Secured) -> None:
     with pytest.raises(kafka.errors.KafkaError):
         producer = kafka.KafkaProducer(
-            bootstrap_servers=secured.sasl_plaintext, security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="producer",
-            sasl_plain_password="wrong", transactional_id="app-x", max_block_ms=3000,
-        )  # fmt: skip
+            bootstrap_servers=secured.sasl_plaintext,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-256",
+            sasl_plain_username="producer",
+            sasl_plain_password="wrong",
+            transactional_id="app-x",
+            max_block_ms=3000,
+        )
         try:
             producer.init_transactions()
         finally:
@@ -239,16 +290,20 @@ def test_librdkafka_over_mtls(secured: Secured) -> None:
     """A librdkafka idempotent producer over TLS with a client certificate whose subject the
     ACLs allow IdempotentWrite; without the certificate the same request is refused."""
     cert = secured.ca.issue_cert(
-        "producer-tls", common_name="producer-tls", organization_name="acme",
+        "producer-tls",
+        common_name="producer-tls",
+        organization_name="acme",
         organization_unit_name="apps",
-    )  # fmt: skip
+    )
     cert.cert_chain_pems[0].write_to_path(str(secured.tmp / "producer.pem"))
     cert.private_key_pem.write_to_path(str(secured.tmp / "producer.key"))
     config = {
-        "security.protocol": "SSL", "ssl.ca.location": str(secured.tmp / "ca.pem"),
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(secured.tmp / "ca.pem"),
         "ssl.certificate.location": str(secured.tmp / "producer.pem"),
-        "ssl.key.location": str(secured.tmp / "producer.key"), "enable.idempotence": True,
-    }  # fmt: skip
+        "ssl.key.location": str(secured.tmp / "producer.key"),
+        "enable.idempotence": True,
+    }
     pid, epoch = librdkafka_pid(secured.tls, **config)
     assert pid >= 0 and epoch == 0
     with SyncClient(secured.tls, ssl_context=secured.client_context()) as anonymous:
@@ -265,25 +320,33 @@ TXN_DENIED = ErrorCode.transactional_id_authorization_failed
 # API -> expected error per principal (admin is a super user).
 MATRIX = {
     "register": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED, "nobody": CLUSTER_DENIED},
-    "heartbeat": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED,
-                  "nobody": CLUSTER_DENIED},
+    "heartbeat": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED, "nobody": CLUSTER_DENIED},
     "allocate": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED, "nobody": CLUSTER_DENIED},
     # A job's block (BrokerId -1, BrokerEpoch -1, a Spark driver): IdempotentWrite, as for
     # InitProducerId, not the brokers' ClusterAction.
-    "job_allocate": {"admin": OK, "broker": CLUSTER_DENIED, "producer": OK,
-                     "nobody": CLUSTER_DENIED},
-    "unregister": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED,
-                   "nobody": CLUSTER_DENIED},
-    "idempotent": {"admin": OK, "broker": CLUSTER_DENIED, "producer": OK,
-                   "nobody": CLUSTER_DENIED},
+    "job_allocate": {
+        "admin": OK,
+        "broker": CLUSTER_DENIED,
+        "producer": OK,
+        "nobody": CLUSTER_DENIED,
+    },
+    "unregister": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED, "nobody": CLUSTER_DENIED},
+    "idempotent": {"admin": OK, "broker": CLUSTER_DENIED, "producer": OK, "nobody": CLUSTER_DENIED},
     "transactional": {"admin": OK, "broker": TXN_DENIED, "producer": OK, "nobody": TXN_DENIED},
-    "denied_transactional": {"admin": OK, "broker": TXN_DENIED, "producer": TXN_DENIED,
-                             "nobody": TXN_DENIED},
-    "find_coordinator": {"admin": OK, "broker": TXN_DENIED, "producer": OK,
-                         "nobody": TXN_DENIED},
-    "describe_cluster": {"admin": OK, "broker": OK, "producer": CLUSTER_DENIED,
-                         "nobody": CLUSTER_DENIED},
-}  # fmt: skip
+    "denied_transactional": {
+        "admin": OK,
+        "broker": TXN_DENIED,
+        "producer": TXN_DENIED,
+        "nobody": TXN_DENIED,
+    },
+    "find_coordinator": {"admin": OK, "broker": TXN_DENIED, "producer": OK, "nobody": TXN_DENIED},
+    "describe_cluster": {
+        "admin": OK,
+        "broker": OK,
+        "producer": CLUSTER_DENIED,
+        "nobody": CLUSTER_DENIED,
+    },
+}
 
 
 def _call(client: SyncClient, api: str, cluster: str, broker_id: int, epoch: int) -> ErrorCode:
@@ -330,7 +393,7 @@ def test_acl_matrix(secured: Secured, api: str, user: str) -> None:
 
 
 def _records(secured: Secured) -> list[object]:
-    from controller.metalog import read_log
+    from pidctl.controller.log.metalog import read_log
 
     return [e.record for e in read_log(secured.server.data_dir).entries()]
 
@@ -341,8 +404,10 @@ def _records(secured: Secured) -> list[object]:
 def test_sighup_reloads_acls_and_users(secured: Secured) -> None:
     with sasl_client(secured, "nobody") as client:
         assert client.request(requests.init_producer_id(None)).error_code == CLUSTER_DENIED
-    granted = [*ACLS, {"principal": "User:nobody", "operation": "IdempotentWrite",
-                       "resource_type": "Cluster"}]  # fmt: skip
+    granted = [
+        *ACLS,
+        {"principal": "User:nobody", "operation": "IdempotentWrite", "resource_type": "Cluster"},
+    ]
     _write_config(secured.config, secured.tmp, granted)
     _add_user(secured.tmp / "users.json", "late", "late-pw")
     assert secured.server.proc is not None

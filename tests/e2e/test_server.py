@@ -13,10 +13,10 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsV0
 from kio.schema.api_versions.v4 import ApiVersionsRequest as ApiVersionsV4
 from kio.schema.errors import ErrorCode
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
-from protocol.codec import decode_response, encode_request
-from protocol.framing import FrameDecoder
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol.codec import decode_response, encode_request
+from pidctl.protocol.framing import FrameDecoder
 from tests import wire
 
 
@@ -126,8 +126,10 @@ def test_broker_lifecycle_and_allocation(server: ServerProcess) -> None:
         assert (second.producer_id_start, second.producer_id_len) == (1000, 1000)
         stale = client.request(wire.allocate(1, epoch + 1))
         assert (stale.error_code, stale.producer_id_start, stale.producer_id_len) == (
-            ErrorCode.stale_broker_epoch, 0, 0,
-        )  # fmt: skip
+            ErrorCode.stale_broker_epoch,
+            0,
+            0,
+        )
         unknown = client.request(wire.allocate(2, epoch))
         assert unknown.error_code == ErrorCode.stale_broker_epoch
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import EXIT_STORAGE_FAILED
-from controller.metalog import read_log, segment_name
-from controller.records import TransactionalIdUpdated
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess, wait_until
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from protocol import requests
+from ops.testing.serverproc import ServerProcess, wait_until
+from pidctl.client import SyncClient
+from pidctl.controller.cli import EXIT_STORAGE_FAILED
+from pidctl.controller.core.records import TransactionalIdUpdated
+from pidctl.controller.log.metalog import read_log, segment_name
+from pidctl.protocol import requests
 from tests.e2e.test_operations import scrape
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,18 @@ def strace(syscall: str, error: str, when: str, path: Path | None = None) -> lis
     """Run the server under strace, failing the ``when``-th ``syscall`` (on ``path`` only,
     if given) with ``error``."""
     only = ["-P", str(path)] if path is not None else []
-    return ["strace", "-f", "-qq", "-o", "/dev/null", *only, "-e", f"trace={syscall}",
-            "-e", f"inject={syscall}:error={error}:when={when}"]  # fmt: skip
+    return [
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        *only,
+        "-e",
+        f"trace={syscall}",
+        "-e",
+        f"inject={syscall}:error={error}:when={when}",
+    ]
 
 
 def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[Acknowledged, int]:
@@ -63,8 +73,11 @@ def _restart_and_check(data_dir: Path, acked: Acknowledged) -> None:
         wait_until(lambda: after.count > 20, "grants after the restart")
         load.stop()
         client.request(requests.api_versions())
-    merged = Acknowledged(acked.blocks + after.blocks, acked.pids + after.pids,
-                          acked.transactional + after.transactional)  # fmt: skip
+    merged = Acknowledged(
+        acked.blocks + after.blocks,
+        acked.pids + after.pids,
+        acked.transactional + after.transactional,
+    )
     assert check_data_dir(data_dir, merged).handed_out_twice == []
 
 
@@ -136,8 +149,18 @@ def test_one_writer_per_data_dir_whatever_is_deleted(server: ServerProcess) -> N
         RuntimeError, match=f"in use by another pidctl process \\(pid {server.proc.pid}\\)"
     ):
         second.start()
-    command = [sys.executable, "-m", "controller.cli", "import-zk", "--zookeeper",
-               "127.0.0.1:1", "--data-dir", str(server.data_dir), "--timeout", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pidctl.controller.cli",
+        "import-zk",
+        "--zookeeper",
+        "127.0.0.1:1",
+        "--data-dir",
+        str(server.data_dir),
+        "--timeout",
+        "1",
+    ]
     refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0
 
@@ -160,8 +183,10 @@ def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
         try:
             # Fill the process's table to the brim with what is left: accepting now meets
             # EMFILE (waited out by trio), and so does the next roll.
-            wait_until(lambda: scrape(server.metrics_url).get("pidctl_connections", 0) >= 180,
-                       "connections accepted")  # fmt: skip
+            wait_until(
+                lambda: scrape(server.metrics_url).get("pidctl_connections", 0) >= 180,
+                "connections accepted",
+            )
         finally:
             for sock in held:
                 sock.close()
@@ -182,9 +207,17 @@ def test_an_unwritable_stderr_does_not_stop_the_server(tmp_path: Path) -> None:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     command = [
-        sys.executable, "-m", "controller.cli", "serve", "--data-dir", str(tmp_path / "d"),
-        "--listen", f"127.0.0.1:{ports[0]}", "--metrics-listen", f"127.0.0.1:{ports[1]}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pidctl.controller.cli",
+        "serve",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--listen",
+        f"127.0.0.1:{ports[0]}",
+        "--metrics-listen",
+        f"127.0.0.1:{ports[1]}",
+    ]
     with open("/dev/full", "w") as full:  # every write: ENOSPC
         proc = subprocess.Popen(command, stdout=full, stderr=full)
     try:

@@ -10,7 +10,7 @@ import trio
 
 from ops.bench import faults, loadgen
 from ops.bench.suite import chart
-from ops.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess
 
 
 @pytest.mark.parametrize("scenario", loadgen.SCENARIOS)
@@ -32,8 +32,10 @@ def test_storm(server: ServerProcess) -> None:
 
 
 def test_chart(tmp_path: Path) -> None:
-    rows = [{"group": "ceiling", "name": "x", "per_second": 10.0},
-            {"group": "grants", "name": "y", "per_second": 5.0}]  # fmt: skip
+    rows = [
+        {"group": "ceiling", "name": "x", "per_second": 10.0},
+        {"group": "grants", "name": "y", "per_second": 5.0},
+    ]
     chart(rows, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.addresses import HostPort, parse_listener, parse_listeners
+from pidctl.protocol.addresses import HostPort, parse_listener, parse_listeners
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 from kio.schema.api_versions.v0 import ApiVersionsRequest
 
-from controller.service import SERVED_APIS
-from protocol.api_versions import build_api_versions_response
-from protocol.apis import supported_apis
-from protocol.client import ClientProtocol, ResponseOrderError
-from protocol.codec import decode_request, encode_response
+from pidctl.controller.api.handlers import SERVED_APIS
+from pidctl.protocol.api_versions import build_api_versions_response
+from pidctl.protocol.apis import supported_apis
+from pidctl.protocol.client import ClientProtocol, ResponseOrderError
+from pidctl.protocol.codec import decode_request, encode_response
 
 
 def _answer(request_bytes: bytes) -> bytes:

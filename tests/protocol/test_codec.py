@@ -15,20 +15,20 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId
 from kio.static.primitive import i32, i32Timedelta
 
-from controller.service import SERVED_APIS
-from protocol.api_versions import (
+from pidctl.controller.api.handlers import SERVED_APIS
+from pidctl.protocol.api_versions import (
     build_api_versions_response,
     has_valid_client_software,
     unsupported_version_response,
 )
-from protocol.apis import (
+from pidctl.protocol.apis import (
     ApiKey,
     request_class,
     request_header_version,
     response_header_version,
     supported_apis,
 )
-from protocol.codec import (
+from pidctl.protocol.codec import (
     MalformedRequest,
     UnknownApiKey,
     UnsupportedApiVersionsVersion,
@@ -38,7 +38,7 @@ from protocol.codec import (
     encode_request,
     encode_response,
 )
-from protocol.headers import parse_request_header, write_request_header
+from pidctl.protocol.headers import parse_request_header, write_request_header
 from tests import wire
 
 SUPPORTED = supported_apis(SERVED_APIS)
@@ -174,8 +174,9 @@ def test_api_versions_response_every_version(version: int) -> None:
 
 
 def test_client_software_validation() -> None:
-    good = ApiVersionsRequestV3(client_software_name="apache-kafka-java",
-                                client_software_version="3.7.0")  # fmt: skip
+    good = ApiVersionsRequestV3(
+        client_software_name="apache-kafka-java", client_software_version="3.7.0"
+    )
     bad = ApiVersionsRequestV3(client_software_name="-bad", client_software_version="1")
     assert has_valid_client_software(good)
     assert not has_valid_client_software(bad)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.framing import FrameDecoder, FrameTooLarge, frame
+from pidctl.protocol.framing import FrameDecoder, FrameTooLarge, frame
 
 
 @given(

@@ -6,11 +6,11 @@ import struct
 
 from kio.schema.api_versions.v0 import ApiVersionsResponse as ApiVersionsResponseV0
 
-from controller.service import SERVED_APIS
-from protocol import requests
-from protocol.apis import ApiKey, supported_apis
-from protocol.codec import encode_request
-from protocol.server import (
+from pidctl.controller.api.handlers import SERVED_APIS
+from pidctl.protocol import requests
+from pidctl.protocol.apis import ApiKey, supported_apis
+from pidctl.protocol.codec import encode_request
+from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
     Event,

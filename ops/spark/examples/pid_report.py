@@ -1,6 +1,6 @@
 """A report on producer-id use, in Spark SQL over pidctl's metadata log.
 
-    python -m ops.spark.examples.pid_report DATA_DIR
+    python -m pidctl.spark.examples.pid_report DATA_DIR
 
 Answers, for operators: which holder (broker, job, the controller's own pool) received how
 many PIDs per hour, who asked for them, and when the range runs out at the rate of the last
@@ -18,7 +18,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import SparkSession
 
-from ops.spark import register_data_sources
+from pidctl.spark import register_data_sources
 
 INT64_MAX = 2**63 - 1
 
@@ -75,5 +75,5 @@ def main(data_dir: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m ops.spark.examples.pid_report DATA_DIR")
+        sys.exit("usage: python -m pidctl.spark.examples.pid_report DATA_DIR")
     main(sys.argv[1])

@@ -13,11 +13,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from controller.blocks import InvalidBlock
-from controller.kafka import INT64_MAX
-from ops.broker.lifecycle import BrokerLifecycle, SyncBroker
-from ops.broker.pid_manager import AllocationRefused, CoordinatorLoadInProgress, ProducerIdManager
-from ops.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess
+from pidctl.broker.lifecycle import BrokerLifecycle, SyncBroker
+from pidctl.broker.pid_manager import (
+    AllocationRefused,
+    CoordinatorLoadInProgress,
+    ProducerIdManager,
+)
+from pidctl.controller.core.blocks import InvalidBlock
+from pidctl.controller.core.kafka import INT64_MAX
 
 
 def scripted(blocks: list[tuple[int, int] | Exception]) -> tuple[list[float], object]:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from ops.broker.sequences import (
+from pidctl.broker.sequences import (
     SEQUENCE_LIMIT,
     CorruptSnapshot,
     ProducerStateTable,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ops.postgres import PostgresProcess
-from ops.serverproc import ServerProcess
+from ops.testing.postgres import PostgresProcess
+from ops.testing.serverproc import ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +23,7 @@ def spark() -> Iterator[Any]:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pyspark.sql import SparkSession
 
-    from ops.spark import register_data_sources
+    from pidctl.spark import register_data_sources
 
     session = (
         SparkSession.builder.master("local[2,3]")

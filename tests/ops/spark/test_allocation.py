@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from controller.metalog import read_log
-from controller.records import ProducerIdsGranted
-from ops.serverproc import ServerProcess
-from ops.spark import (
+from ops.testing.serverproc import ServerProcess
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.log.metalog import read_log
+from pidctl.spark import (
     JobAllocation,
     PreallocationError,
     preallocate_producer_ids,
     with_producer_columns,
 )
-from ops.spark.allocation import allocate_job_blocks
+from pidctl.spark.allocation import allocate_job_blocks
 
 
 def _requests(server: ServerProcess, api: str) -> float:

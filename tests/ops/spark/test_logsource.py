@@ -9,16 +9,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ops.client import SyncClient
-from ops.serverproc import ServerProcess
-from protocol import requests
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
 
 
 def _dump(data_dir: Path) -> list[str]:
     out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "log", "dump", "--data-dir", str(data_dir),
-         "--json"], capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "log",
+            "dump",
+            "--data-dir",
+            str(data_dir),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [line for line in out.stdout.splitlines() if line.startswith("{")]
 
 
@@ -45,8 +56,12 @@ def test_the_reader_returns_what_log_dump_prints(spark: Any, pidctl: ServerProce
     assert [row.record for row in rows] == dumped
     assert len(list(pidctl.data_dir.glob("*.log"))) > 1  # one partition per segment
     types = {row.type for row in rows}
-    assert {"ClusterCreated", "BrokerRegistered", "ProducerIdsGranted",
-            "TransactionalIdUpdated"} <= types  # fmt: skip
+    assert {
+        "ClusterCreated",
+        "BrokerRegistered",
+        "ProducerIdsGranted",
+        "TransactionalIdUpdated",
+    } <= types
     grant = next(r for r in rows if r.type == "ProducerIdsGranted" and r.holder == "broker")
     assert (grant.broker_id, grant.next_producer_id - grant.first_producer_id) == (7, 1000)
     assert json.loads(grant.record)["first_producer_id"] == grant.first_producer_id
@@ -75,9 +90,11 @@ def test_a_torn_tail_ends_the_last_partition_cleanly(
 
 def test_the_example_report_runs(pidctl: ServerProcess) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ops.spark.examples.pid_report", str(pidctl.data_dir)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "pidctl.spark.examples.pid_report", str(pidctl.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "# PIDs granted per holder per hour" in out.stdout
     assert "report-test" in out.stdout

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.postgres import PostgresProcess
-from ops.spark.sequencing import Decision, SequenceError, StoredProducer, decide
-from ops.spark.sqlstore import SqlStore, open_store
+from ops.testing.postgres import PostgresProcess
+from pidctl.spark.sequencing import Decision, SequenceError, StoredProducer, decide
+from pidctl.spark.sqlstore import SqlStore, open_store
 
 
 def test_first_batch_must_start_at_zero() -> None:

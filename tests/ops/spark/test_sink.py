@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
-from controller.metalog import read_log
-from controller.records import ProducerIdsGranted
-from ops.serverproc import ServerProcess
-from ops.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit, SinkOptionError
-from ops.spark.sqlstore import SqlStore, open_store
+from ops.testing.serverproc import ServerProcess
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.log.metalog import read_log
+from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit, SinkOptionError
+from pidctl.spark.sqlstore import SqlStore, open_store
 
 ROWS = 6000
 PARTITIONS = 6
@@ -29,19 +29,30 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     url = request.getfixturevalue("postgres").url
     yield url
     store = open_store(url)  # the session's server is shared: leave it empty
-    for table in ("events", "pidctl_producer_state", "pidctl_aborted_ranges",
-                  "pidctl_sink_commits"):  # fmt: skip
+    for table in (
+        "events",
+        "pidctl_producer_state",
+        "pidctl_aborted_ranges",
+        "pidctl_sink_commits",
+    ):
         store.execute(f"DROP TABLE IF EXISTS {table}")
     store.connection.commit()
     store.close()
 
 
-def _write(df: Any, pidctl: ServerProcess, url: str, sink: str = "pidctl-sql",
-           **options: str) -> None:  # fmt: skip
+def _write(
+    df: Any, pidctl: ServerProcess, url: str, sink: str = "pidctl-sql", **options: str
+) -> None:
     writer = df.write.format(sink).mode("append")
-    settings = {"bootstrap": pidctl.bootstrap, "url": url, "table": "events",
-                "partitions": str(df.rdd.getNumPartitions()), "batchSize": "250",
-                "clientId": "test-job", **options}  # fmt: skip
+    settings = {
+        "bootstrap": pidctl.bootstrap,
+        "url": url,
+        "table": "events",
+        "partitions": str(df.rdd.getNumPartitions()),
+        "batchSize": "250",
+        "clientId": "test-job",
+        **options,
+    }
     for name, value in settings.items():
         writer = writer.option(name, value)
     writer.save()
@@ -115,8 +126,11 @@ def test_failed_first_attempts_leave_every_row_exactly_once(
     _write(_source(spark), pidctl, url, "pidctl-sql-failing", failPartitions="1,4")
     rows = _query(url, "SELECT id, name FROM events ORDER BY id")
     assert rows == [(i, f"row-{i}") for i in range(ROWS)]
-    commits = _query(url, "SELECT producer_id, final_sequence, rows_written, duplicate_rows "
-                          "FROM pidctl_sink_commits ORDER BY producer_id")  # fmt: skip
+    commits = _query(
+        url,
+        "SELECT producer_id, final_sequence, rows_written, duplicate_rows "
+        "FROM pidctl_sink_commits ORDER BY producer_id",
+    )
     assert len(commits) == PARTITIONS
     assert all(final == ROWS // PARTITIONS - 1 for _, final, _, _ in commits)
     # The retried partitions skipped what their failed attempts had committed (2 batches).
@@ -137,8 +151,14 @@ def test_two_attempts_of_one_partition_writing_at_once(
 ) -> None:
     """What speculative execution does: two tasks write the same partition concurrently."""
     schema = spark.range(1).selectExpr("id", "'x' AS name").schema
-    options = {"bootstrap": pidctl.bootstrap, "url": url, "table": "events", "partitions": "1",
-               "batchSize": "20", "clientId": "speculative"}  # fmt: skip
+    options = {
+        "bootstrap": pidctl.bootstrap,
+        "url": url,
+        "table": "events",
+        "partitions": "1",
+        "batchSize": "20",
+        "clientId": "speculative",
+    }
     writer = PidctlSqlSink(options).writer(schema, False)  # on the driver, as Spark would
     rows = [(i, f"row-{i}") for i in range(3000)]
 
@@ -159,8 +179,15 @@ def test_a_failing_job_is_aborted_without_leaving_its_rows(
     kept = spark.range(0, 10, 1, 1).selectExpr("id + 100000 AS id", "'kept' AS name")
     _write(kept, pidctl, url, clientId="earlier-job")
     with pytest.raises(Exception, match="injected failure"):
-        _write(_source(spark), pidctl, url, "pidctl-sql-failing", clientId="failing-job",
-               failPartitions="2", failAlways="true")  # fmt: skip
+        _write(
+            _source(spark),
+            pidctl,
+            url,
+            "pidctl-sql-failing",
+            clientId="failing-job",
+            failPartitions="2",
+            failAlways="true",
+        )
     rows = _query(url, "SELECT id, name FROM events ORDER BY id")
     assert rows == [(100000 + i, "kept") for i in range(10)]
     assert _query(url, "SELECT job FROM pidctl_aborted_ranges") == [("failing-job",)]
@@ -170,9 +197,16 @@ def test_the_job_is_known_by_its_application_id(
     spark: Any, pidctl: ServerProcess, tmp_path: Path
 ) -> None:
     url = f"sqlite://{tmp_path / 'app.db'}"
-    (spark.range(0, 10, 1, 2).write.format("pidctl-sql").mode("append")
-     .option("bootstrap", pidctl.bootstrap).option("url", url).option("table", "t")
-     .option("partitions", "2").save())  # fmt: skip
+    (
+        spark.range(0, 10, 1, 2)
+        .write.format("pidctl-sql")
+        .mode("append")
+        .option("bootstrap", pidctl.bootstrap)
+        .option("url", url)
+        .option("table", "t")
+        .option("partitions", "2")
+        .save()
+    )
     app = spark.sparkContext.applicationId
     assert set(_query(url, "SELECT job FROM pidctl_sink_commits")) == {(app,)}
     records = [e.record for e in read_log(pidctl.data_dir).entries()]
@@ -198,17 +232,36 @@ def secured_pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     """pidctl with a SASL_PLAINTEXT listener and ACLs: only User:spark may take job blocks."""
     tmp = tmp_path_factory.mktemp("secured")
     subprocess.run(
-        [sys.executable, "-m", "controller.cli", "users", "add", "--credentials-file",
-         str(tmp / "users.json"), "--user", "spark", "--password-stdin"],
-        input="spark-pw\n", text=True, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "users",
+            "add",
+            "--credentials-file",
+            str(tmp / "users.json"),
+            "--user",
+            "spark",
+            "--password-stdin",
+        ],
+        input="spark-pw\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
     acls = (
         '[{"principal": "User:spark", "operation": "IdempotentWrite", "resource_type": "Cluster"}]'
     )
     with ServerProcess(
-        tmp / "data", "--listeners", "SASL_PLAINTEXT://127.0.0.1:0", "--credentials-file",
-        str(tmp / "users.json"), "--authorizer", "acl", env={"PIDCTL_ACLS": acls},
-    ) as server:  # fmt: skip
+        tmp / "data",
+        "--listeners",
+        "SASL_PLAINTEXT://127.0.0.1:0",
+        "--credentials-file",
+        str(tmp / "users.json"),
+        "--authorizer",
+        "acl",
+        env={"PIDCTL_ACLS": acls},
+    ) as server:
         yield server
 
 
@@ -216,8 +269,11 @@ def test_a_secured_pidctl_with_kafka_client_properties(
     spark: Any, secured_pidctl: ServerProcess, tmp_path: Path
 ) -> None:
     url = f"sqlite://{tmp_path / 'secured.db'}"
-    sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
-            "sasl.username": "spark"}  # fmt: skip
+    sasl = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": "spark",
+    }
     _write(_source(spark), secured_pidctl, url, **sasl, **{"sasl.password": "spark-pw"})
     assert _query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]
     wrong = r"PreallocationError: pidctl at .*: Authentication failed: invalid username or"

@@ -1,0 +1,573 @@
+"""The controller: API handlers over the domain managers, and the one place results apply.
+
+A handler authorises, calls one manager's decision and builds the response entity; nothing
+else. :meth:`Controller.apply` replays a result's records onto the managers (which checks
+every invariant first, so a record that would corrupt the log fails the request before it
+is appended) and appends them to the log's buffer (which never waits). The response may be
+sent once everything decided so far is durable. Decisions run one at a time on the event
+loop, so the logic needs no locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16, i32, i64
+
+from pidctl.controller.core.acl import Authorizer
+from pidctl.controller.core.kafka import CLUSTER_RESOURCE
+from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
+from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID
+from pidctl.controller.core.records import Record
+from pidctl.controller.core.result import ControllerResult
+from pidctl.controller.core.state import ControllerState
+from pidctl.controller.core.transactions import ProducerIdAndEpoch, parse_expected
+from pidctl.protocol.addresses import parse_listener
+from pidctl.protocol.api_versions import build_api_versions_response, has_valid_client_software
+from pidctl.protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
+from pidctl.protocol.codec import Request
+
+#: Versions served, per API: what Kafka 4.x serves, as far as kio has the schemas.
+#: InitProducerId stops at v5: v6 is KIP-939's two-phase commit, which pidctl does not do.
+SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.METADATA: (0, 13),
+    ApiKey.FIND_COORDINATOR: (0, 6),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
+    # Answered by the connection (controller/sasl_session.py), not by the controller.
+    # SaslHandshake v0 (raw tokens after it) is gone from Kafka 4.0, and from pidctl.
+    ApiKey.SASL_HANDSHAKE: (1, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
+    ApiKey.BROKER_REGISTRATION: (0, 4),
+    ApiKey.BROKER_HEARTBEAT: (0, 2),
+    ApiKey.UNREGISTER_BROKER: (0, 0),
+    ApiKey.ALLOCATE_PRODUCER_IDS: (0, 0),
+}
+
+NO_WAIT = -1
+
+#: FindCoordinator key types Kafka defines: group, transaction, share group.
+_COORDINATOR_KEY_TYPES = (0, 1, 2)
+
+T = TypeVar("T")
+
+
+class RecordSink(Protocol):
+    """Where records go to become durable (the metadata log)."""
+
+    def append_entry(self, entry: bytes) -> int:
+        """Buffer one encoded entry (:func:`encode_entry`); return its offset."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """Wall-clock time for records, monotonic time for sessions; both in milliseconds."""
+
+    wall_ms: int
+    mono_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A response, and the log offset that must be durable before it is sent."""
+
+    body: Any
+    durable_offset: int = NO_WAIT
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who is asking, and through which listener: the principal is recorded in grants (the
+    audit trail) and authorised; Metadata and FindCoordinator answer with the listener's
+    advertised address."""
+
+    principal: str = "User:ANONYMOUS"
+    peer: str = ""
+    host: str = "*"
+    advertised_host: str = "127.0.0.1"
+    advertised_port: int = 9093
+
+
+Handler = Callable[["Controller", Request, Now, ConnectionInfo], Reply]
+
+#: Defaults of the request bounds (settings of the same names): what one request may ask
+#: for, so that no request occupies the event loop for long or makes an answer without end.
+#: About 50 µs of work per key or topic: a thousand keep one request near 50 ms.
+DEFAULT_MAX_COORDINATOR_KEYS = 1000
+DEFAULT_MAX_METADATA_TOPICS = 1000
+#: Listeners, features and log directories in one BrokerRegistration, each.
+DEFAULT_MAX_REGISTRATION_ENTRIES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """How much one request may ask for; more is answered INVALID_REQUEST at once."""
+
+    max_coordinator_keys: int = DEFAULT_MAX_COORDINATOR_KEYS
+    max_metadata_topics: int = DEFAULT_MAX_METADATA_TOPICS
+    max_registration_entries: int = DEFAULT_MAX_REGISTRATION_ENTRIES
+
+
+class Controller:
+    """Turns requests into records and responses against one :class:`ControllerState`."""
+
+    def __init__(
+        self,
+        state: ControllerState,
+        sink: RecordSink,
+        *,
+        node_id: int = 1,
+        authorizer: Authorizer | None = None,
+        limits: RequestLimits | None = None,
+    ) -> None:
+        self.state = state
+        self.node_id = node_id
+        self.limits = limits or RequestLimits()
+        self.authorizer = authorizer or Authorizer()
+        self.sink = sink
+        #: Told of every record applied (audit log lines, metrics, the lease keeper's wake-up).
+        self.observers: list[Callable[[Record], None]] = []
+        self.supported: SupportedApis = supported_apis(SERVED_APIS)
+        self._handlers: dict[int, Handler] = {
+            ApiKey.API_VERSIONS: Controller._api_versions,
+            ApiKey.BROKER_REGISTRATION: Controller._broker_registration,
+            ApiKey.BROKER_HEARTBEAT: Controller._broker_heartbeat,
+            ApiKey.UNREGISTER_BROKER: Controller._unregister_broker,
+            ApiKey.ALLOCATE_PRODUCER_IDS: Controller._allocate_producer_ids,
+            ApiKey.METADATA: Controller._metadata,
+            ApiKey.FIND_COORDINATOR: Controller._find_coordinator,
+            ApiKey.INIT_PRODUCER_ID: Controller._init_producer_id,
+            ApiKey.DESCRIBE_CLUSTER: Controller._describe_cluster,
+        }
+
+    def handle(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """Decide one request. The caller sends ``reply.body`` once ``durable_offset`` is.
+
+        A request whose record would be too large for the log to read back is answered
+        INVALID_REQUEST, and nothing is written."""
+        try:
+            return self._handlers[request.api_key](self, request, now, conn)
+        except RecordTooLarge:
+            refusal = _REFUSALS[request.api_key]
+            return Reply(_response(request, error_code=ErrorCode.invalid_request, **refusal))
+
+    def apply(self, result: ControllerResult[T], now: Now) -> tuple[T, int]:
+        """Replay a result's records and append them; return its response and the offset
+        to wait for: everything decided so far, not just these records, since a response
+        may report state (a retried registration's epoch, a PID of a pool block) that an
+        earlier, still pending record made."""
+        state, sink = self.state, self.sink
+        records = result.records
+        if records:
+            # Encoded first: a record replay could not read back (RecordTooLarge) fails the
+            # request before anything changes. Then replayed (every invariant checked before
+            # the state changes), then appended.
+            first = state.next_offset
+            try:
+                entries = [encode_entry(first + i, now.wall_ms, r) for i, r in enumerate(records)]
+            except RecordTooLarge:
+                # The decision may have filled the InitProducerId pool from a grant in this
+                # result, now not logged: dropping the pool wastes a block or two, and never
+                # hands out a PID twice.
+                state.transactions.pool.clear()
+                raise
+            for entry, record in zip(entries, records, strict=True):
+                offset = state.next_offset
+                state.replay(offset, record)
+                appended = sink.append_entry(entry)
+                if appended != offset:
+                    raise AssertionError(f"log offset {appended} != state offset {offset}")
+                for observe in self.observers:
+                    observe(record)
+        return result.response, state.next_offset - 1
+
+    def apply_records(self, records: Sequence[Record], now: Now) -> int:
+        """Apply records that no request decided (tools: an import's floor, a benchmark's
+        history); return the offset to wait for."""
+        return self.apply(ControllerResult(tuple(records), None), now)[1]
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """What the log needs for a snapshot at this instant: taken at once, built later."""
+        return self.state.copy().to_snapshot
+
+    def expire_transactional_ids(self, now: Now) -> int:
+        """Log an expiry for every transactional id unused past the setting; return how many."""
+        return self.apply(self.state.transactions.expire(now.wall_ms), now)[0]
+
+    def _may(
+        self,
+        conn: ConnectionInfo,
+        operation: str,
+        resource_type: str = "Cluster",
+        name: str = CLUSTER_RESOURCE,
+    ) -> bool:
+        return self.authorizer.authorize(conn.principal, operation, resource_type, name, conn.host)
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def _api_versions(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        valid = has_valid_client_software(request.body)
+        error = ErrorCode.none if valid else ErrorCode.invalid_request
+        return Reply(build_api_versions_response(request.api_version, self.supported, error))
+
+    def _broker_registration(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        body = request.body
+        if not self._may(conn, "ClusterAction"):
+            error = ErrorCode.cluster_authorization_failed
+            return Reply(_response(request, error_code=error, broker_epoch=i64(-1)))
+        most = max(len(body.listeners), len(body.features), len(getattr(body, "log_dirs", ())))
+        if body.incarnation_id is None or most > self.limits.max_registration_entries:
+            return Reply(
+                _response(request, error_code=ErrorCode.invalid_request, broker_epoch=i64(-1))
+            )
+        result = self.state.cluster.register(
+            broker_id=body.broker_id,
+            cluster_id=body.cluster_id,
+            incarnation_id=str(body.incarnation_id),
+            rack=body.rack,
+            listeners=tuple(f"{lst.name}://{lst.host}:{lst.port}" for lst in body.listeners),
+            now_ms=now.mono_ms,
+            next_offset=self.state.next_offset,
+        )
+        registered, offset = self.apply(result, now)
+        response = _response(
+            request, error_code=registered.error, broker_epoch=i64(registered.broker_epoch)
+        )
+        return Reply(response, offset)
+
+    def _broker_heartbeat(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        body = request.body
+        if not self._may(conn, "ClusterAction"):
+            error = ErrorCode.cluster_authorization_failed
+            return Reply(_response(request, error_code=error, should_shut_down=False))
+        result = self.state.cluster.heartbeat(
+            broker_id=body.broker_id,
+            broker_epoch=body.broker_epoch,
+            want_fence=body.want_fence,
+            want_shut_down=body.want_shut_down,
+            now_ms=now.mono_ms,
+        )
+        beat, offset = self.apply(result, now)
+        response = _response(
+            request,
+            error_code=beat.error,
+            is_caught_up=beat.error == ErrorCode.none,
+            is_fenced=beat.is_fenced,
+            should_shut_down=beat.should_shut_down,
+        )
+        return Reply(response, offset)
+
+    def _unregister_broker(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        if not self._may(conn, "Alter"):  # Kafka: Alter on the cluster for this one
+            error = ErrorCode.cluster_authorization_failed
+            return Reply(
+                _response(request, error_code=error, error_message="Alter on the cluster is needed")
+            )
+        error, offset = self.apply(self.state.cluster.unregister(request.body.broker_id), now)
+        message = None if error == ErrorCode.none else "broker is not registered"
+        return Reply(_response(request, error_code=error, error_message=message), offset)
+
+    def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        body = request.body
+        manager = self.state.producer_ids
+        client_id = request.header.client_id
+        # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
+        # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
+        job = (body.broker_id, body.broker_epoch) == (JOB_BROKER_ID, JOB_BROKER_EPOCH)
+        if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
+            error = ErrorCode.cluster_authorization_failed
+            return Reply(
+                _response(
+                    request, error_code=error, producer_id_start=i64(0), producer_id_len=i32(0)
+                )
+            )
+        if job:
+            result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+        else:
+            result = manager.allocate(
+                broker_id=body.broker_id,
+                broker_epoch=body.broker_epoch,
+                principal=conn.principal,
+                client_id=client_id,
+            )
+        block, offset = self.apply(result, now)
+        response = _response(
+            request,
+            error_code=block.error,
+            producer_id_start=i64(block.first),
+            producer_id_len=i32(block.length),
+        )
+        return Reply(response, offset)
+
+    def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        body = request.body
+        transactional_id = body.transactional_id
+        if transactional_id is not None:
+            if not self._may(conn, "Write", "TransactionalId", transactional_id):
+                return _init_reply(request, ErrorCode.transactional_id_authorization_failed)
+        elif not self._may(conn, "IdempotentWrite"):
+            return _init_reply(request, ErrorCode.cluster_authorization_failed)
+        expected = parse_expected(
+            getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1)
+        )
+        if isinstance(expected, ErrorCode):
+            return _init_reply(request, expected)
+        transactions = self.state.transactions
+        if transactional_id is None:
+            # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
+            result = transactions.init_idempotent()
+        else:
+            result = transactions.init_transactional(
+                transactional_id,
+                timeout_ms=int(body.transaction_timeout / datetime.timedelta(milliseconds=1)),
+                expected=expected,
+                now_ms=now.wall_ms,
+            )
+        answer, offset = self.apply(result, now)
+        error = answer.error
+        if error == ErrorCode.producer_fenced and request.api_version < 4:
+            error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
+        return _init_reply(request, error, answer, offset)
+
+    def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """This node is the only broker and the controller; it hosts no topics."""
+        version, cls = request.api_version, response_class(request.api_key, request.api_version)
+        entities = sys.modules[cls.__module__]
+        broker = _build(
+            entities.MetadataResponseBroker,
+            node_id=i32(self.node_id),
+            host=conn.advertised_host,
+            port=i32(conn.advertised_port),
+            rack=None,
+        )
+        asked = request.body.topics or ()
+        if len(asked) > self.limits.max_metadata_topics:
+            return Reply(_too_many_topics(request, len(asked), self.limits.max_metadata_topics))
+        topics = []
+        for topic in asked:
+            # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those.
+            error = ErrorCode.unknown_topic_or_partition
+            if topic.name is None and version >= 10:
+                error = ErrorCode.unknown_topic_id
+            topics.append(
+                _build(
+                    entities.MetadataResponseTopic,
+                    error_code=error,
+                    name=topic.name,
+                    topic_id=getattr(topic, "topic_id", None),
+                    is_internal=False,
+                    partitions=(),
+                )
+            )
+        body = _build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            brokers=(broker,),
+            cluster_id=self.state.cluster_id,
+            controller_id=i32(self.node_id),
+            topics=tuple(topics),
+            error_code=ErrorCode.none,  # v13+ (KIP-1102): a top-level error
+        )
+        return Reply(body)
+
+    def _describe_cluster(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """The brokers registered with this controller (endpoint type 1), or this controller
+        itself (type 2, KIP-919). Fenced brokers are listed from v2 only if asked for."""
+        body, cls = request.body, response_class(request.api_key, request.api_version)
+        entry = sys.modules[cls.__module__].DescribeClusterBroker
+        endpoint_type = getattr(body, "endpoint_type", 1)
+        common = {
+            "throttle_time": _NO_THROTTLE,
+            "endpoint_type": endpoint_type,
+            "cluster_authorized_operations": i32(-(2**31)),
+        }
+        if not self._may(conn, "Describe"):
+            return Reply(
+                _build(
+                    cls,
+                    **common,
+                    error_code=ErrorCode.cluster_authorization_failed,
+                    error_message=None,
+                    cluster_id="",
+                    controller_id=i32(-1),
+                    brokers=(),
+                )
+            )
+        cluster = self.state.cluster
+        listed = []
+        if endpoint_type == 2:
+            listed.append(
+                _build(
+                    entry,
+                    broker_id=i32(self.node_id),
+                    host=conn.advertised_host,
+                    port=i32(conn.advertised_port),
+                    rack=None,
+                    is_fenced=False,
+                )
+            )
+        elif endpoint_type == 1:
+            include_fenced = getattr(body, "include_fenced_brokers", False)
+            for registration in sorted(cluster.brokers.values(), key=lambda b: b.broker_id):
+                fenced = cluster.is_fenced(registration.broker_id, now.mono_ms)
+                if fenced and not include_fenced and request.api_version >= 2:
+                    continue
+                host, port = _first_listener(registration.listeners)
+                listed.append(
+                    _build(
+                        entry,
+                        broker_id=i32(registration.broker_id),
+                        host=host,
+                        port=i32(port),
+                        rack=registration.rack,
+                        is_fenced=fenced,
+                    )
+                )
+        error = ErrorCode.none if endpoint_type in (1, 2) else ErrorCode.unsupported_endpoint_type
+        response = _build(
+            cls,
+            **common,
+            error_code=error,
+            error_message=None if not error else f"unknown endpoint type {endpoint_type}",
+            cluster_id=cluster.cluster_id or "",
+            controller_id=i32(self.node_id),
+            brokers=tuple(listed),
+        )
+        return Reply(response)
+
+    def _find_coordinator(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
+        """This node coordinates every group and transactional id."""
+        body, version = request.body, request.api_version
+        cls = response_class(request.api_key, version)
+        key_type = getattr(body, "key_type", 0)
+
+        def answer(key: str) -> dict[str, Any]:
+            error, message = ErrorCode.none, None
+            if key_type not in _COORDINATOR_KEY_TYPES:
+                error, message = ErrorCode.invalid_request, f"unknown key type {key_type}"
+            elif key_type == 1 and not self._may(conn, "Describe", "TransactionalId", key):
+                error = ErrorCode.transactional_id_authorization_failed
+            elif key_type != 1 and not self._may(conn, "Describe", "Group", key):
+                error = ErrorCode.group_authorization_failed
+            if error:
+                return {
+                    "error_code": error,
+                    "error_message": message,
+                    "node_id": i32(-1),
+                    "host": "",
+                    "port": i32(-1),
+                }
+            return {
+                "error_code": error,
+                "error_message": None,
+                "node_id": i32(self.node_id),
+                "host": conn.advertised_host,
+                "port": i32(conn.advertised_port),
+            }
+
+        if version >= 4:
+            entry = sys.modules[cls.__module__].Coordinator
+            keys, most = body.coordinator_keys, self.limits.max_coordinator_keys
+            if len(keys) > most:
+                # One entry says why, whatever was asked: the answer stays small.
+                message = f"{len(keys)} keys in one request; at most {most} (max_coordinator_keys)"
+                refusal = entry(
+                    key="",
+                    error_code=ErrorCode.invalid_request,
+                    error_message=message,
+                    node_id=i32(-1),
+                    host="",
+                    port=i32(-1),
+                )
+                return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=(refusal,)))
+            coordinators = tuple(entry(key=key, **answer(key)) for key in keys)
+            return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=coordinators))
+        return Reply(_build(cls, throttle_time=_NO_THROTTLE, **answer(body.key)))
+
+
+_NO_THROTTLE = datetime.timedelta(0)
+#: The rest of an error answer, per API that writes records.
+_REFUSALS: dict[int, dict[str, Any]] = {
+    ApiKey.BROKER_REGISTRATION: {"broker_epoch": i64(-1)},
+    ApiKey.UNREGISTER_BROKER: {"error_message": "record too large"},
+    ApiKey.ALLOCATE_PRODUCER_IDS: {"producer_id_start": i64(0), "producer_id_len": i32(0)},
+    ApiKey.INIT_PRODUCER_ID: {"producer_id": i64(-1), "producer_epoch": i16(-1)},
+}
+
+
+def _init_reply(
+    request: Request,
+    error: ErrorCode,
+    answer: ProducerIdAndEpoch | None = None,
+    durable_offset: int = NO_WAIT,
+) -> Reply:
+    pid, epoch = (
+        (-1, -1) if error or answer is None else (answer.producer_id, answer.producer_epoch)
+    )
+    body = _response(request, error_code=error, producer_id=i64(pid), producer_epoch=i16(epoch))
+    return Reply(body, durable_offset)
+
+
+def _too_many_topics(request: Request, asked: int, most: int) -> Any:
+    """Metadata naming more topics than allowed: INVALID_REQUEST, top-level from v13
+    (KIP-1102), before that as the one topic listed; no brokers, nothing else."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    if request.api_version >= 13:
+        return _build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            brokers=(),
+            cluster_id=None,
+            controller_id=i32(-1),
+            topics=(),
+            error_code=ErrorCode.invalid_request,
+        )
+    topic = sys.modules[cls.__module__].MetadataResponseTopic
+    refusal = _build(
+        topic,
+        error_code=ErrorCode.invalid_request,
+        name="",
+        topic_id=uuid.UUID(int=0),
+        is_internal=False,
+        partitions=(),
+    )
+    return _build(
+        cls,
+        throttle_time=_NO_THROTTLE,
+        brokers=(),
+        cluster_id=None,
+        controller_id=i32(-1),
+        topics=(refusal,),
+    )
+
+
+def _response(request: Request, **fields: Any) -> Any:
+    """The response entity for the request's API version (throttle time filled in)."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    return cls(throttle_time=_NO_THROTTLE, **fields)
+
+
+def _first_listener(listeners: tuple[str, ...]) -> tuple[str, int]:
+    """(host, port) of a registration's first ``NAME://host:port`` listener, or ("", -1)."""
+    for listener in listeners:
+        with contextlib.suppress(ValueError):
+            address = parse_listener(listener)[1]
+            return address.host, address.port
+    return "", -1
+
+
+def _build(cls: Any, **fields: Any) -> Any:
+    """Instantiate a kio entity with the given fields that its version has (older versions
+    lack e.g. throttle_time, cluster_id or rack)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in fields.items() if name in known})

@@ -1,0 +1,92 @@
+"""The one producer-id block pool, pure: KIP-730's broker side of a block grant.
+
+A holder of blocks (the controller's own InitProducerId path, a broker, a Spark driver)
+keeps the current block plus ``depth`` more, asks for the next once ``threshold`` of the
+current one is used (Kafka's RPCProducerIdManager: 90%), and refuses a granted block that
+overlaps what it holds, is negative or overflows. Asking and waiting are the caller's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pidctl.controller.core.kafka import INT64_MAX, PREFETCH_THRESHOLD
+
+
+class InvalidBlock(ValueError):
+    """A granted block overlaps the pool, is negative or overflows."""
+
+
+class _Block:
+    __slots__ = ("end", "next", "size")
+
+    def __init__(self, first: int, end: int) -> None:
+        self.next = first
+        self.end = end  # exclusive
+        self.size = end - first
+
+
+class ProducerIdPool:
+    """Blocks held, oldest first; PIDs are taken from the oldest."""
+
+    __slots__ = ("_blocks", "_highest_end", "depth", "threshold")
+
+    def __init__(self, threshold: float = PREFETCH_THRESHOLD, depth: int = 1) -> None:
+        if not 0 < threshold <= 1 or depth < 1:
+            raise ValueError("threshold in (0, 1], depth >= 1")
+        self.threshold = threshold
+        self.depth = depth
+        self._blocks: deque[_Block] = deque()
+        self._highest_end = -1
+
+    @property
+    def remaining(self) -> int:
+        """PIDs held and not yet taken."""
+        return sum(b.end - b.next for b in self._blocks)
+
+    @property
+    def blocks_ahead(self) -> int:
+        """Blocks held beyond the current one."""
+        self._drop_used()
+        return max(0, len(self._blocks) - 1)
+
+    def wants_block(self) -> bool:
+        """True with no block, or with fewer than ``depth`` ahead once ``threshold`` of the
+        current one is used."""
+        self._drop_used()
+        if not self._blocks:
+            return True
+        if len(self._blocks) - 1 >= self.depth:
+            return False
+        current = self._blocks[0]
+        return current.size - (current.end - current.next) >= self.threshold * current.size
+
+    def add_block(self, first: int, length: int) -> None:
+        """Hold a granted block ``[first, first + length)``; raises :class:`InvalidBlock`."""
+        if first < 0 or length <= 0 or first > INT64_MAX - length:
+            raise InvalidBlock(f"block [{first}, +{length}) is negative or overflows")
+        if first < self._highest_end:
+            raise InvalidBlock(
+                f"block at {first} overlaps the current one (ends {self._highest_end})"
+            )
+        self._blocks.append(_Block(first, first + length))
+        self._highest_end = first + length
+
+    def clear(self) -> None:
+        """Drop every block held (their PIDs are never handed out)."""
+        self._blocks.clear()
+
+    def take(self) -> int | None:
+        """The next PID, or None when the pool is empty."""
+        self._drop_used()
+        if not self._blocks:
+            return None
+        block = self._blocks[0]
+        pid = block.next
+        block.next = pid + 1
+        return pid
+
+    def _drop_used(self) -> None:
+        blocks = self._blocks
+        while blocks and blocks[0].next >= blocks[0].end:
+            blocks.popleft()

@@ -1,0 +1,252 @@
+"""The cluster and its brokers: KRaft's ClusterControlManager (and BrokerHeartbeatManager).
+
+Owns the cluster id, this controller's node id and every broker registration; decides
+registrations, heartbeats and unregistrations; replays its own records. Registrations are
+durable; sessions (liveness) are in memory only, as in KRaft: after a restart every
+registered broker starts a fresh session, so a second incarnation cannot take over an id
+just because the controller restarted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from pidctl.controller.core.errors import InvariantViolation
+from pidctl.controller.core.kafka import DEFAULT_SESSION_TIMEOUT_MS
+from pidctl.controller.core.records import (
+    BrokerRegistered,
+    BrokerUnregistered,
+    ClusterCreated,
+    ControllerStarted,
+)
+from pidctl.controller.core.result import ControllerResult, answer
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    broker_id: int
+    incarnation_id: str
+    epoch: int
+    rack: str | None = None
+    listeners: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Session:
+    last_contact_ms: int
+    wants_fence: bool = True  # KRaft registers brokers fenced until their first heartbeat
+    shutting_down: bool = False
+
+
+class BrokerSessions:
+    """When each registered broker was last heard from, and whether it is fenced."""
+
+    def __init__(self, timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS) -> None:
+        self.timeout_ms = timeout_ms
+        self._sessions: dict[int, _Session] = {}
+
+    def start(self, broker_id: int, now_ms: int) -> None:
+        """A (re-)registration: the broker is alive and fenced until it heartbeats."""
+        self._sessions[broker_id] = _Session(now_ms)
+
+    def touch(self, broker_id: int, now_ms: int) -> _Session:
+        session = self._sessions.setdefault(broker_id, _Session(now_ms))
+        session.last_contact_ms = now_ms
+        return session
+
+    def remove(self, broker_id: int) -> None:
+        self._sessions.pop(broker_id, None)
+
+    def has_valid_session(self, broker_id: int, now_ms: int) -> bool:
+        session = self._sessions.get(broker_id)
+        return session is not None and now_ms - session.last_contact_ms <= self.timeout_ms
+
+    def is_fenced(self, broker_id: int, now_ms: int) -> bool:
+        """Fenced: asked to be, shutting down, or silent for longer than the session timeout."""
+        session = self._sessions.get(broker_id)
+        if session is None or not self.has_valid_session(broker_id, now_ms):
+            return True
+        return session.wants_fence or session.shutting_down
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    error: ErrorCode = ErrorCode.none
+    broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAnswer:
+    error: ErrorCode = ErrorCode.none
+    is_fenced: bool = True
+    should_shut_down: bool = False
+
+
+@dataclass(slots=True)
+class ClusterControlManager:
+    """Cluster identity and broker registrations (durable), broker sessions (in memory)."""
+
+    cluster_id: str | None = None
+    node_id: int | None = None
+    brokers: dict[int, BrokerRegistration] = field(default_factory=dict)
+    sessions: BrokerSessions = field(default_factory=BrokerSessions, compare=False, repr=False)
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def create_cluster(self, cluster_id: str, node_id: int) -> ControllerResult[None]:
+        """The first record of every log."""
+        return ControllerResult((ClusterCreated(cluster_id, node_id),), None)
+
+    def controller_started(self, node_id: int, version: str) -> ControllerResult[None]:
+        """An audit marker at every start: which node, which pidctl version."""
+        return ControllerResult((ControllerStarted(node_id, version),), None)
+
+    def check_broker_epoch(self, broker_id: int, broker_epoch: int) -> ErrorCode:
+        """STALE_BROKER_EPOCH unless ``broker_epoch`` is the broker's current one."""
+        registration = self.brokers.get(broker_id)
+        if registration is None or registration.epoch != broker_epoch:
+            return ErrorCode.stale_broker_epoch
+        return ErrorCode.none
+
+    def register(
+        self,
+        *,
+        broker_id: int,
+        cluster_id: str,
+        incarnation_id: str,
+        rack: str | None,
+        listeners: tuple[str, ...],
+        now_ms: int,
+        next_offset: int,
+    ) -> ControllerResult[Registered]:
+        """BrokerRegistration: the same incarnation keeps its epoch; a new one gets a new
+        epoch (the offset its record will get, ``next_offset``) once the old incarnation's
+        session has expired."""
+        if cluster_id != self.cluster_id:
+            return answer(Registered(ErrorCode.inconsistent_cluster_id))
+        if broker_id < 0:
+            return answer(Registered(ErrorCode.invalid_request))
+        existing = self.brokers.get(broker_id)
+        if existing is not None and existing.incarnation_id == incarnation_id:
+            self.sessions.touch(broker_id, now_ms)
+            return answer(Registered(broker_epoch=existing.epoch))
+        if existing is not None and self.sessions.has_valid_session(broker_id, now_ms):
+            return answer(Registered(ErrorCode.duplicate_broker_registration))
+        self.sessions.start(broker_id, now_ms)
+        record = BrokerRegistered(broker_id, incarnation_id, next_offset, rack, listeners)
+        return ControllerResult((record,), Registered(broker_epoch=next_offset))
+
+    def heartbeat(
+        self,
+        *,
+        broker_id: int,
+        broker_epoch: int,
+        want_fence: bool,
+        want_shut_down: bool,
+        now_ms: int,
+    ) -> ControllerResult[HeartbeatAnswer]:
+        """BrokerHeartbeat: keeps the session alive and moves the broker in or out of
+        fencing. pidctl has no partitions to move, so a controlled shutdown completes at once
+        and a broker is always caught up with the (empty) metadata it would replicate."""
+        error = self.check_broker_epoch(broker_id, broker_epoch)
+        if error:
+            return answer(HeartbeatAnswer(error))
+        session = self.sessions.touch(broker_id, now_ms)
+        session.wants_fence = want_fence
+        session.shutting_down = session.shutting_down or want_shut_down
+        return answer(
+            HeartbeatAnswer(
+                is_fenced=self.sessions.is_fenced(broker_id, now_ms),
+                should_shut_down=session.shutting_down,
+            )
+        )
+
+    def unregister(self, broker_id: int) -> ControllerResult[ErrorCode]:
+        """UnregisterBroker: BROKER_ID_NOT_REGISTERED if there is no registration."""
+        registration = self.brokers.get(broker_id)
+        if registration is None:
+            return answer(ErrorCode.broker_id_not_registered)
+        self.sessions.remove(broker_id)
+        return ControllerResult(
+            (BrokerUnregistered(broker_id, registration.epoch),), ErrorCode.none
+        )
+
+    def is_fenced(self, broker_id: int, now_ms: int) -> bool:
+        return self.sessions.is_fenced(broker_id, now_ms)
+
+    def restore_sessions(self, now_ms: int) -> None:
+        """After recovery: give every registered broker a fresh session from now."""
+        for broker_id in self.brokers:
+            self.sessions.start(broker_id, now_ms)
+
+    # -- replay ---------------------------------------------------------------------------
+
+    def replay(self, offset: int, record: object) -> None:
+        """Apply one of this manager's records; checks come before any change."""
+        match record:
+            case ClusterCreated():
+                if self.cluster_id is not None:
+                    raise InvariantViolation(f"offset {offset}: cluster created twice")
+                self.cluster_id = record.cluster_id
+                self.node_id = record.node_id
+            case BrokerRegistered():
+                if record.broker_epoch != offset:
+                    raise InvariantViolation(
+                        f"offset {offset}: broker epoch {record.broker_epoch} is not the "
+                        "record offset"
+                    )
+                previous = self.brokers.get(record.broker_id)
+                if previous is not None and previous.epoch >= record.broker_epoch:
+                    raise InvariantViolation(f"offset {offset}: broker epoch did not increase")
+                self.brokers[record.broker_id] = BrokerRegistration(
+                    record.broker_id,
+                    record.incarnation_id,
+                    record.broker_epoch,
+                    record.rack,
+                    record.listeners,
+                )
+            case BrokerUnregistered():
+                current = self.brokers.get(record.broker_id)
+                if current is None or current.epoch != record.broker_epoch:
+                    raise InvariantViolation(
+                        f"offset {offset}: unregisters broker {record.broker_id} "
+                        f"epoch {record.broker_epoch}, which is not registered"
+                    )
+                del self.brokers[record.broker_id]
+            case ControllerStarted():
+                pass  # an audit marker: no state
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def copy(self) -> ClusterControlManager:
+        """A copy later records do not change (registrations are immutable)."""
+        return ClusterControlManager(self.cluster_id, self.node_id, dict(self.brokers))
+
+    def snapshot_fields(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "node_id": self.node_id,
+            "brokers": [
+                {
+                    "broker_id": b.broker_id,
+                    "incarnation_id": b.incarnation_id,
+                    "epoch": b.epoch,
+                    "rack": b.rack,
+                    "listeners": list(b.listeners),
+                }
+                for b in self.brokers.values()
+            ],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> ClusterControlManager:
+        brokers = {
+            b["broker_id"]: BrokerRegistration(
+                b["broker_id"], b["incarnation_id"], b["epoch"], b["rack"], tuple(b["listeners"])
+            )
+            for b in data["brokers"]
+        }
+        return cls(data["cluster_id"], data["node_id"], brokers)

@@ -1,0 +1,195 @@
+"""The on-disk layout of one metadata record, and scanning a segment's bytes (pure, no I/O).
+
+Every record is framed as (big-endian)::
+
+     0  u32  length of the bytes after the CRC field (format version .. end of payload)
+     4  u32  CRC-32 (zlib) of those bytes
+     8  u8   frame format version (1)
+     9  u8   record type id (controller.records)
+    10  u16  record payload version
+    12  i64  offset (position in the log, from 0, one per record)
+    20  i64  timestamp, milliseconds since the Unix epoch
+    28  ...  payload: compact JSON of the record's fields
+
+A segment file holds consecutive records and nothing else; its name is its first offset.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pidctl.controller.core.records import (
+    RECORD_VERSION,
+    Record,
+    RecordDecodeError,
+    decode_payload,
+    encode_payload,
+    record_to_dict,
+)
+
+FRAME_FORMAT_VERSION = 1
+_PREFIX = struct.Struct(">II")
+_HEADER = struct.Struct(">BBHqq")
+HEADER_BYTES = _PREFIX.size + _HEADER.size
+
+#: No record pidctl writes comes near this; a larger length field can only be damage, and
+#: refusing it bounds what a scan allocates.
+MAX_RECORD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """A record with its place in the log."""
+
+    offset: int
+    timestamp_ms: int
+    record: Record
+
+
+class RecordTooLarge(ValueError):
+    """A record would exceed :data:`MAX_RECORD_BYTES`: replay could not read it back, so it
+    is never appended (the request that made it is refused)."""
+
+
+def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
+    """Frame one record for appending to a segment; :class:`RecordTooLarge` if replay could
+    not read it back."""
+    body = _HEADER.pack(
+        FRAME_FORMAT_VERSION, record.TYPE, RECORD_VERSION, offset, timestamp_ms
+    ) + encode_payload(record)
+    if len(body) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"{type(record).__name__} of {len(body)} bytes exceeds {MAX_RECORD_BYTES} bytes"
+        )
+    return _PREFIX.pack(len(body), zlib.crc32(body)) + body
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _parse_at(data: bytes | memoryview, pos: int) -> tuple[LogEntry, int]:
+    """Parse the record at ``pos``; return it and the position after it, or raise _Invalid."""
+    if len(data) - pos < HEADER_BYTES:
+        raise _Invalid("incomplete record header")
+    length, crc = _PREFIX.unpack_from(data, pos)
+    if length < _HEADER.size or length > MAX_RECORD_BYTES:
+        raise _Invalid(f"implausible record length {length}")
+    end = pos + _PREFIX.size + length
+    if end > len(data):
+        raise _Invalid("record extends past the end of the file")
+    body = data[pos + _PREFIX.size : end]
+    if zlib.crc32(body) != crc:
+        raise _Invalid("checksum mismatch")
+    version, record_type, _record_version, offset, timestamp_ms = _HEADER.unpack_from(body, 0)
+    if version != FRAME_FORMAT_VERSION:
+        raise _Invalid(f"unknown frame format version {version}")
+    try:
+        record = decode_payload(record_type, bytes(body[_HEADER.size :]))
+    except RecordDecodeError as e:
+        raise _Invalid(str(e)) from e
+    return LogEntry(offset, timestamp_ms, record), end
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    """What a segment's bytes hold.
+
+    ``entries`` are the valid records in order; ``valid_bytes`` is where they end. When the
+    file continues past that, ``problem`` says why and ``torn`` whether it is a torn tail
+    (nothing valid follows: a write cut short by a crash) rather than corruption.
+    """
+
+    entries: list[LogEntry]
+    valid_bytes: int
+    problem: str | None = None
+    torn: bool = False
+
+
+def scan_segment(data: bytes, base_offset: int) -> SegmentScan:
+    """Parse a segment's bytes, checking checksums and that offsets count up from the base."""
+    view = memoryview(data)
+    entries: list[LogEntry] = []
+    pos = 0
+    expected = base_offset
+    while pos < len(data):
+        try:
+            entry, end = _parse_at(view, pos)
+        except _Invalid as e:
+            torn = not _valid_record_after(view, pos)
+            return SegmentScan(entries, pos, f"at byte {pos}: {e}", torn)
+        if entry.offset != expected:
+            problem = f"at byte {pos}: offset {entry.offset} where {expected} was expected"
+            return SegmentScan(entries, pos, problem, False)
+        entries.append(entry)
+        expected += 1
+        pos = end
+    return SegmentScan(entries, pos)
+
+
+def _valid_record_after(view: memoryview, pos: int) -> bool:
+    """Whether any intact record starts after ``pos``.
+
+    A crash mid-write leaves a prefix of the last record (or zeros) at the end of the file;
+    it can never be followed by an intact record. If one follows, the damage is corruption
+    and truncating would throw away acknowledged data.
+    """
+    last_start = len(view) - HEADER_BYTES
+    for candidate in range(pos + 1, last_start + 1):
+        # Cheap filter before the checksum: the format version byte must match.
+        if view[candidate + _PREFIX.size] != FRAME_FORMAT_VERSION:
+            continue
+        try:
+            _parse_at(view, candidate)
+        except _Invalid:
+            continue
+        return True
+    return False
+
+
+# -- names and views shared by the log, its tools and the Spark reader ------------------
+
+SEGMENT_SUFFIX = ".log"
+SNAPSHOT_SUFFIX = ".snapshot"
+TMP_SUFFIX = ".tmp"
+
+
+class LogCorruption(Exception):
+    """The log cannot be trusted; start-up stops and nothing is modified."""
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}{SEGMENT_SUFFIX}"
+
+
+def snapshot_name(offset: int) -> str:
+    return f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def offset_of(path: Path) -> int:
+    """The offset a segment or snapshot file is named after."""
+    try:
+        return int(path.stem)
+    except ValueError:
+        raise LogCorruption(f"{path}: file name is not an offset") from None
+
+
+def entry_to_dict(entry: LogEntry) -> dict[str, Any]:
+    """One record as the JSON object ``pidctl log dump --json`` prints."""
+    return {
+        "offset": entry.offset,
+        "timestamp_ms": entry.timestamp_ms,
+        "time": iso_time(entry.timestamp_ms),
+        **record_to_dict(entry.record),
+    }
+
+
+def iso_time(timestamp_ms: int) -> str:
+    """A record's time as ISO 8601 in UTC, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(timestamp_ms / 1000, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

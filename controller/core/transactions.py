@@ -1,0 +1,331 @@
+"""Producers: InitProducerId, Kafka's TransactionCoordinator rules (its producer-id half).
+
+Owns every transactional id's producer id and epoch (durable) and the controller's own pool
+of PIDs for InitProducerId (in memory, refilled by grants in the same result). pidctl keeps
+no transactions (it hosts no partitions), so a transactional id is always in Kafka's
+``Empty`` state and InitProducerId is only about the producer id and epoch: first use,
+re-init (bump, fencing the previous producer), rotation when epochs run out, and the KIP-360
+retry and fencing rules when the client sends its current (producer id, epoch).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from pidctl.controller.core.blocks import ProducerIdPool
+from pidctl.controller.core.errors import InvariantViolation
+from pidctl.controller.core.kafka import (
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+    DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
+    EPOCH_EXHAUSTED,
+    MAX_PRODUCER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+)
+from pidctl.controller.core.producer_ids import ProducerIdControlManager
+from pidctl.controller.core.records import Record, TransactionalIdExpired, TransactionalIdUpdated
+from pidctl.controller.core.result import ControllerResult, answer
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionalIdState:
+    """What pidctl keeps per transactional id (all of it in the log and in snapshots)."""
+
+    producer_id: int
+    producer_epoch: int
+    previous_producer_id: int
+    last_producer_epoch: int
+    timeout_ms: int
+    updated_ms: int
+
+
+#: One transactional id's state, packed: producer id, epoch, previous producer id, last epoch,
+#: timeout and last update. 32 bytes in one bytes object instead of an object and five ints:
+#: a controller holding a million transactional ids keeps about 200 bytes for each.
+_PACKED = struct.Struct("<qhqhiq")
+
+
+class TransactionalIdTable:
+    """transactional id → :class:`TransactionalIdState`, each state stored packed."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: dict[str, bytes] | None = None) -> None:
+        self._rows: dict[str, bytes] = {} if rows is None else rows
+
+    def get(self, transactional_id: str) -> TransactionalIdState | None:
+        row = self._rows.get(transactional_id)
+        return None if row is None else TransactionalIdState(*_PACKED.unpack(row))
+
+    def __getitem__(self, transactional_id: str) -> TransactionalIdState:
+        return TransactionalIdState(*_PACKED.unpack(self._rows[transactional_id]))
+
+    def __setitem__(self, transactional_id: str, state: TransactionalIdState) -> None:
+        self._rows[transactional_id] = _PACKED.pack(
+            state.producer_id,
+            state.producer_epoch,
+            state.previous_producer_id,
+            state.last_producer_epoch,
+            state.timeout_ms,
+            state.updated_ms,
+        )
+
+    def __delitem__(self, transactional_id: str) -> None:
+        del self._rows[transactional_id]
+
+    def __contains__(self, transactional_id: object) -> bool:
+        return transactional_id in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def items(self) -> Iterator[tuple[str, TransactionalIdState]]:
+        for transactional_id, row in self._rows.items():
+            yield transactional_id, TransactionalIdState(*_PACKED.unpack(row))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransactionalIdTable) and self._rows == other._rows
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def copy(self) -> TransactionalIdTable:
+        """A copy later changes do not reach (the rows are immutable bytes)."""
+        return TransactionalIdTable(dict(self._rows))
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdAndEpoch:
+    """InitProducerId's answer (-1, -1 with an error)."""
+
+    error: ErrorCode = ErrorCode.none
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+
+
+def parse_expected(producer_id: int, producer_epoch: int) -> tuple[int, int] | ErrorCode | None:
+    """KafkaApis: (-1, -1) means none given; exactly one of them -1 is INVALID_REQUEST."""
+    if producer_id == NO_PRODUCER_ID and producer_epoch == NO_PRODUCER_EPOCH:
+        return None
+    if producer_id == NO_PRODUCER_ID or producer_epoch == NO_PRODUCER_EPOCH:
+        return ErrorCode.invalid_request
+    return producer_id, producer_epoch
+
+
+_NO_PID = ProducerIdAndEpoch(ErrorCode.coordinator_load_in_progress)
+
+#: Longest transactional id accepted, in UTF-8 bytes: the most a (non-flexible) Kafka
+#: STRING carries. Its record stays far below the log's record limit even when every byte
+#: needs escaping; a longer id is answered INVALID_REQUEST and nothing is written.
+MAX_TRANSACTIONAL_ID_BYTES = 32767
+
+
+@dataclass(slots=True)
+class TransactionControlManager:
+    """Transactional ids (durable) and the InitProducerId pool (in memory)."""
+
+    producer_ids: ProducerIdControlManager = field(compare=False, repr=False)
+    node_id: int = field(default=1, compare=False)
+    max_timeout_ms: int = field(default=DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, compare=False)
+    expiration_ms: int = field(default=DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS, compare=False)
+    transactional_ids: TransactionalIdTable = field(default_factory=TransactionalIdTable)
+    pool: ProducerIdPool = field(default_factory=ProducerIdPool, compare=False, repr=False)
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def init_idempotent(self) -> ControllerResult[ProducerIdAndEpoch]:
+        """A fresh PID with epoch 0; nothing persisted but a pool refill's grant. Never
+        15/16 when no PID is ready (kafka-python would look for a coordinator): 14."""
+        refill = self._refill()
+        pid = self.pool.take()
+        response = _NO_PID if pid is None else ProducerIdAndEpoch(ErrorCode.none, pid, 0)
+        return ControllerResult(refill, response)
+
+    def init_transactional(
+        self,
+        transactional_id: str,
+        *,
+        timeout_ms: int,
+        expected: tuple[int, int] | None,
+        now_ms: int,
+    ) -> ControllerResult[ProducerIdAndEpoch]:
+        """InitProducerId for a transactional id (its name and ACLs already checked)."""
+        if transactional_id == "" or _too_long(transactional_id):
+            return answer(ProducerIdAndEpoch(ErrorCode.invalid_request))
+        if not 0 < timeout_ms <= self.max_timeout_ms:
+            return answer(ProducerIdAndEpoch(ErrorCode.invalid_transaction_timeout))
+        current = self.transactional_ids.get(transactional_id)
+        refill: tuple[Record, ...] = ()
+        if current is None:
+            refill = self._refill()
+            pid = self.pool.take()
+            if pid is None:
+                return ControllerResult(refill, _NO_PID)
+            # As Kafka: new metadata starts at epoch -1, so the bump below makes it 0.
+            current = TransactionalIdState(
+                pid, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_PRODUCER_EPOCH, timeout_ms, now_ms
+            )
+
+        if expected is not None and not _is_valid_producer_id(current, expected):
+            return ControllerResult(refill, ProducerIdAndEpoch(ErrorCode.producer_fenced))
+
+        exhausted = current.producer_epoch >= EPOCH_EXHAUSTED
+        if exhausted and (expected is None or expected[1] == current.producer_epoch):
+            refill = self._refill()
+            pid = self.pool.take()
+            if pid is None:
+                return ControllerResult(refill, _NO_PID)
+            last = current.producer_epoch if expected is not None else NO_PRODUCER_EPOCH
+            return _transition(refill, transactional_id, current, pid, 0, last, timeout_ms, now_ms)
+
+        bumped = current.producer_epoch + 1
+        if expected is None:
+            epoch, last = bumped, NO_PRODUCER_EPOCH
+        elif current.producer_epoch == NO_PRODUCER_EPOCH or expected[1] == current.producer_epoch:
+            # The producer continues after an error and nobody else has initialised since.
+            epoch, last = bumped, current.producer_epoch
+        elif expected[1] == current.last_producer_epoch:
+            # A retry of a bump that already happened: the same answer again. Kafka rewrites
+            # the unchanged metadata; pidctl writes nothing, so the previous producer id that
+            # makes a retry across a rotation valid is kept for further retries.
+            same = ProducerIdAndEpoch(ErrorCode.none, current.producer_id, current.producer_epoch)
+            return ControllerResult(refill, same)
+        else:
+            return ControllerResult(refill, ProducerIdAndEpoch(ErrorCode.producer_fenced))
+        return _transition(
+            refill, transactional_id, current, current.producer_id, epoch, last, timeout_ms, now_ms
+        )
+
+    def expire(self, now_ms: int) -> ControllerResult[int]:
+        """An expiry for every transactional id unused past ``expiration_ms``."""
+        records = tuple(
+            TransactionalIdExpired(tid, state.producer_id)
+            for tid, state in self.transactional_ids.items()
+            if now_ms - state.updated_ms > self.expiration_ms
+        )
+        return ControllerResult(records, len(records))
+
+    def _refill(self) -> tuple[Record, ...]:
+        """A grant for the pool once it wants one (KIP-730's 90% rule). The pool holds the
+        block at once: the controller applies the result as a whole, and every answer
+        waits until all records decided before it are durable."""
+        if not self.pool.wants_block():
+            return ()
+        grant = self.producer_ids.allocate_for_controller(self.node_id)
+        if grant.records:
+            self.pool.add_block(grant.response.first, grant.response.length)
+        return grant.records
+
+    # -- replay ---------------------------------------------------------------------------
+
+    def replay(self, offset: int, record: object) -> None:
+        """Apply one of this manager's records; checks come before any change."""
+        match record:
+            case TransactionalIdUpdated():
+                if not 0 <= record.producer_id < self.producer_ids.next_producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: transactional id {record.transactional_id!r} uses "
+                        f"producer id {record.producer_id}, which was never granted"
+                    )
+                if not 0 <= record.producer_epoch < MAX_PRODUCER_EPOCH:
+                    raise InvariantViolation(f"offset {offset}: invalid epoch")
+                self.transactional_ids[record.transactional_id] = TransactionalIdState(
+                    record.producer_id,
+                    record.producer_epoch,
+                    record.previous_producer_id,
+                    record.last_producer_epoch,
+                    record.timeout_ms,
+                    record.updated_ms,
+                )
+            case TransactionalIdExpired():
+                held = self.transactional_ids.get(record.transactional_id)
+                if held is None or held.producer_id != record.producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: expires transactional id "
+                        f"{record.transactional_id!r}, which is not held"
+                    )
+                del self.transactional_ids[record.transactional_id]
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def copy(self, producer_ids: ProducerIdControlManager) -> TransactionControlManager:
+        """A copy later records do not change: the packed rows are immutable, so copying the
+        dict suffices (tens of ms for a million ids; the snapshot is built off the loop)."""
+        return TransactionControlManager(
+            producer_ids,
+            self.node_id,
+            self.max_timeout_ms,
+            self.expiration_ms,
+            self.transactional_ids.copy(),
+        )
+
+    def snapshot_fields(self) -> dict[str, Any]:
+        # Positional lists: a million transactional ids should not repeat field names.
+        return {
+            "transactional_ids": [
+                [
+                    tid,
+                    t.producer_id,
+                    t.producer_epoch,
+                    t.previous_producer_id,
+                    t.last_producer_epoch,
+                    t.timeout_ms,
+                    t.updated_ms,
+                ]
+                for tid, t in self.transactional_ids.items()
+            ]
+        }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        table = TransactionalIdTable()
+        for row in data.get("transactional_ids", []):
+            table[row[0]] = TransactionalIdState(*row[1:])
+        self.transactional_ids = table
+
+
+def _too_long(transactional_id: str) -> bool:
+    # Cheap first: a str of n characters is at most 4n UTF-8 bytes.
+    if len(transactional_id) * 4 <= MAX_TRANSACTIONAL_ID_BYTES:
+        return False
+    return len(transactional_id.encode("utf-8", "surrogatepass")) > MAX_TRANSACTIONAL_ID_BYTES
+
+
+def _is_valid_producer_id(current: TransactionalIdState, expected: tuple[int, int]) -> bool:
+    pid, epoch = expected
+    return (
+        current.producer_epoch == NO_PRODUCER_EPOCH  # just created: a recovering producer
+        or pid == current.producer_id
+        or (pid == current.previous_producer_id and epoch >= EPOCH_EXHAUSTED)
+    )
+
+
+def _transition(
+    refill: tuple[Record, ...],
+    transactional_id: str,
+    current: TransactionalIdState,
+    producer_id: int,
+    epoch: int,
+    last_epoch: int,
+    timeout_ms: int,
+    now_ms: int,
+) -> ControllerResult[ProducerIdAndEpoch]:
+    record = TransactionalIdUpdated(
+        transactional_id,
+        producer_id,
+        epoch,
+        # As Kafka's TxnTransitMetadata: the previous id is the one held before this change.
+        current.producer_id,
+        last_epoch,
+        timeout_ms,
+        now_ms,
+    )
+    return ControllerResult(
+        (*refill, record), ProducerIdAndEpoch(ErrorCode.none, producer_id, epoch)
+    )

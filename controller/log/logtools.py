@@ -1,0 +1,231 @@
+"""``pidctl log dump`` and ``pidctl log verify``: read-only views of a data dir."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pidctl.controller.core.logformat import LogEntry, iso_time
+from pidctl.controller.core.logformat import entry_to_dict as entry_to_dict
+from pidctl.controller.core.records import (
+    BrokerRegistered,
+    BrokerUnregistered,
+    ControllerStarted,
+    ProducerIdFloorRaised,
+    ProducerIdsGranted,
+    ProducerIdsLeased,
+)
+from pidctl.controller.log.metalog import LogContents, LogCorruption, read_log, rebuild_state
+
+Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
+
+
+def parse_time(text: str) -> int:
+    """``--since``/``--until``: ISO 8601 (UTC unless it says otherwise) or epoch milliseconds."""
+    if text.isdigit():
+        return int(text)
+    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class DumpFilter:
+    """Which records to show: those about one broker, and/or within a time range."""
+
+    broker_id: int | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    def __call__(self, entry: LogEntry) -> bool:
+        if self.since_ms is not None and entry.timestamp_ms < self.since_ms:
+            return False
+        if self.until_ms is not None and entry.timestamp_ms > self.until_ms:
+            return False
+        if self.broker_id is not None:
+            record = entry.record
+            if isinstance(record, ProducerIdsGranted) and record.holder != "broker":
+                return False  # the controller's own blocks carry its node id, not a broker's
+            return getattr(record, "broker_id", None) == self.broker_id
+        return True
+
+
+def selected(
+    data_dir: Path, keep: DumpFilter, progress: Progress | None = None
+) -> tuple[LogContents, list[LogEntry]]:
+    contents = read_log(data_dir, progress)
+    return contents, [e for e in contents.entries() if keep(e)]
+
+
+def dump_lines(
+    data_dir: Path,
+    as_json: bool,
+    keep: DumpFilter | None = None,
+    progress: Progress | None = None,
+) -> Iterator[str]:
+    """Every (selected) record kept in the data dir, oldest first, as text or JSON lines."""
+    contents, entries = selected(data_dir, keep or DumpFilter(), progress)
+    if not as_json and contents.snapshot_path is not None:
+        state = contents.snapshot_state or {}
+        yield (
+            f"# snapshot at offset {contents.snapshot_offset}: "
+            f"next_producer_id={state.get('next_producer_id')} "
+            f"brokers={len(state.get('brokers', []))} "
+            f"(records before it are gone unless log_retention_bytes keeps them)"
+        )
+    for entry in entries:
+        item = entry_to_dict(entry)
+        if as_json:
+            yield json.dumps(item, separators=(",", ":"))
+        else:
+            skip = ("offset", "timestamp_ms", "time", "type")
+            fields = " ".join(
+                f"{k}={v}" for k, v in item.items() if k not in skip and v is not None
+            )
+            yield f"{item['offset']:>10}  {item['time']}  {item['type']:<22} {fields}"
+    if contents.torn_tail_bytes:
+        yield f"# torn tail: {contents.torn_tail_bytes} bytes ({contents.torn_tail_problem})"
+
+
+@dataclass
+class _Holder:
+    blocks: int = 0
+    pids: int = 0
+    first: int | None = None
+    last: int = -1
+    epochs: set[int] = field(default_factory=set)
+
+
+def summary_lines(entries: list[LogEntry]) -> list[str]:
+    """The audit summary: blocks and PIDs per holder, holes in the granted range, and what
+    restarts abandoned (the blocks a restarted controller or re-registered broker held)."""
+    holders: dict[tuple[str, str], _Holder] = defaultdict(_Holder)
+    holes: list[tuple[int, int]] = []
+    previous_end: int | None = None
+    restarts = 0
+    controller_blocks_since_start = 0
+    abandoned_controller_blocks = 0
+    reregistrations: list[str] = []
+    epochs: dict[int, int] = {}
+    leases: list[tuple[int, int]] = []
+    floors: list[str] = []
+    for entry in entries:
+        record = entry.record
+        if isinstance(record, ProducerIdsLeased):
+            leases.append((record.first_producer_id, record.next_producer_id))
+        elif isinstance(record, ProducerIdFloorRaised):
+            floors.append(
+                f"  raised to {record.next_producer_id} at "
+                f"{iso_time(entry.timestamp_ms)} by {record.origin}"
+            )
+        elif isinstance(record, ProducerIdsGranted):
+            # A job is known by its client id (a Spark application id), not a broker id.
+            who = record.client_id or "?" if record.holder == "job" else str(record.broker_id)
+            holder = holders[(record.holder, who)]
+            holder.blocks += 1
+            holder.pids += record.next_producer_id - record.first_producer_id
+            holder.first = record.first_producer_id if holder.first is None else holder.first
+            holder.last = record.next_producer_id - 1
+            if record.broker_epoch >= 0:
+                holder.epochs.add(record.broker_epoch)
+            if previous_end is not None and record.first_producer_id > previous_end:
+                holes.append((previous_end, record.first_producer_id))
+            previous_end = record.next_producer_id
+            if record.holder == "controller":
+                controller_blocks_since_start += 1
+        elif isinstance(record, ControllerStarted):
+            if restarts:
+                # The pool keeps the current and at most one prefetched block.
+                abandoned_controller_blocks += min(controller_blocks_since_start, 2)
+            restarts += 1
+            controller_blocks_since_start = 0
+        elif isinstance(record, BrokerRegistered):
+            old = epochs.get(record.broker_id)
+            if old is not None:
+                reregistrations.append(
+                    f"broker {record.broker_id}: epoch {old} -> {record.broker_epoch} at "
+                    f"{iso_time(entry.timestamp_ms)} (its unused PIDs of epoch {old} are lost)"
+                )
+            epochs[record.broker_id] = record.broker_epoch
+        elif isinstance(record, BrokerUnregistered):
+            epochs.pop(record.broker_id, None)
+    total_blocks = sum(h.blocks for h in holders.values())
+    total_pids = sum(h.pids for h in holders.values())
+    lines = [f"blocks granted: {total_blocks} ({total_pids} producer ids)"]
+    # Numeric ids in numeric order: shorter first, then by text.
+    for (kind, holder_id), h in sorted(
+        holders.items(), key=lambda i: (i[0][0], len(i[0][1]), i[0][1])
+    ):
+        epoch_text = f", epochs {sorted(h.epochs)}" if h.epochs else ""
+        lines.append(
+            f"  {kind} {holder_id}: {h.blocks} blocks, {h.pids} producer ids, "
+            f"{h.first}..{h.last}{epoch_text}"
+        )
+    lines.append(f"controller starts: {restarts}")
+    if abandoned_controller_blocks:
+        lines.append(
+            f"  blocks of the controller's own pool abandoned by restarts: at most "
+            f"{abandoned_controller_blocks} (their unused producer ids are never handed out)"
+        )
+    if leases:
+        leased = sum(end - first for first, end in leases)
+        lines.append(f"leases from etcd: {len(leases)} ({leased} producer ids)")
+    if floors:
+        lines.append("high-water mark imports:")
+        lines.extend(floors)
+    lines.append(f"holes in the granted range: {len(holes)}")
+    lines.extend(
+        f"  {start}..{end - 1} never granted{_lease_note(start, end, leases)}"
+        for start, end in holes
+    )
+    if reregistrations:
+        lines.append("broker re-registrations:")
+        lines.extend(f"  {line}" for line in reregistrations)
+    return lines
+
+
+def _lease_note(start: int, end: int, leases: list[tuple[int, int]]) -> str:
+    """With leases, a hole is mostly other controllers' ranges; say how much of it was ours."""
+    if not leases:
+        return ""
+    ours = sum(max(0, min(end, e) - max(start, f)) for f, e in leases)
+    if ours == 0:
+        return " (not leased here: other controllers' ranges)"
+    return f" ({ours} of them leased here and left unused)"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    ok: bool
+    lines: list[str]
+
+
+def verify(data_dir: Path, progress: Progress | None = None) -> VerifyReport:
+    """Check checksums, offsets and every replay invariant, changing nothing."""
+    if not data_dir.is_dir():
+        return VerifyReport(False, [f"{data_dir}: no such data dir"])
+    try:
+        contents = read_log(data_dir, progress)
+        state, replayed = rebuild_state(contents)
+    except LogCorruption as e:
+        return VerifyReport(False, [f"CORRUPT: {e}"])
+    lines = [
+        f"segments: {len(contents.segments)}, records: {len(contents.entries())}, "
+        f"snapshot offset: {contents.snapshot_offset}, replayed: {replayed}",
+        f"cluster id: {state.cluster_id}, next offset: {state.next_offset}, "
+        f"next producer id: {state.next_producer_id}, brokers: {len(state.cluster.brokers)}, "
+        f"transactional ids: {len(state.transactions.transactional_ids)}",
+    ]
+    if contents.torn_tail_bytes:
+        lines.append(
+            f"warning: torn tail of {contents.torn_tail_bytes} bytes in "
+            f"{contents.segments[-1].path.name} (a write cut short by a crash; start-up "
+            "truncates it)"
+        )
+    lines.append("OK")
+    return VerifyReport(True, lines)

@@ -1,0 +1,396 @@
+"""``pidctl serve``: wiring and signals.
+
+Recovers the state from the data dir, builds the controller over it, starts the log's writer,
+the lease keeper (with ``pid_source``), the transactional-id expiry, the listeners and one
+task per connection (``connection.py``, admitted by ``admission.py``), and stops them in
+order on SIGTERM/SIGINT: stop accepting, stop reading, finish in-flight answers, flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import trio
+
+from pidctl.controller.api.handlers import Controller, RequestLimits
+from pidctl.controller.core.acl import Authorizer
+from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.core.records import ProducerIdsGranted, Record, new_cluster_id
+from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.metalog import MetadataLog, StorageFailed, lock_data_dir, recover
+from pidctl.controller.server.admission import Admission, bind_listeners
+from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.http import HttpEndpoint
+from pidctl.controller.server.lease_keeper import LeaseKeeper, etcd_counter
+from pidctl.controller.server.metrics import Metrics, StateView
+from pidctl.controller.server.sasl import CredentialStore
+from pidctl.controller.settings import Settings
+from pidctl.protocol import __version__
+from pidctl.protocol.apis import ApiKey
+
+log = structlog.get_logger("pidctl.server")
+
+
+class ClusterIdMismatch(Exception):
+    """The configured cluster id differs from the one stored in the log."""
+
+
+class PidSourceMismatch(Exception):
+    """The data dir leased from etcd, and the controller was started without pid_source."""
+
+
+class ResourceLimit(Exception):
+    """The process may not open enough files for the configured connections."""
+
+
+#: File descriptors kept free beside client connections: the log's segment and directory,
+#: a snapshot being written, listeners, the metrics endpoint, etcd, stdio and trio's own.
+RESERVED_FILE_DESCRIPTORS = 64
+
+
+def raise_file_limit(max_connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (soft 1,024 is common) and check that
+    ``max_connections`` fits beside the reserve; return the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if max_connections + RESERVED_FILE_DESCRIPTORS > soft:
+        raise ResourceLimit(
+            f"max_connections {max_connections} needs {max_connections + RESERVED_FILE_DESCRIPTORS}"
+            f" file descriptors (with {RESERVED_FILE_DESCRIPTORS} reserved) but the limit is "
+            f"{soft} (ulimit -n); lower max_connections or raise the limit"
+        )
+    return soft
+
+
+class PidctlServer:
+    """Owns the metadata log, the controller and the listeners of one ``pidctl serve``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ports: list[int] = []
+        self.metrics = Metrics()
+        self.quotas = Quotas(
+            {
+                ApiKey.ALLOCATE_PRODUCER_IDS: settings.allocate_producer_ids_quota,
+                ApiKey.INIT_PRODUCER_ID: settings.init_producer_id_quota,
+            },
+            connection_rate=settings.connection_creation_rate,
+            window_s=settings.quota_window_ms / 1000,
+            overrides=settings.quota_overrides,
+        )
+        self.authorizer = build_authorizer(settings)
+        self.credentials = load_credentials(settings)
+        self.http = HttpEndpoint(self.metrics)
+        self._stopping = trio.Event()
+        self._controller: Controller | None = None
+
+    def reload(self, settings: Settings) -> None:
+        """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes."""
+        self.authorizer = build_authorizer(settings)
+        self.credentials = load_credentials(settings)
+        if self._controller is not None:
+            self._controller.authorizer = self.authorizer
+        log.info(
+            "configuration reloaded",
+            acls=len(self.authorizer.acls),
+            users=len(self.credentials.users),
+        )
+
+    def request_shutdown(self) -> None:
+        """Stop accepting, stop reading, finish in-flight responses, flush, return."""
+        self._stopping.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        data_dir = Path(self.settings.data_dir)
+        limit = raise_file_limit(self.settings.max_connections)
+        log.info("file descriptors", limit=limit)
+        lock_fd = lock_data_dir(data_dir)
+        try:
+            async with trio.open_nursery() as http:
+                # Up before recovery, so /healthz answers (and /readyz says 503) meanwhile.
+                address = self.settings.metrics_listen
+                await self.http.bind(address)
+                log.info("metrics listening", address=str(address), port=self.http.port)
+                http.start_soon(self.http.serve)
+                try:
+                    await self._run(data_dir, task_status)
+                finally:
+                    self.http.ready = False
+                    http.cancel_scope.cancel()
+        finally:
+            os.close(lock_fd)
+
+    async def _run(self, data_dir: Path, task_status: trio.TaskStatus[None]) -> None:
+        settings = self.settings
+        started = time.monotonic()
+        recovery = await trio.to_thread.run_sync(recover, data_dir)
+        state = recovery.state.configure(
+            pid_range=settings.pid_range,
+            node_id=settings.node_id,
+            session_timeout_ms=settings.broker_session_timeout_ms,
+            max_transaction_timeout_ms=settings.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
+        )
+        state.cluster.restore_sessions(now().mono_ms)
+        self.metrics.recovery_seconds.set(time.monotonic() - started)
+        log.info(
+            "log recovered",
+            data_dir=str(data_dir),
+            next_offset=state.next_offset,
+            snapshot_offset=recovery.snapshot_offset,
+            records_replayed=recovery.records_replayed,
+            truncated_bytes=recovery.truncated_bytes,
+            next_producer_id=state.next_producer_id,
+            seconds=round(time.monotonic() - started, 4),
+        )
+        metalog = MetadataLog(
+            data_dir,
+            state.next_offset,
+            recovery.snapshot_offset,
+            lambda: state.copy().to_snapshot,
+            segment_max_bytes=settings.segment_max_bytes,
+            snapshot_interval_records=settings.snapshot_interval_records,
+            retention_bytes=settings.log_retention_bytes,
+            on_batch=self.metrics.log_batch,
+            on_snapshot=self.metrics.snapshot_written,
+            on_failure=self._storage_failed,
+        )
+        limits = RequestLimits(
+            max_coordinator_keys=settings.max_coordinator_keys,
+            max_metadata_topics=settings.max_metadata_topics,
+            max_registration_entries=settings.max_registration_entries,
+        )
+        controller = Controller(
+            state, metalog, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
+        )
+        self._controller = controller
+        lease_keeper = self._lease_keeper(controller, metalog)
+        controller.observers.append(self._observer(lease_keeper))
+        if not self.authorizer.enabled:
+            log.warning(
+                "no authorizer: every client may do everything, as Kafka without an authorizer;"
+                ' set authorizer = "acl" and acls to restrict'
+            )
+        self.metrics.state_view = _state_view(state)
+        connections = ConnectionServer(
+            controller,
+            metalog.wait_durable,
+            self.quotas,
+            self.metrics,
+            lambda: self.credentials,
+            ConnectionLimits(
+                max_frame_bytes=settings.max_frame_bytes,
+                idle_timeout_s=settings.connections_max_idle_ms / 1000,
+                frame_timeout_s=settings.frame_timeout_ms / 1000,
+                max_in_flight=settings.max_in_flight_per_connection,
+                sasl_mechanisms=tuple(settings.sasl_enabled_mechanisms.split(",")),
+            ),
+            log_requests=settings.log_level == "debug",
+        )
+        async with trio.open_nursery() as background:
+            await background.start(metalog.run)
+            self._initialise_cluster(controller)
+            await metalog.flush()
+            background.start_soon(self._expire_transactional_ids, controller)
+            if lease_keeper is not None:
+                await background.start(lease_keeper.run)
+                if state.producer_ids.lease_remaining() == 0:
+                    # A first lease before listening, so the first clients are served; a
+                    # controller that cannot reach etcd still starts (and answers retriably).
+                    with trio.move_on_after(settings.etcd_timeout_ms / 1000):
+                        await lease_keeper.leased.wait()
+            try:
+                await self._serve(connections, task_status)
+                await metalog.flush()
+            finally:
+                if lease_keeper is not None:
+                    with trio.CancelScope(shield=True):
+                        await lease_keeper.counter.aclose()
+            background.cancel_scope.cancel()
+        log.info("stopped", next_offset=state.next_offset)
+
+    async def _serve(
+        self, connections: ConnectionServer, task_status: trio.TaskStatus[None]
+    ) -> None:
+        bound = await bind_listeners(self.settings)
+        self.ports = [listener.port for listener in bound]
+        log.info(
+            "listening",
+            ports=self.ports,
+            listeners=[f"{b.spec.protocol}://{b.spec.host}:{b.spec.port}" for b in bound],
+        )
+        admission = Admission(self.settings, connections, self.quotas, self.metrics)
+        async with trio.open_nursery() as nursery:
+            accepting = trio.CancelScope()
+
+            async def accept() -> None:
+                with accepting:
+                    await admission.accept(bound, nursery)
+
+            nursery.start_soon(accept)
+            watchdog = trio.CancelScope()
+
+            async def watch() -> None:
+                with watchdog:
+                    await connections.watch()
+
+            nursery.start_soon(watch)
+            self.http.ready = True
+            task_status.started()
+            await self._stopping.wait()
+            self.http.ready = False
+            log.info("shutting down", connections=len(connections.live))
+            accepting.cancel()
+            watchdog.cancel()
+            for listener in bound:
+                for sock in listener.sockets:
+                    await sock.aclose()
+            connections.stop_all()
+            # In-flight responses get a grace period; whatever is still stuck after it (a
+            # client that never reads) is cut off.
+            grace = self.settings.shutdown_grace_ms / 1000
+            nursery.cancel_scope.deadline = trio.current_time() + grace
+
+    def _storage_failed(self, error: StorageFailed) -> None:
+        """Fail-stop: not ready any more, one event saying what failed; the error then ends
+        the process (exit status EXIT_STORAGE_FAILED)."""
+        self.http.ready = False
+        log.error(
+            "storage_failed",
+            file=str(error.path),
+            operation=error.operation,
+            errno=error.errno,
+            error=error.errno_name,
+        )
+
+    def _lease_keeper(self, controller: Controller, metalog: MetadataLog) -> LeaseKeeper | None:
+        """With ``pid_source``: the task that leases from etcd. Without: refuse a data dir that
+        leased before, whose PIDs above its last lease other controllers may hold."""
+        settings = self.settings
+        if not settings.pid_source:
+            if controller.state.producer_ids.lease_mode:
+                raise PidSourceMismatch(
+                    "this data dir took its producer ids from etcd leases; without pid_source "
+                    "it could grant ids other controllers hold (set pid_source again)"
+                )
+            return None
+        self.metrics.lease_size.set(settings.pid_lease_size)
+        return LeaseKeeper(
+            etcd_counter(settings, self.metrics.etcd_request),
+            controller,
+            metalog.wait_durable,
+            now,
+            lease_size=settings.pid_lease_size,
+            prefetch_ratio=settings.pid_lease_prefetch_ratio,
+            on_lease=lambda size: self.metrics.leases.inc(),
+        )
+
+    def _observer(self, lease_keeper: LeaseKeeper | None) -> Callable[[Record], None]:
+        """What happens beside the log when a record is applied: grants are counted and
+        logged (the audit trail on stdout), and may call for the next lease."""
+        metrics = self.metrics
+
+        def observe(record: Record) -> None:
+            if isinstance(record, ProducerIdsGranted):
+                count = record.next_producer_id - record.first_producer_id
+                metrics.granted(record.holder, record.broker_id, count)
+                _log_grant(record)
+                if lease_keeper is not None:
+                    lease_keeper.poke()
+
+        return observe
+
+    async def _expire_transactional_ids(self, controller: Controller) -> None:
+        interval = self.settings.transactional_id_cleanup_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            expired = controller.expire_transactional_ids(now())
+            if expired:
+                log.info("transactional ids expired", count=expired)
+
+    def _initialise_cluster(self, controller: Controller) -> None:
+        cluster, wanted = controller.state.cluster, self.settings.cluster_id
+        if cluster.cluster_id is None:
+            cluster_id = wanted or new_cluster_id()
+            controller.apply(cluster.create_cluster(cluster_id, self.settings.node_id), now())
+            log.info("cluster created", cluster_id=cluster_id)
+        elif wanted is not None and wanted != cluster.cluster_id:
+            raise ClusterIdMismatch(
+                f"cluster_id {wanted!r} does not match {cluster.cluster_id!r} stored in the log"
+            )
+        controller.apply(cluster.controller_started(self.settings.node_id, __version__), now())
+
+
+def _state_view(state: ControllerState) -> StateView:
+    cluster, producer_ids = state.cluster, state.producer_ids
+    return StateView(
+        next_producer_id=lambda: producer_ids.next_producer_id,
+        remaining_producer_ids=producer_ids.remaining,
+        registered_brokers=lambda: len(cluster.brokers),
+        fenced_brokers=lambda: sum(
+            cluster.is_fenced(b, now().mono_ms) for b in list(cluster.brokers)
+        ),
+        transactional_ids=lambda: len(state.transactions.transactional_ids),
+        lease_remaining=producer_ids.lease_remaining,
+    )
+
+
+def build_authorizer(settings: Settings) -> Authorizer:
+    # Separated by ";" as Kafka's super.users: a certificate's principal contains commas.
+    super_users = [u.strip() for u in settings.super_users.split(";") if u.strip()]
+    return Authorizer(settings.acls, super_users, enabled=settings.authorizer == "acl")
+
+
+def load_credentials(settings: Settings) -> CredentialStore:
+    if not settings.credentials_file:
+        return CredentialStore()
+    return CredentialStore.load(Path(settings.credentials_file))
+
+
+def _log_grant(record: ProducerIdsGranted) -> None:
+    log.info(
+        "producer ids granted",
+        broker_id=record.broker_id,
+        broker_epoch=record.broker_epoch,
+        first_producer_id=record.first_producer_id,
+        last_producer_id=record.next_producer_id - 1,
+        principal=record.principal,
+        client_id=record.client_id,
+    )
+
+
+async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads ACLs and
+    credentials through ``reload``."""
+    server = PidctlServer(settings)
+    async with trio.open_nursery() as nursery:
+
+        async def watch_signals() -> None:
+            wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            with trio.open_signal_receiver(*wanted) as signals:
+                async for signum in signals:
+                    log.info("signal received", signal=signal.Signals(signum).name)
+                    if signum != signal.SIGHUP:
+                        server.request_shutdown()
+                        return
+                    if reload is not None:
+                        try:
+                            server.reload(reload())
+                        except (ValueError, OSError) as e:
+                            log.error(
+                                "reload failed; the previous configuration stays", error=str(e)
+                            )
+
+        nursery.start_soon(watch_signals)
+        await server.run()
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,297 @@
+"""One trio task per client connection, driving a sans-IO :class:`ServerConnection`.
+
+The task reads, feeds the bytes to the connection object, has the controller decide each
+request in arrival order (up to ``max_in_flight`` before answering), waits until the log has
+made everything they decided durable, and writes all their answers with one send. While it
+answers it does not read, so a client that stops reading our answers is pushed back by TCP.
+Deadlines (idle, half-sent frame) are data on the connection object, enforced by one
+watchdog task for all connections rather than a cancel scope per read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import trio
+from kio.schema.errors import ErrorCode
+
+from pidctl.controller.api.handlers import NO_WAIT, ConnectionInfo, Controller, Now
+from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.server.metrics import Metrics, api_name
+from pidctl.controller.server.sasl import CredentialStore
+from pidctl.controller.server.sasl_session import SaslSession
+from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.server import (
+    AnswerReady,
+    ConnectionClosed,
+    Phase,
+    RequestReceived,
+    ServerConnection,
+)
+
+log = structlog.get_logger("pidctl.server")
+
+#: Bytes asked of the socket per read. Requests are small; 64 KiB takes many pipelined ones
+#: in one system call without holding much memory per connection.
+RECEIVE_BYTES = 64 * 1024
+#: How often the watchdog looks at the connections' deadlines at most; a deadline is met
+#: within this (or a quarter of the shortest timeout, whichever is less).
+WATCHDOG_PERIOD_S = 1.0
+
+_SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+
+
+def now() -> Now:
+    return Now(time.time_ns() // 1_000_000, time.monotonic_ns() // 1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The settings one connection runs under."""
+
+    max_frame_bytes: int
+    idle_timeout_s: float
+    frame_timeout_s: float
+    max_in_flight: int
+    sasl_mechanisms: tuple[str, ...]
+
+
+@dataclass(eq=False, slots=True)
+class LiveConnection:
+    """What the watchdog and the shutdown need to know of a running connection."""
+
+    connection: ServerConnection
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    reading: bool = False
+    stopping: bool = False
+
+    def stop(self) -> None:
+        """Shutdown: stop reading; answers in progress are finished first."""
+        self.stopping = True
+        if self.reading:
+            self.scope.cancel()
+
+
+class ConnectionServer:
+    """Serves connections: one :meth:`serve` task each, one :meth:`watch` task for all."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        wait_durable: Callable[[int], Awaitable[None]],
+        quotas: Quotas,
+        metrics: Metrics,
+        credentials: Callable[[], CredentialStore],
+        limits: ConnectionLimits,
+        *,
+        log_requests: bool = False,
+    ) -> None:
+        self.controller = controller
+        self.wait_durable = wait_durable
+        self.quotas = quotas
+        self.metrics = metrics
+        self.credentials = credentials
+        self.limits = limits
+        # Decided once: building the request log's fields costs on every request otherwise.
+        self.log_requests = log_requests
+        self.live: set[LiveConnection] = set()
+        # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
+        self._answered: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+
+    def stop_all(self) -> None:
+        for live in list(self.live):
+            live.stop()
+
+    async def watch(self) -> None:
+        """Close connections past their deadline (idle, or a request sent too slowly)."""
+        limits = self.limits
+        period = min(WATCHDOG_PERIOD_S, limits.frame_timeout_s / 4, limits.idle_timeout_s / 4)
+        while True:
+            await trio.sleep(period)
+            current = trio.current_time()
+            for live in list(self.live):
+                if live.reading and live.connection.check_deadline(current):
+                    live.scope.cancel()
+
+    async def serve(self, stream: trio.abc.Stream, info: ConnectionInfo, sasl: bool) -> str:
+        """Serve one connection until it ends; return why (a metric label)."""
+        limits = self.limits
+        connection = ServerConnection(
+            self.controller.supported,
+            sasl=sasl,
+            max_frame_bytes=limits.max_frame_bytes,
+            idle_timeout_s=limits.idle_timeout_s,
+            frame_timeout_s=limits.frame_timeout_s,
+            now=trio.current_time(),
+        )
+        live = LiveConnection(connection)
+        self.live.add(live)
+        try:
+            with live.scope:
+                return await self._loop(stream, live, info)
+            # Cancelled while reading: by the watchdog (a deadline) or by the shutdown.
+            closed = connection.next_event()
+            if isinstance(closed, ConnectionClosed):
+                log.info("closing connection", peer=info.peer, reason=closed.reason)
+                return closed.reason
+            return "shutdown"
+        finally:
+            self.live.discard(live)
+
+    async def _loop(
+        self, stream: trio.abc.Stream, live: LiveConnection, info: ConnectionInfo
+    ) -> str:
+        connection = live.connection
+        sasl = SaslSession(connection, self.limits.sasl_mechanisms, self.credentials)
+        metrics = self.metrics
+        while True:
+            if not connection.has_pending_requests:
+                if live.stopping:
+                    return "shutdown"
+                live.reading = True
+                try:
+                    data = await stream.receive_some(RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return "broken"
+                finally:
+                    live.reading = False
+                if data:
+                    metrics.bytes_received.inc(len(data))
+                connection.receive_data(data, trio.current_time())
+            answers, closed, throttle, info = await self._answer(connection, sasl, info)
+            if answers.data:
+                try:
+                    await self.wait_durable(answers.durable_offset)
+                    await stream.send_all(b"".join(answers.data))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return "broken"
+                metrics.bytes_sent.inc(sum(len(d) for d in answers.data))
+                sent = time.perf_counter()
+                for api, received in answers.timings:
+                    self._latency_of(api).observe(sent - received)
+            if closed is not None:
+                if closed.reason != "client":
+                    log.warning(
+                        "closing connection",
+                        peer=info.peer,
+                        reason=closed.reason,
+                        detail=closed.detail,
+                    )
+                return closed.reason
+            if throttle:
+                # KIP-219: answer at once, then read nothing more from this client until the
+                # throttle time has passed, whether or not it honours the field.
+                await trio.sleep(throttle)
+
+    async def _answer(
+        self, connection: ServerConnection, sasl: SaslSession, info: ConnectionInfo
+    ) -> tuple[_Answers, ConnectionClosed | None, float, ConnectionInfo]:
+        """Decide up to ``max_in_flight`` requests received so far, in order."""
+        answers = _Answers()
+        throttle = 0.0
+        for _ in range(self.limits.max_in_flight):
+            event = connection.next_event()
+            if event is None:
+                break
+            if isinstance(event, ConnectionClosed):
+                return answers, event, throttle, info
+            if isinstance(event, AnswerReady):
+                self._count("api_versions", event.header.api_version, event.body)
+                answers.data.append(connection.send(event.header, event.body))
+                continue
+            assert isinstance(event, RequestReceived)
+            request = event.request
+            received = time.perf_counter()
+            api = api_name(request.api_key)
+            if request.api_key in _SASL_APIS:
+                outcome = await sasl.handle(request)
+                # Account for the outcome before the answer can reach the client.
+                self._count(api, request.api_version, outcome.body)
+                if outcome.principal is not None:
+                    info = dataclasses.replace(info, principal=outcome.principal)
+                    log.info(
+                        "authenticated",
+                        peer=info.peer,
+                        principal=info.principal,
+                        mechanism=outcome.mechanism,
+                    )
+                if outcome.failure is not None:
+                    log.warning(
+                        "authentication failed",
+                        peer=info.peer,
+                        mechanism=outcome.mechanism,
+                        reason=outcome.failure,
+                    )
+                    mechanism = outcome.mechanism or "unknown"
+                    self.metrics.authentication_failures.labels(mechanism).inc()
+                answers.add(connection.send(request.header, outcome.body), NO_WAIT, api, received)
+                continue
+            reply = self.controller.handle(request, now(), info)
+            body = reply.body
+            delay = self.quotas.request(
+                request.api_key, info.principal, request.header.client_id, time.monotonic()
+            )
+            if delay:
+                millis = datetime.timedelta(milliseconds=round(delay * 1000))
+                body = dataclasses.replace(body, throttle_time=millis)
+                self._throttled(api, delay)
+                throttle = max(throttle, delay)
+            self._count(api, request.api_version, body)
+            if self.log_requests:
+                log.debug(
+                    "request",
+                    api=api,
+                    version=request.api_version,
+                    peer=info.peer,
+                    client_id=request.header.client_id,
+                    correlation_id=request.header.correlation_id,
+                    error=getattr(body, "error_code", 0),
+                )
+            answers.add(connection.send(request.header, body), reply.durable_offset, api, received)
+            if delay:
+                break  # muted: the rest waits until the throttle time has passed
+        closed = None
+        if connection.phase is Phase.CLOSED and not connection.has_pending_requests:
+            event = connection.next_event()
+            closed = event if isinstance(event, ConnectionClosed) else None
+        return answers, closed, throttle, info
+
+    def _throttled(self, api: str, seconds: float) -> None:
+        self.metrics.throttled.labels(api).inc()
+        self.metrics.throttle_seconds.labels(api).inc(seconds)
+
+    def _latency_of(self, api: str) -> Any:
+        child = self._latency.get(api)
+        if child is None:
+            child = self._latency[api] = self.metrics.latency.labels(api)
+        return child
+
+    def _count(self, api: str, version: int, body: object) -> None:
+        child = self._answered.get((api, version))
+        if child is None:
+            child = self._answered[api, version] = self.metrics.requests.labels(api, str(version))
+        child.inc()
+        error = getattr(body, "error_code", ErrorCode.none)
+        if error:
+            self.metrics.errors.labels(api, str(version), ErrorCode(error).name.upper()).inc()
+
+
+@dataclass(slots=True)
+class _Answers:
+    """Encoded answers of one round, and the log offset they wait for."""
+
+    data: list[bytes] = field(default_factory=list)
+    durable_offset: int = NO_WAIT
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+    def add(self, data: bytes, durable_offset: int, api: str, received: float) -> None:
+        self.data.append(data)
+        self.durable_offset = max(self.durable_offset, durable_offset)
+        self.timings.append((api, received))

@@ -1,0 +1,242 @@
+"""The PID counter shared by a fleet of controllers, kept in etcd (see ``docs/etcd.md``).
+
+One key, ``<prefix>/next_producer_id``, holds the lowest PID no controller has leased, as a
+decimal string. A controller takes a lease ``[first, first + size)`` with one transaction:
+"if the key's mod_revision is still the one I read, set it to first + size; else tell me
+its current value". Everything goes through etcd's JSON gateway (HTTP/1.1, ``/v3/kv/...``)
+with httpx, which runs under trio; no gRPC.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pidctl.protocol.addresses import HostPort
+
+#: The counter key, under the source's prefix.
+COUNTER_KEY = "next_producer_id"
+SCHEMES = {"etcd": "http", "etcds": "https"}
+
+
+class EtcdUnavailable(Exception):
+    """No endpoint answered (or etcd itself could not serve the request, e.g. no leader)."""
+
+
+class EtcdRefused(Exception):
+    """etcd answered but refused: bad credentials, permission denied, a malformed counter."""
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdLocation:
+    """``etcd://HOST:PORT[,HOST:PORT...]/PREFIX`` (``etcds://`` for TLS), parsed."""
+
+    endpoints: tuple[HostPort, ...]
+    prefix: str
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> EtcdLocation:
+        scheme, sep, rest = text.partition("://")
+        if not sep or scheme not in SCHEMES:
+            raise ValueError(f"expected etcd://HOST:PORT[,HOST:PORT...]/PREFIX, got {text!r}")
+        hosts, slash, prefix = rest.partition("/")
+        prefix = prefix.strip("/")
+        if not slash or not prefix:
+            raise ValueError(f"{text!r} names no key prefix (etcd://HOST:PORT/PREFIX)")
+        endpoints = tuple(HostPort.parse(h.strip()) for h in hosts.split(",") if h.strip())
+        if not endpoints:
+            raise ValueError(f"{text!r} names no etcd endpoint")
+        return cls(endpoints, prefix, scheme == "etcds")
+
+    @property
+    def counter_key(self) -> str:
+        return f"{self.prefix}/{COUNTER_KEY}"
+
+    def __str__(self) -> str:
+        scheme = "etcds" if self.tls else "etcd"
+        return f"{scheme}://{','.join(map(str, self.endpoints))}/{self.prefix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """The counter as last seen: its value (0 when the key does not exist yet) and the
+    key's mod_revision (0 then), which the next compare-and-swap compares against."""
+
+    value: int
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """A compare-and-swap's outcome: ``counter`` is the new value if it succeeded, else the
+    value another controller left (read in the same transaction); ``revision`` is etcd's."""
+
+    succeeded: bool
+    counter: Counter
+    revision: int
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+class EtcdCounter:
+    """The shared counter, over etcd's JSON gateway.
+
+    ``on_request(operation, seconds, failed)`` is told about every round trip (for metrics).
+    Endpoints are tried in turn; the one that answered last is tried first next time.
+    """
+
+    def __init__(
+        self,
+        location: EtcdLocation,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        username: str = "",
+        password: str = "",
+        timeout_s: float = 2.0,
+        on_request: Callable[[str, float, bool], None] | None = None,
+    ) -> None:
+        self.location = location
+        self._key = _b64(location.counter_key)
+        self._credentials = (username, password) if username else None
+        self._token: str | None = None
+        self._preferred = 0
+        self._on_request = on_request or (lambda operation, seconds, failed: None)
+        scheme = "https" if location.tls else "http"
+        self._urls = [f"{scheme}://{endpoint}" for endpoint in location.endpoints]
+        verify: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._http = httpx.AsyncClient(timeout=timeout_s, verify=verify)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def read(self) -> Counter:
+        """The counter's current value (a linearizable read)."""
+        reply = await self._call("range", "/v3/kv/range", {"key": self._key})
+        return _counter(reply.get("kvs", []))
+
+    async def compare_and_swap(self, expected: Counter, value: int) -> Swap:
+        """Set the counter to ``value`` if it is still ``expected`` (one etcd transaction)."""
+        if expected.mod_revision == 0:
+            compare = {
+                "key": self._key,
+                "target": "CREATE",
+                "result": "EQUAL",
+                "create_revision": "0",
+            }
+        else:
+            compare = {
+                "key": self._key,
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": str(expected.mod_revision),
+            }
+        txn = {
+            "compare": [compare],
+            "success": [{"request_put": {"key": self._key, "value": _b64(str(value))}}],
+            "failure": [{"request_range": {"key": self._key}}],
+        }
+        reply = await self._call("txn", "/v3/kv/txn", txn)
+        revision = int(reply.get("header", {}).get("revision", 0))
+        if reply.get("succeeded", False):  # the gateway leaves out false values
+            return Swap(True, Counter(value, revision), revision)
+        responses = reply.get("responses", [])
+        kvs = responses[0].get("response_range", {}).get("kvs", []) if responses else []
+        return Swap(False, _counter(kvs), revision)
+
+    async def _call(self, operation: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        errors = []
+        count = len(self._urls)
+        for attempt in range(count):
+            index = (self._preferred + attempt) % count
+            url = self._urls[index]
+            started = time.perf_counter()
+            try:
+                reply = await self._post(url, path, body)
+            except EtcdUnavailable as e:
+                self._on_request(operation, time.perf_counter() - started, True)
+                errors.append(f"{url}: {e}")
+                continue
+            except EtcdRefused:
+                self._on_request(operation, time.perf_counter() - started, True)
+                raise
+            self._on_request(operation, time.perf_counter() - started, False)
+            self._preferred = index
+            return reply
+        raise EtcdUnavailable("; ".join(errors))
+
+    async def _post(self, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self._credentials is not None and self._token is None:
+            self._token = await self._authenticate(url)
+        reply = await self._send(url, path, body)
+        if self._credentials is not None and reply.status_code != 200 and "token" in reply.text:
+            # The token expired (etcd's simple tokens last 5 minutes, and do not survive a
+            # restart of etcd): once more with a new one.
+            self._token = await self._authenticate(url)
+            reply = await self._send(url, path, body)
+        return _json(reply)
+
+    async def _send(self, url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+        headers = {"Authorization": self._token} if self._token else {}
+        try:
+            return await self._http.post(url + path, json=body, headers=headers)
+        except httpx.HTTPError as e:
+            raise EtcdUnavailable(_describe(e)) from e
+
+    async def _authenticate(self, url: str) -> str:
+        assert self._credentials is not None
+        name, password = self._credentials
+        reply = _json(
+            await self._send(url, "/v3/auth/authenticate", {"name": name, "password": password})
+        )
+        token = reply.get("token")
+        if not isinstance(token, str):
+            raise EtcdRefused("etcd authentication returned no token")
+        return token
+
+
+#: gRPC codes with which etcd says "not now" rather than "no": unavailable, deadline
+#: exceeded, aborted, resource exhausted, internal (e.g. "etcdserver: no leader").
+_RETRIABLE_GRPC_CODES = {4, 8, 10, 13, 14}
+
+
+def _json(reply: httpx.Response) -> dict[str, Any]:
+    try:
+        data = reply.json()
+    except json.JSONDecodeError:
+        raise EtcdUnavailable(f"HTTP {reply.status_code}, not JSON") from None
+    if not isinstance(data, dict):
+        raise EtcdUnavailable(f"HTTP {reply.status_code}, unexpected reply")
+    if reply.status_code == 200:
+        return data
+    message = str(data.get("error") or data.get("message") or reply.text)
+    if data.get("code") in _RETRIABLE_GRPC_CODES or reply.status_code >= 500:
+        raise EtcdUnavailable(message)
+    raise EtcdRefused(message)
+
+
+def _describe(error: BaseException) -> str:
+    """The error's name and the first non-empty message down its chain (httpx's errors
+    under trio often carry theirs only in the cause, e.g. a certificate problem)."""
+    cause: BaseException | None = error
+    while cause is not None and not str(cause):
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(error).__name__}: {cause}" if cause is not None else type(error).__name__
+
+
+def _counter(kvs: list[dict[str, Any]]) -> Counter:
+    if not kvs:
+        return Counter(0, 0)
+    text = base64.b64decode(kvs[0].get("value", "")).decode(errors="replace")
+    if not text.isdigit():
+        raise EtcdRefused(f"the counter holds {text!r}, not a producer id")
+    return Counter(int(text), int(kvs[0]["mod_revision"]))

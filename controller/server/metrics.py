@@ -1,0 +1,249 @@
+"""Prometheus metrics, and the HTTP endpoint that serves them with /healthz and /readyz.
+
+Counters and histograms are updated on the event loop as things happen; gauges about the
+state (PID space, brokers, transactional ids) are read at scrape time by a collector, so the
+request path pays nothing for them. The HTTP endpoint is prometheus-client's WSGI app on a
+the event loop (``http.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pidctl.controller.server.logs import log_write_failures
+from pidctl.protocol.apis import ApiKey
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+@functools.cache
+def api_name(api_key: int) -> str:
+    """The metric label of an API key (cached: it is asked for on every request)."""
+    try:
+        return ApiKey(api_key).name.lower()
+    except ValueError:
+        return str(api_key)
+
+
+class RateWindow:
+    """PIDs granted per second over the last ``window_s`` seconds, in one-minute buckets
+    (bounded memory whatever the grant rate)."""
+
+    def __init__(self, window_s: int = 3600, bucket_s: int = 60) -> None:
+        self.window_s = window_s
+        self.bucket_s = bucket_s
+        self._buckets: dict[int, int] = {}
+
+    def add(self, count: int, now_s: float) -> None:
+        bucket = int(now_s // self.bucket_s)
+        self._buckets[bucket] = self._buckets.get(bucket, 0) + count
+        oldest = bucket - self.window_s // self.bucket_s
+        for stale in [b for b in self._buckets if b <= oldest]:
+            del self._buckets[stale]
+
+    def per_second(self, now_s: float) -> float:
+        oldest = int(now_s // self.bucket_s) - self.window_s // self.bucket_s
+        return sum(c for b, c in list(self._buckets.items()) if b > oldest) / self.window_s
+
+
+@dataclass
+class StateView:
+    """Callables that read the controller's state at scrape time (set once it exists)."""
+
+    next_producer_id: Callable[[], int]
+    remaining_producer_ids: Callable[[], int]
+    registered_brokers: Callable[[], int]
+    fenced_brokers: Callable[[], int]
+    transactional_ids: Callable[[], int]
+    lease_remaining: Callable[[], int] = lambda: 0
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "pidctl_log_write_failures",
+            "Log lines that could not be written to stderr (dropped; the server goes on).",
+            value=log_write_failures(),
+        )
+        view = self._metrics.state_view
+        if view is None:
+            return
+        now = time.time()
+        remaining = view.remaining_producer_ids()
+        rate = self._metrics.grant_rate.per_second(now)
+        projection = remaining / rate if rate > 0 else float("inf")
+        values: Iterable[tuple[str, str, float]] = (
+            (
+                "pidctl_next_producer_id",
+                "The lowest producer id never granted.",
+                view.next_producer_id(),
+            ),
+            (
+                "pidctl_producer_ids_remaining",
+                "Producer ids still grantable in whole blocks.",
+                remaining,
+            ),
+            (
+                "pidctl_producer_ids_exhaustion_seconds",
+                "Seconds until the range runs out at the grant rate of the last hour (+Inf: none).",
+                projection,
+            ),
+            (
+                "pidctl_registered_brokers",
+                "Brokers with a current registration.",
+                view.registered_brokers(),
+            ),
+            ("pidctl_fenced_brokers", "Registered brokers that are fenced.", view.fenced_brokers()),
+            ("pidctl_transactional_ids", "Transactional ids held.", view.transactional_ids()),
+            (
+                "pidctl_pid_lease_remaining",
+                "Producer ids left in the leases held from etcd (0 without pid_source).",
+                view.lease_remaining(),
+            ),
+        )
+        for name, doc, value in values:
+            yield GaugeMetricFamily(name, doc, value=value)
+        if self._metrics.last_snapshot_time is not None:
+            yield GaugeMetricFamily(
+                "pidctl_snapshot_age_seconds",
+                "Seconds since the last snapshot was written.",
+                value=now - self._metrics.last_snapshot_time,
+            )
+
+
+class Metrics:
+    """Every metric pidctl exports, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "pidctl_requests", "Requests answered.", ["api", "version"], registry=r
+        )
+        self.errors = Counter(
+            "pidctl_request_errors",
+            "Requests answered with an error code.",
+            ["api", "version", "error"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "pidctl_request_duration_seconds",
+            "From a request's arrival to its response being sent (durability included).",
+            ["api"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.connections = Gauge("pidctl_connections", "Open client connections.", registry=r)
+        self.connections_accepted = Counter(
+            "pidctl_connections_accepted", "Client connections accepted.", registry=r
+        )
+        self.connections_closed = Counter(
+            "pidctl_connections_closed",
+            "Client connections closed, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.bytes_received = Counter(
+            "pidctl_received_bytes", "Bytes received from clients.", registry=r
+        )
+        self.bytes_sent = Counter("pidctl_sent_bytes", "Bytes sent to clients.", registry=r)
+        self.throttled = Counter(
+            "pidctl_throttled_requests",
+            "Requests answered with throttle_time_ms > 0 (api=connection: delayed accepts).",
+            ["api"],
+            registry=r,
+        )
+        self.throttle_seconds = Counter(
+            "pidctl_throttle_seconds",
+            "Time connections were muted or delayed by quotas.",
+            ["api"],
+            registry=r,
+        )
+        self.authentication_failures = Counter(
+            "pidctl_authentication_failures",
+            "Failed SASL authentications and TLS handshakes, by mechanism.",
+            ["mechanism"],
+            registry=r,
+        )
+        self.log_appends = Counter(
+            "pidctl_log_appended_records", "Records made durable.", registry=r
+        )
+        self.fsync = Histogram(
+            "pidctl_log_fsync_duration_seconds",
+            "Time of one group commit's write and fdatasync.",
+            buckets=_FSYNC_BUCKETS,
+            registry=r,
+        )
+        self.batch = Histogram(
+            "pidctl_log_commit_batch_records",
+            "Records per group commit.",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.snapshot_bytes = Gauge(
+            "pidctl_snapshot_bytes", "Size of the latest snapshot.", registry=r
+        )
+        self.recovery_seconds = Gauge(
+            "pidctl_recovery_duration_seconds",
+            "Time the last start-up took to recover the log.",
+            registry=r,
+        )
+        self.blocks_granted = Counter(
+            "pidctl_producer_id_blocks_granted",
+            "Blocks of producer ids granted, by holder.",
+            ["holder", "broker"],
+            registry=r,
+        )
+        self.lease_size = Gauge(
+            "pidctl_pid_lease_size",
+            "Producer ids per etcd lease (0 without pid_source).",
+            registry=r,
+        )
+        self.leases = Counter("pidctl_pid_leases", "Leases taken from etcd.", registry=r)
+        self.etcd_latency = Histogram(
+            "pidctl_etcd_request_duration_seconds",
+            "Round trips to etcd, by operation.",
+            ["operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.etcd_failures = Counter(
+            "pidctl_etcd_request_failures",
+            "etcd requests that failed, by operation.",
+            ["operation"],
+            registry=r,
+        )
+        self.grant_rate = RateWindow()
+        self.last_snapshot_time: float | None = None
+        self.state_view: StateView | None = None
+        r.register(_StateCollector(self))
+
+    def log_batch(self, records: int, seconds: float) -> None:
+        self.log_appends.inc(records)
+        self.batch.observe(records)
+        self.fsync.observe(seconds)
+
+    def snapshot_written(self, size: int) -> None:
+        self.snapshot_bytes.set(size)
+        self.last_snapshot_time = time.time()
+
+    def etcd_request(self, operation: str, seconds: float, failed: bool) -> None:
+        self.etcd_latency.labels(operation).observe(seconds)
+        if failed:
+            self.etcd_failures.labels(operation).inc()
+
+    def granted(self, holder: str, broker_id: int, count: int) -> None:
+        self.blocks_granted.labels(holder, str(broker_id)).inc()
+        self.grant_rate.add(count, time.time())

@@ -1,0 +1,168 @@
+"""Run the real ``pidctl serve`` as a child process on a loopback port, as a user would.
+
+Used by the end-to-end tests and the benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: How long a test waits for a condition by default: generous, since CI machines are busy;
+#: a condition that holds returns at once.
+WAIT_TIMEOUT_S = 60.0
+
+
+def wait_until(
+    condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S, poll: float = 0.05
+) -> None:
+    """Poll ``condition`` until it holds; raise TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(poll)
+
+
+async def wait_until_async(
+    condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S, poll: float = 0.05
+) -> None:
+    """:func:`wait_until` for trio tests (``condition`` runs on the event loop)."""
+    import trio
+
+    with trio.move_on_after(timeout) as scope:
+        while not condition():
+            await trio.sleep(poll)
+    if scope.cancelled_caught:
+        raise TimeoutError(f"{what}: not within {timeout} s")
+
+
+def stored_cluster_id(data_dir: Path) -> str:
+    """The cluster id stored in a data dir (read-only; safe while a server runs)."""
+    from pidctl.controller.log.metalog import read_log, rebuild_state
+
+    return str(rebuild_state(read_log(data_dir))[0].cluster_id)
+
+
+class ServerProcess:
+    """``pidctl serve`` in a subprocess; its JSON log lines are collected in ``events``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
+    ) -> None:
+        """``prefix`` runs the server under another command (``strace --inject`` for the
+        fault tests); the whole process group is then killed together."""
+        self.data_dir = data_dir
+        self.extra = list(extra)
+        self.prefix = list(prefix or [])
+        self.env = {**os.environ, **(env or {})}
+        self.events: list[dict[str, Any]] = []
+        self.stderr_lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.ports: list[int] = []
+        self.metrics_port = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def command(self) -> list[str]:
+        """Loopback ports picked by the kernel, unless the extra arguments say otherwise."""
+        defaults = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+        return [
+            *self.prefix,
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "serve",
+            *defaults,
+            "--data-dir",
+            str(self.data_dir),
+            *self.extra,
+        ]
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        self.events.clear()
+        self.stderr_lines.clear()
+        self.proc = subprocess.Popen(
+            self.command(),
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=self.env,
+            start_new_session=bool(self.prefix),
+        )
+        listening = threading.Event()
+        threading.Thread(target=self._drain, args=(self.proc, listening), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not listening.wait(0.05):
+            if self.proc.poll() is not None:
+                time.sleep(0.1)
+                raise RuntimeError(
+                    f"pidctl serve exited with {self.proc.returncode}: "
+                    + "\n".join(self.stderr_lines[-5:])
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError("pidctl serve did not start listening")
+        return self
+
+    def _drain(self, proc: subprocess.Popen[str], listening: threading.Event) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            self.events.append(event)
+            if event.get("event") == "metrics listening":
+                self.metrics_port = event["port"]
+            if event.get("event") == "listening":
+                self.ports = event["ports"]
+                self.port = self.ports[0]
+                listening.set()
+
+    def cluster_id(self) -> str:
+        """The cluster id stored in the server's data dir."""
+        return stored_cluster_id(self.data_dir)
+
+    def event(self, name: str) -> dict[str, Any]:
+        return next(e for e in self.events if e.get("event") == name)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case."""
+        if self.proc is not None and self.proc.poll() is None:
+            if self.prefix:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful case. Returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

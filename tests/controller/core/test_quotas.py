@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import pytest
+
+from pidctl.controller.core.quotas import Quotas, TokenBuckets
+
+
+def test_burst_then_throttle_for_the_deficit() -> None:
+    buckets = TokenBuckets(rate=10, window_s=1)  # 10 requests/s, burst 10
+    assert [buckets.take("a", 0.0) for _ in range(10)] == [0.0] * 10
+    assert buckets.take("a", 0.0) == pytest.approx(0.1)  # one over: 1 token / 10 per s
+    assert buckets.take("a", 0.0) == pytest.approx(0.2)
+    assert buckets.take("a", 1.0) == 0.0  # refilled
+
+
+def test_keys_are_independent_and_zero_rate_means_no_quota() -> None:
+    buckets = TokenBuckets(rate=1, window_s=1)
+    assert buckets.take("a", 0.0) == 0.0
+    assert buckets.take("b", 0.0) == 0.0
+    assert buckets.take("a", 0.0) > 0
+    unlimited = TokenBuckets(rate=0)
+    assert all(unlimited.take("a", 0.0) == 0.0 for _ in range(1000))
+
+
+def test_idle_buckets_are_forgotten() -> None:
+    buckets = TokenBuckets(rate=1)
+    for i in range(100):
+        buckets.take(i, 0.0)
+    buckets.take("late", 1000.0)
+    assert len(buckets) == 1
+
+
+def test_quotas_by_api_principal_and_client_id() -> None:
+    quotas = Quotas({67: 1.0}, connection_rate=2.0)
+    assert quotas.request(67, "User:a", "c1", 0.0) == 0.0
+    assert quotas.request(67, "User:a", "c1", 0.0) > 0  # same principal and client id
+    assert quotas.request(67, "User:a", "c2", 0.0) == 0.0  # another client id
+    assert quotas.request(22, "User:a", "c1", 0.0) == 0.0  # no quota on this API
+    assert quotas.connection("10.0.0.1", 0.0) == quotas.connection("10.0.0.1", 0.0) == 0.0
+    assert quotas.connection("10.0.0.1", 0.0) == pytest.approx(0.5)
+
+
+def test_the_most_specific_override_applies() -> None:
+    from pidctl.controller.core.quotas import QuotaOverride
+
+    quotas = Quotas(
+        {67: 10.0},
+        overrides=(
+            QuotaOverride(67, 1.0, principal="User:a", client_id="c"),
+            QuotaOverride(67, 2.0, principal="User:a"),
+            QuotaOverride(67, 3.0, client_id="c"),
+            QuotaOverride(67, 0.0, principal="User:vip"),
+        ),
+    )
+    assert quotas.rate(67, "User:a", "c") == 1.0
+    assert quotas.rate(67, "User:a", "other") == 2.0
+    assert quotas.rate(67, "User:b", "c") == 3.0
+    assert quotas.rate(67, "User:b", "other") == 10.0
+    assert quotas.rate(67, "User:vip", "c") == 0.0  # no quota for this one
+    assert all(quotas.request(67, "User:vip", "c", 0.0) == 0.0 for _ in range(100))

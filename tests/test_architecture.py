@@ -1,0 +1,105 @@
+"""The rooms of the code and what each may import (ARCHITECTURE.md): checked on every run.
+
+protocol ← core ← api, log ← server; the libraries (client, broker, spark) ← protocol, core.
+The command line, the settings and import-zk sit on top and may use every room. Read from
+the source with ``ast``, so a forbidden import fails here before anyone runs it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Source folder of each room, and its name once installed.
+ROOMS = {
+    "protocol": ("protocol", "pidctl.protocol"),
+    "core": ("controller/core", "pidctl.controller.core"),
+    "api": ("controller/api", "pidctl.controller.api"),
+    "log": ("controller/log", "pidctl.controller.log"),
+    "server": ("controller/server", "pidctl.controller.server"),
+    "client": ("ops/client", "pidctl.client"),
+    "broker": ("ops/broker", "pidctl.broker"),
+    "spark": ("ops/spark", "pidctl.spark"),
+}
+#: What each room may import besides itself (and third-party packages).
+ALLOWED = {
+    "protocol": set(),
+    "core": {"protocol"},
+    "api": {"protocol", "core"},
+    "log": {"protocol", "core"},
+    "server": {"protocol", "core", "api", "log", "settings"},
+    "client": {"protocol"},
+    "broker": {"protocol", "core", "client"},
+    "spark": {"protocol", "core", "client", "broker"},
+}
+#: Imports that never run in a served process (no sockets, trio or clocks in protocol/).
+FORBIDDEN_THIRD_PARTY = {"protocol": {"trio", "socket", "time", "ssl"}}
+
+
+def _room_of(module: str) -> str | None:
+    if module == "pidctl.controller.settings":
+        return "settings"
+    for room, (_, name) in ROOMS.items():
+        if module == name or module.startswith(name + "."):
+            return room
+    if module.startswith("pidctl."):
+        return "top"  # cli, zk_import: nothing below may import them
+    return None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise AssertionError(f"{path}:{node.lineno}: relative import; use pidctl.*")
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_each_room_imports_only_what_lies_below_it(room: str) -> None:
+    folder, _ = ROOMS[room]
+    problems = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for line, module in _imports(path):
+            target = _room_of(module)
+            top = module.split(".")[0]
+            if top in FORBIDDEN_THIRD_PARTY.get(room, set()):
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {room} imports {module}")
+            if target is None or target == room:
+                continue
+            if target not in ALLOWED[room]:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {room} imports {module}")
+    assert problems == []
+
+
+def test_nothing_imports_the_source_folders_by_their_own_names() -> None:
+    """Only pidctl.* is installed; ``ops.testing`` and ``ops.bench`` run from a checkout."""
+    problems = []
+    for folder in ("protocol", "controller", "ops", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, module in _imports(path):
+                top = module.split(".")[0]
+                shipped = module.startswith(("ops.client", "ops.broker", "ops.spark"))
+                if top in ("controller", "protocol") or shipped:
+                    problems.append(f"{path.relative_to(ROOT)}:{line}: imports {module}")
+    assert problems == []
+
+
+def test_the_wheel_leaves_out_the_test_harnesses() -> None:
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert not any("testing" in p or "bench" in p for p in packages["packages"])
+    mapped = set(packages["package-dir"].values())
+    assert mapped == {"protocol", "controller", "ops/client", "ops/broker", "ops/spark"}
+    copied = [line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ")]  # fmt: skip
+    assert not any(c.startswith(("ops/testing", "ops/bench")) or c == "ops" for c in copied)
