@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.controller.core.records import (
     ClusterCreated,
     ControllerStarted,
@@ -53,7 +54,7 @@ class ZooKeeperBlock:
             block = cls(int(fields["broker"]), int(fields["block_start"]), int(fields["block_end"]))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ImportRefused(f"not a producer-id block ({e}): {data[:200]!r}") from None
-        if not 0 <= block.block_start <= block.block_end < 2**63 - 1:
+        if not 0 <= block.block_start <= block.block_end < INT64_MAX:
             raise ImportRefused(f"block [{block.block_start}, {block.block_end}] is out of range")
         return block
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pidctl.client import AuthenticationError, SyncClient
+from pidctl.controller.core.kafka import BLOCK_SIZE
 from pidctl.protocol import requests
 
-#: Kafka's block size: an AllocateProducerIds grant is always 1000 PIDs.
-BLOCK_SIZE = 1000
 #: The epoch of every job PID: the ids are fresh, never used by anyone before.
 JOB_EPOCH = 0
 

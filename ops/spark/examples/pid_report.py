@@ -18,9 +18,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import SparkSession
 
+from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.spark import register_data_sources
-
-INT64_MAX = 2**63 - 1
 
 
 def main(data_dir: str) -> None:
