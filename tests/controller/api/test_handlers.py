@@ -1,0 +1,123 @@
+"""The handlers' own rules (authorisation, bounds, version differences, refusals that write
+nothing), decided against an in-memory log: no server process needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kio.schema.find_coordinator.v4 import FindCoordinatorRequest
+from kio.static.primitive import i8
+
+from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now, RequestLimits
+from pidctl.controller.core.acl import Acl, Authorizer
+from pidctl.controller.core.state import ControllerState
+from pidctl.protocol import requests
+from pidctl.protocol.codec import Request, decode_request, encode_request
+
+NOW = Now(1_000, 1_000)
+
+
+class MemoryLog:
+    """The log's buffer without the disk: entries in order."""
+
+    def __init__(self) -> None:
+        self.entries: list[bytes] = []
+
+    def append_entry(self, entry: bytes) -> int:
+        self.entries.append(entry)
+        return len(self.entries) - 1
+
+
+def _controller(authorizer: Authorizer | None = None, **limits: int) -> Controller:
+    controller = Controller(
+        ControllerState(), MemoryLog(), authorizer=authorizer, limits=RequestLimits(**limits)
+    )
+    controller.apply(controller.state.cluster.create_cluster("c", 1), NOW)
+    return controller
+
+
+def _handle(controller: Controller, body: Any, principal: str = "User:ANONYMOUS") -> Any:
+    request: Request = decode_request(encode_request(body, 7, "t")[4:], controller.supported)
+    return controller.handle(request, NOW, ConnectionInfo(principal=principal)).body
+
+
+def _written(controller: Controller) -> int:
+    log = controller.sink
+    assert isinstance(log, MemoryLog)
+    return len(log.entries)
+
+
+def test_allocation_needs_cluster_action_and_a_job_needs_idempotent_write() -> None:
+    acls = [Acl("User:producer", "IdempotentWrite", "Cluster", "kafka-cluster")]
+    controller = _controller(Authorizer(acls, enabled=True))
+    refused = _handle(controller, requests.allocate(1, 1), "User:producer")
+    assert (refused.error_code, refused.producer_id_start, refused.producer_id_len) == (31, 0, 0)
+    job = _handle(controller, requests.allocate(-1, -1), "User:producer")
+    assert (job.error_code, job.producer_id_start, job.producer_id_len) == (0, 0, 1000)
+    assert _handle(controller, requests.allocate(-1, -1), "User:other").error_code == 31
+
+
+def test_transactional_ids_need_write_on_the_id() -> None:
+    acls = [Acl("User:p", "Write", "TransactionalId", "app-", "prefixed")]
+    controller = _controller(Authorizer(acls, enabled=True))
+    assert _handle(controller, requests.init_producer_id("app-1"), "User:p").error_code == 0
+    denied = _handle(controller, requests.init_producer_id("other"), "User:p")
+    assert (denied.error_code, denied.producer_id) == (53, -1)
+    assert _handle(controller, requests.init_producer_id(), "User:p").error_code == 31
+
+
+@pytest.mark.parametrize(("version", "error"), [(3, 47), (4, 90), (5, 90)])
+def test_a_fenced_producer_hears_what_its_version_understands(version: int, error: int) -> None:
+    controller = _controller()
+    first = _handle(controller, requests.init_producer_id("tx"))
+    _handle(controller, requests.init_producer_id("tx"))  # epoch 1 fences epoch 0
+    stale = requests.init_producer_id(
+        "tx", producer_id=first.producer_id, producer_epoch=5, version=version
+    )
+    assert _handle(controller, stale).error_code == error
+
+
+def test_a_transactional_id_too_long_to_log_is_refused_and_nothing_written() -> None:
+    controller = _controller()
+    before = _written(controller)
+    answer = _handle(controller, requests.init_producer_id("\x01" * 40_000))
+    assert (answer.error_code, answer.producer_id, answer.producer_epoch) == (42, -1, -1)
+    assert _written(controller) == before
+    assert _handle(controller, requests.init_producer_id()).producer_id == 0  # pool untouched
+
+
+def test_a_registration_whose_record_would_be_too_large_is_refused() -> None:
+    controller = _controller()
+    listeners = tuple(f"L{i}://{'h' * 2000}:{i}" for i in range(900))
+    answer = _handle(controller, requests.registration(1, "c", listeners=listeners))
+    assert (answer.error_code, answer.broker_epoch) == (42, -1)
+    assert _written(controller) == 1  # ClusterCreated only
+
+
+def test_registration_entries_are_bounded() -> None:
+    controller = _controller(max_registration_entries=2)
+    many = ("A://h:1", "B://h:2", "C://h:3")
+    assert _handle(controller, requests.registration(1, "c", listeners=many)).error_code == 42
+    assert _handle(controller, requests.registration(1, "c", listeners=many[:2])).error_code == 0
+
+
+def test_find_coordinator_keys_are_bounded_with_one_entry_saying_why() -> None:
+    controller = _controller(max_coordinator_keys=2)
+    answer = _handle(
+        controller, FindCoordinatorRequest(key_type=i8(1), coordinator_keys=("a",) * 3)
+    )
+    (entry,) = answer.coordinators
+    assert entry.error_code == 42 and "at most 2 (max_coordinator_keys)" in entry.error_message
+
+
+@pytest.mark.parametrize("version", [0, 9, 12, 13])
+def test_metadata_topics_are_bounded(version: int) -> None:
+    controller = _controller(max_metadata_topics=2)
+    answer = _handle(controller, requests.metadata(["a", "b", "c"], version=version))
+    if version >= 13:
+        assert answer.error_code == 42 and answer.topics == ()
+    else:
+        assert [t.error_code for t in answer.topics] == [42]
+    within = _handle(controller, requests.metadata(["a", "b"], version=version))
+    assert [t.error_code for t in within.topics] == [3, 3]  # UNKNOWN_TOPIC_OR_PARTITION
