@@ -522,32 +522,27 @@ def _too_many_topics(request: Request, asked: int, most: int) -> Any:
     """Metadata naming more topics than allowed: INVALID_REQUEST, top-level from v13
     (KIP-1102), before that as the one topic listed; no brokers, nothing else."""
     cls: Any = response_class(request.api_key, request.api_version)
-    if request.api_version >= 13:
-        return _build(
-            cls,
-            throttle_time=_NO_THROTTLE,
-            brokers=(),
-            cluster_id=None,
-            controller_id=i32(-1),
-            topics=(),
-            error_code=ErrorCode.invalid_request,
+    topics: tuple[Any, ...] = ()
+    if request.api_version < 13:
+        entity = sys.modules[cls.__module__].MetadataResponseTopic
+        topics = (
+            _build(
+                entity,
+                error_code=ErrorCode.invalid_request,
+                name="",
+                topic_id=uuid.UUID(int=0),
+                is_internal=False,
+                partitions=(),
+            ),
         )
-    topic = sys.modules[cls.__module__].MetadataResponseTopic
-    refusal = _build(
-        topic,
-        error_code=ErrorCode.invalid_request,
-        name="",
-        topic_id=uuid.UUID(int=0),
-        is_internal=False,
-        partitions=(),
-    )
     return _build(
         cls,
         throttle_time=_NO_THROTTLE,
         brokers=(),
         cluster_id=None,
         controller_id=i32(-1),
-        topics=(refusal,),
+        topics=topics,
+        error_code=ErrorCode.invalid_request,  # v13+ only
     )
 
 

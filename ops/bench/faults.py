@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, strace_prefix
 from pidctl.controller.log.metalog import SEGMENT_SUFFIX
 
 #: Injected faults: the system call, the errors it gets, and whether to aim at the active
@@ -75,20 +75,7 @@ def _cycle(
     if fault:
         syscall, errors, on_segment = rng.choice(FAULTS)
         segment = _active_segment(data_dir) if on_segment else None
-        only = ["-P", str(segment)] if segment is not None else []
-        when = rng.randint(1, 12)
-        prefix = [
-            "strace",
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            *only,
-            "-e",
-            f"trace={syscall}",
-            "-e",
-            f"inject={syscall}:error={rng.choice(errors)}:when={when}",
-        ]
+        prefix = strace_prefix(syscall, rng.choice(errors), str(rng.randint(1, 12)), segment)
     server = ServerProcess(data_dir, *SETTINGS, prefix=prefix)
     try:
         server.start(timeout=30)

@@ -44,6 +44,46 @@ async def wait_until_async(
         raise TimeoutError(f"{what}: not within {timeout} s")
 
 
+def strace_prefix(syscall: str, error: str, when: str, path: Path | None = None) -> list[str]:
+    """A command prefix running the server under ``strace``, failing the ``when``-th
+    ``syscall`` (only those on ``path``, if given) with ``error``: a real failed system call."""
+    only = ["-P", str(path)] if path is not None else []
+    return [
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        *only,
+        "-e",
+        f"trace={syscall}",
+        "-e",
+        f"inject={syscall}:error={error}:when={when}",
+    ]
+
+
+def add_sasl_user(credentials_file: Path, user: str, password: str) -> None:
+    """``pidctl users add`` into ``credentials_file``, as an operator does."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pidctl.controller.cli",
+            "users",
+            "add",
+            "--credentials-file",
+            str(credentials_file),
+            "--user",
+            user,
+            "--password-stdin",
+        ],
+        input=password + "\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+
+
 def stored_cluster_id(data_dir: Path) -> str:
     """The cluster id stored in a data dir (read-only; safe while a server runs)."""
     from pidctl.controller.log.metalog import read_log, rebuild_state

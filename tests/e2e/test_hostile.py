@@ -21,7 +21,7 @@ from kio.schema.metadata.v0.request import MetadataRequestTopic
 from kio.schema.types import TopicName
 from kio.static.primitive import i8
 
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, add_sasl_user, wait_until
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_response, encode_request
@@ -231,24 +231,7 @@ def test_a_malformed_acl_on_sighup_keeps_the_old_ones(tmp_path: Path) -> None:
 def sasl_server(tmp_path: Path) -> ServerProcess:
     users = tmp_path / "users.json"
     for user in ("alice", "mallory"):
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pidctl.controller.cli",
-                "users",
-                "add",
-                "--credentials-file",
-                str(users),
-                "--user",
-                user,
-                "--password-stdin",
-            ],
-            input=f"{user}-pw\n",
-            text=True,
-            check=True,
-            capture_output=True,
-        )
+        add_sasl_user(users, user, f"{user}-pw")
     server = ServerProcess(
         tmp_path / "d",
         "--listeners",

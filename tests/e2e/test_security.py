@@ -8,8 +8,6 @@ import os
 import signal
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +18,7 @@ import pytest
 import trustme
 from kio.schema.errors import ErrorCode
 
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, add_sasl_user, wait_until
 from pidctl.client import AuthenticationError, SyncClient
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.protocol import requests
@@ -110,27 +108,6 @@ def _write_config(path: Path, tmp: Path, acls: list[dict[str, str]]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _add_user(credentials: Path, user: str, password: str) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pidctl.controller.cli",
-            "users",
-            "add",
-            "--credentials-file",
-            str(credentials),
-            "--user",
-            user,
-            "--password-stdin",
-        ],
-        input=password + "\n",
-        text=True,
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     tmp = tmp_path_factory.mktemp("secured")
@@ -142,7 +119,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     for pem in server_cert.cert_chain_pems[1:]:
         pem.write_to_path(str(tmp / "server.pem"), append=True)
     for user, password in PASSWORDS.items():
-        _add_user(tmp / "users.json", user, password)
+        add_sasl_user(tmp / "users.json", user, password)
     config = tmp / "pidctl.toml"
     _write_config(config, tmp, ACLS)
     server = ServerProcess(tmp / "data", "--config", str(config))
@@ -409,7 +386,7 @@ def test_sighup_reloads_acls_and_users(secured: Secured) -> None:
         {"principal": "User:nobody", "operation": "IdempotentWrite", "resource_type": "Cluster"},
     ]
     _write_config(secured.config, secured.tmp, granted)
-    _add_user(secured.tmp / "users.json", "late", "late-pw")
+    add_sasl_user(secured.tmp / "users.json", "late", "late-pw")
     assert secured.server.proc is not None
     try:
         secured.server.proc.send_signal(signal.SIGHUP)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
 from pidctl.client import SyncClient
 from pidctl.controller.cli import EXIT_STORAGE_FAILED
 from pidctl.controller.core.records import TransactionalIdUpdated
@@ -23,24 +23,6 @@ from pidctl.protocol import requests
 from tests.e2e.test_operations import scrape
 
 pytestmark = pytest.mark.slow
-
-
-def strace(syscall: str, error: str, when: str, path: Path | None = None) -> list[str]:
-    """Run the server under strace, failing the ``when``-th ``syscall`` (on ``path`` only,
-    if given) with ``error``."""
-    only = ["-P", str(path)] if path is not None else []
-    return [
-        "strace",
-        "-f",
-        "-qq",
-        "-o",
-        "/dev/null",
-        *only,
-        "-e",
-        f"trace={syscall}",
-        "-e",
-        f"inject={syscall}:error={error}:when={when}",
-    ]
 
 
 def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[Acknowledged, int]:
@@ -86,7 +68,7 @@ def test_failed_fdatasync_stops_the_server_and_nothing_unsynced_was_acknowledged
 ) -> None:
     data_dir = tmp_path / "d"
     segment = data_dir / segment_name(0)
-    acked, status = _fault_under_load(data_dir, strace("fdatasync", "EIO", "40", segment))
+    acked, status = _fault_under_load(data_dir, strace_prefix("fdatasync", "EIO", "40", segment))
     assert status == EXIT_STORAGE_FAILED
     assert acked.count > 0
     _restart_and_check(data_dir, acked)
@@ -95,7 +77,7 @@ def test_failed_fdatasync_stops_the_server_and_nothing_unsynced_was_acknowledged
 def test_failed_write_leaves_no_hole(tmp_path: Path) -> None:
     data_dir = tmp_path / "d"
     segment = data_dir / segment_name(0)
-    acked, status = _fault_under_load(data_dir, strace("write", "ENOSPC", "30", segment))
+    acked, status = _fault_under_load(data_dir, strace_prefix("write", "ENOSPC", "30", segment))
     assert status == EXIT_STORAGE_FAILED
     _restart_and_check(data_dir, acked)
 
@@ -106,7 +88,7 @@ def test_failed_write_leaves_no_hole(tmp_path: Path) -> None:
 def test_a_roll_that_fails_half_way_leaves_a_startable_directory(tmp_path: Path, when: str) -> None:
     data_dir = tmp_path / "d"
     acked, status = _fault_under_load(
-        data_dir, strace("fsync", "EIO", when), "--segment-max-bytes", "4000"
+        data_dir, strace_prefix("fsync", "EIO", when), "--segment-max-bytes", "4000"
     )
     assert status == EXIT_STORAGE_FAILED
     _restart_and_check(data_dir, acked)
@@ -116,7 +98,7 @@ def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
     data_dir = tmp_path / "d"
     # The first rename is the roll before the snapshot, the second the snapshot's own.
     acked, status = _fault_under_load(
-        data_dir, strace("rename", "EIO", "2"), "--snapshot-interval-records", "200"
+        data_dir, strace_prefix("rename", "EIO", "2"), "--snapshot-interval-records", "200"
     )
     assert status == EXIT_STORAGE_FAILED
     _restart_and_check(data_dir, acked)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, add_sasl_user
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.metalog import read_log
 from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit, SinkOptionError
@@ -231,24 +230,7 @@ def test_options_are_checked(spark: Any, pidctl: ServerProcess, tmp_path: Path) 
 def secured_pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """pidctl with a SASL_PLAINTEXT listener and ACLs: only User:spark may take job blocks."""
     tmp = tmp_path_factory.mktemp("secured")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pidctl.controller.cli",
-            "users",
-            "add",
-            "--credentials-file",
-            str(tmp / "users.json"),
-            "--user",
-            "spark",
-            "--password-stdin",
-        ],
-        input="spark-pw\n",
-        text=True,
-        check=True,
-        capture_output=True,
-    )
+    add_sasl_user(tmp / "users.json", "spark", "spark-pw")
     acls = (
         '[{"principal": "User:spark", "operation": "IdempotentWrite", "resource_type": "Cluster"}]'
     )
