@@ -16,6 +16,7 @@ from kio.schema.init_producer_id.v5 import InitProducerIdResponse
 from kio.schema.types import ProducerId
 from kio.static.primitive import i16, i32Timedelta
 
+from pidctl.protocol.addresses import HostPort
 from pidctl.protocol.codec import encode_response
 from pidctl.protocol.framing import FrameDecoder
 from pidctl.protocol.headers import RequestHeader
@@ -44,8 +45,8 @@ async def _answer(stream: trio.SocketStream) -> None:
 
 
 async def main(bind: str) -> None:
-    host, _, port = bind.rpartition(":")
-    listeners = await trio.open_tcp_listeners(int(port), host=host)
+    address = HostPort.parse(bind)
+    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
     print(listeners[0].socket.getsockname()[1], flush=True)
     await trio.serve_listeners(_answer, listeners)
 

@@ -19,6 +19,7 @@ import trio
 
 from ops.bench.common import first_overlap
 from pidctl.protocol import requests
+from pidctl.protocol.addresses import HostPort
 from pidctl.protocol.client import ClientProtocol
 
 RequestFactory = Callable[[int, int], Any]  # (connection index, request index) -> request
@@ -123,14 +124,15 @@ async def run(
     max_requests: int = 10_000_000,
 ) -> dict[str, float]:
     """Load for ``seconds`` (and at most ``max_requests``); raise on any unexpected answer."""
-    host, _, port = bootstrap.rpartition(":")
+    address = HostPort.parse(bootstrap)
+    host, port = address.host, address.port
     epochs: dict[int, int] = {}
     make = _factory(scenario, broker_base, epochs)
     latencies: list[float] = []
     pids: set[tuple[int, int]] | None = set() if check_unique else None
     if scenario == "allocate":
         for index in range(connections):
-            epochs[index] = await _register(host, int(port), broker_base + index)
+            epochs[index] = await _register(host, port, broker_base + index)
     started = time.perf_counter()
     deadline = started + seconds
     async with trio.open_nursery() as nursery:
@@ -138,7 +140,7 @@ async def run(
             nursery.start_soon(
                 _connection,
                 host,
-                int(port),
+                port,
                 index,
                 make,
                 in_flight,
@@ -173,7 +175,8 @@ async def storm(
     """``producers`` idempotent producers connect within ``spread_s`` seconds, each asking
     for a PID and retrying COORDINATOR_LOAD_IN_PROGRESS (the only error allowed) 50 ms later,
     as clients do. Reports when the last one was served."""
-    host, _, port = bootstrap.rpartition(":")
+    address = HostPort.parse(bootstrap)
+    host, port = address.host, address.port
     served: list[float] = []
     retries = 0
     pids: set[int] = set()
@@ -182,7 +185,7 @@ async def storm(
     async def producer(index: int) -> None:
         nonlocal retries
         await trio.sleep(spread_s * index / producers)
-        stream = await trio.open_tcp_stream(host, int(port))
+        stream = await trio.open_tcp_stream(host, port)
         protocol = ClientProtocol(f"storm-{index}")
         async with stream:
             while True:

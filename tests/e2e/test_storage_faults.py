@@ -156,30 +156,35 @@ def test_max_connections_the_file_limit_cannot_carry_is_refused(tmp_path: Path) 
 def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
     tmp_path: Path,
 ) -> None:
-    low = ["prlimit", "--nofile=256:256"]
-    server = ServerProcess(
-        tmp_path / "d", "--max-connections", "190", "--segment-max-bytes", "2000", prefix=low
-    )
-    with server:
-        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(190)]
-        try:
-            # Fill the process's table to the brim with what is left: accepting now meets
-            # EMFILE (waited out by trio), and so does the next roll.
-            wait_until(
-                lambda: scrape(server.metrics_url).get("pidctl_connections", 0) >= 180,
-                "connections accepted",
-            )
-        finally:
-            for sock in held:
-                sock.close()
-        with SyncClient(server.bootstrap) as client:
-            cluster = server.cluster_id()
-            epoch = int(client.request(requests.registration(9, cluster)).broker_epoch)
-            for _ in range(100):
+    server = ServerProcess(tmp_path / "d", "--segment-max-bytes", "2000")
+    with server, SyncClient(server.bootstrap) as client:
+        assert server.proc is not None
+        pid = server.proc.pid
+        epoch = int(client.request(requests.registration(9, server.cluster_id())).broker_epoch)
+
+        def allocate(times: int) -> None:
+            for _ in range(times):
                 assert client.request(requests.allocate(9, epoch)).error_code == 0
-        segments = sorted(p.name for p in server.data_dir.glob("*.log"))
-        assert len(segments) > 1  # rolls happened once descriptors were free again
-        assert server.proc is not None and server.proc.poll() is None
+
+        def set_open_files(soft: int) -> None:
+            subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={soft}:"], check=True)
+
+        hard = int(Path(f"/proc/{pid}/limits").read_text().split("Max open files")[1].split()[1])
+        # Exactly as many descriptors as are open now: the next open fails with EMFILE.
+        set_open_files(len(os.listdir(f"/proc/{pid}/fd")))
+        segments = len(list(server.data_dir.glob("*.log")))
+        allocate(60)  # well past segment_max_bytes: a roll is due, and cannot open a file
+        wait_until(
+            lambda: any(e.get("event") == "segment roll postponed" for e in server.events),
+            "a postponed roll",
+        )
+        assert len(list(server.data_dir.glob("*.log"))) == segments
+        set_open_files(hard)
+        allocate(20)
+        assert len(list(server.data_dir.glob("*.log"))) > segments  # rolled once it could
+        assert server.proc.poll() is None
+    verdict = check_data_dir(server.data_dir, Acknowledged())
+    assert verdict.lost == []
 
 
 def test_an_unwritable_stderr_does_not_stop_the_server(tmp_path: Path) -> None:
