@@ -8,7 +8,9 @@ allocating blocks and idempotent and transactional producers (``ops/testing/gran
 and then either SIGKILLs it after a random moment, or has ``strace --inject`` fail a random
 write, fdatasync, fsync or rename of the data dir with EIO or ENOSPC. After each cycle the
 data dir is checked against everything acknowledged in the episode so far: an acknowledged
-grant missing from the log is lost; a PID acknowledged twice was handed out twice. Prints
+grant missing from the log is lost; a PID acknowledged twice was handed out twice. A fault
+not reached in time (the call was not made again) is tried again, so that ``--faults`` faults
+are really injected. Prints
 one JSON object; exits 1 unless lost, twice and failed restarts are all 0.
 """
 
@@ -124,13 +126,18 @@ def run(kills: int, faults: int, episode: int, seed: int) -> Tally:
     tally = Tally()
     plan = [False] * kills + [True] * faults
     rng.shuffle(plan)
+    retries = faults  # a fault not reached in time is tried again, at most this often
     with tempfile.TemporaryDirectory() as tmp:
         for start in range(0, len(plan), episode):
             data_dir = Path(tmp) / f"episode-{start // episode}"
             acked = Acknowledged()
             for fault in plan[start : start + episode]:
+                not_reached = tally.faults_not_reached
                 _cycle(data_dir, acked, tally, rng, fault)
                 _check(data_dir, acked, tally)
+                if tally.faults_not_reached > not_reached and retries:
+                    retries -= 1
+                    plan.append(True)
             # The last restart of the episode, and its check.
             try:
                 ServerProcess(data_dir, *SETTINGS).start(timeout=30).kill()
