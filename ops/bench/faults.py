@@ -128,7 +128,8 @@ def run(kills: int, faults: int, episode: int, seed: int) -> Tally:
     rng.shuffle(plan)
     retries = faults  # a fault not reached in time is tried again, at most this often
     with tempfile.TemporaryDirectory() as tmp:
-        for start in range(0, len(plan), episode):
+        start = 0
+        while start < len(plan):  # the plan may grow while it runs
             data_dir = Path(tmp) / f"episode-{start // episode}"
             acked = Acknowledged()
             for fault in plan[start : start + episode]:
@@ -145,7 +146,8 @@ def run(kills: int, faults: int, episode: int, seed: int) -> Tally:
                 tally.restarts_failed += 1
                 tally.problems.append(f"restart failed: {e}")
             shutil.rmtree(data_dir, ignore_errors=True)
-            print(f"{min(start + episode, len(plan))}/{len(plan)} cycles", file=sys.stderr)
+            start += episode
+            print(f"{min(start, len(plan))}/{len(plan)} cycles", file=sys.stderr)
     return tally
 
 
