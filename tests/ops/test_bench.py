@@ -45,4 +45,6 @@ def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture
     assert faults.main(["--kills", "4", "--faults", "3", "--episode", "7", "--seed", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["kills"] == 4 and result["grants_checked"] >= result["grants_acknowledged"] > 0
-    assert result["faults_injected"] + result["faults_not_reached"] == 3
+    # A fault not reached in time is tried again (at most as often as faults were asked for).
+    assert result["faults_injected"] >= 1
+    assert result["faults_injected"] + result["faults_not_reached"] >= 3
