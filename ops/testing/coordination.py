@@ -91,7 +91,33 @@ class EtcdProcess:
         self.proc = subprocess.Popen(command, stdout=log, stderr=log)
         log.close()
         _wait_for_port(self.client_port, self.proc, "etcd", timeout)
+        self._wait_healthy(timeout)
         return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        """Until etcd itself answers on its port (not another process that took the port
+        while etcd was down: etcd then exits, and this says so)."""
+        deadline = time.monotonic() + timeout
+        context = None
+        if self.tls:
+            import ssl
+
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode} (port taken?)")
+            try:
+                url = f"{self.scheme}://{self.endpoint}/health"
+                with urllib.request.urlopen(url, timeout=1, context=context) as reply:
+                    if json.load(reply).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"etcd on {self.endpoint} did not become healthy")
 
     def kill(self) -> None:
         """SIGKILL."""
