@@ -1,45 +1,71 @@
-"""``df.write.format("pidctl-sql")``: an exactly-once SQL sink as a Spark 4 Python data source.
+"""``df.write.format("pidctl-sql")``: an exactly-once, atomic SQL sink as a Spark 4 Python
+data source (``df.writeStream.format("pidctl-sql")``: see :mod:`pidctl.spark.stream`).
 
     (df.write.format("pidctl-sql")
        .option("bootstrap", "127.0.0.1:9093")        # pidctl
-       .option("url", "/data/orders.db")              # or postgresql://user@host/db
+       .option("url", "sqlite:///data/orders.db")     # or postgresql://user@host/db
        .option("table", "orders")
-       .option("partitions", str(df.rdd.getNumPartitions()))
+       .option("txnAppId", "nightly-orders")          # optional: idempotent re-runs
+       .option("txnVersion", "20261123")
        .mode("append").save())
 
-``writer()`` runs once on the driver before any task: it preallocates one producer id per
-partition from pidctl (one connection, pipelined) and creates the tables. Each task writes its
-partition in batches of ``batchSize`` rows; batch k of partition p is (producer id of p, the
-job's epoch, sequences from k * batchSize), applied in one database transaction with the
-producer's sequence state. A retried or speculative attempt replays the same batches, which
-are skipped as duplicates, so every input row lands exactly once — provided the partition's
-rows arrive in the same order on every attempt (true of a deterministic input; sort within
-partitions after a shuffle). ``commit()`` records each producer's final sequence in
-``pidctl_sink_commits``; ``abort()`` deletes every row the job wrote and fences its producers.
+``writer()`` runs once on the driver before any task: it creates the tables, removes what
+crashed writes to the table left behind, preallocates one producer id per partition from
+pidctl (one connection, pipelined) and registers the write. Each task stages its partition
+in batches of ``batchSize`` rows; batch k of partition p is (producer id of p, the job's
+epoch, sequences from k * batchSize), applied in one database transaction with the
+producer's sequence state, so a retried or speculative attempt's batches are skipped as
+duplicates — provided the partition's rows arrive in the same order on every attempt (true of
+a deterministic input; sort within partitions after a shuffle). ``commit()`` publishes the
+staged rows into the table in one transaction; ``abort()`` removes them. Readers of the
+table see all of a write's rows or none (:mod:`pidctl.spark.sqlstore`).
 
-Options: bootstrap, url, table (required); partitions (default 1000: one block), batchSize
-(default 1000), clientId (the grant records in pidctl's log carry it; default: the Spark
-application id when registered with ``register_data_sources``, else ``pidctl-sql-sink``);
-for a secured pidctl, Kafka's client properties ``security.protocol``, ``sasl.mechanism``,
-``sasl.username``, ``sasl.password`` and ``ssl.cafile``.
+Options: bootstrap, url, table (required); partitions (producer ids to preallocate: at
+least the DataFrame's partitions; default 1000, one block); batchSize (rows per database
+transaction, default 1000); txnAppId and txnVersion (Delta Lake's: a write whose app id has
+committed this version or a later one on the table writes nothing and says so; an earlier
+failed or crashed write of the same version is replaced); abandonedAfterSeconds (an open
+write on the table with no batch for this long is taken for crashed and removed by the next
+write, default 3600); clientId (the grant records in pidctl's log carry it; default: the
+Spark application id when registered with ``register_data_sources``, else
+``pidctl-sql-sink``); for a secured pidctl, Kafka's client properties ``security.protocol``,
+``sasl.mechanism``, ``sasl.username``, ``sasl.password`` and ``ssl.cafile``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 from pidctl.spark.allocation import JobAllocation, allocate_job_blocks, client_settings
 from pidctl.spark.sequencing import Decision
-from pidctl.spark.sqlstore import ProducerReport, check_identifier, open_store
+from pidctl.spark.sqlstore import (
+    ProducerReport,
+    SqlStore,
+    Write,
+    WriteAborted,
+    WriteState,
+    check_identifier,
+    dialect_of,
+    log,
+    open_store,
+)
+from pidctl.spark.types import Column, plan_columns, row_converter
 
 DEFAULT_BATCH_SIZE = 1000
 DEFAULT_PARTITIONS = 1000
+#: An open write with no batch for this long is taken for crashed (``abandonedAfterSeconds``).
+DEFAULT_ABANDONED_AFTER_S = 3600
 
 
 class SinkOptionError(ValueError):
@@ -48,27 +74,18 @@ class SinkOptionError(ValueError):
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
-    """A task's report to the driver."""
+    """A task's report to the driver; None from a task of a skipped write."""
 
-    report: ProducerReport
-
-
-def sql_columns(schema: StructType, types: dict[str, str]) -> list[tuple[str, str]]:
-    """(name, SQL type) for every field; a type the sink does not map is refused by name."""
-    columns = []
-    for field in schema.fields:
-        kind = field.dataType.typeName()
-        if kind not in types:
-            raise SinkOptionError(f"column {field.name!r}: type {kind} is not supported")
-        columns.append((check_identifier(field.name), types[kind]))
-    return columns
+    report: ProducerReport | None
 
 
-def batches(rows: Iterable[Any], size: int) -> Iterator[list[tuple[Any, ...]]]:
-    """Rows as tuples, ``size`` at a time, read lazily (a task's rows are a stream)."""
+def batches(
+    rows: Iterable[Any], size: int, convert: Callable[[Any], tuple[Any, ...]] = tuple
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Rows as converted tuples, ``size`` at a time, read lazily (a task's rows are a stream)."""
     batch: list[tuple[Any, ...]] = []
     for row in rows:
-        batch.append(tuple(row))
+        batch.append(convert(row))
         if len(batch) == size:
             yield batch
             batch = []
@@ -83,11 +100,134 @@ def _option(options: dict[str, str], name: str) -> str:
     return value
 
 
-def _positive(options: dict[str, str], name: str, default: int) -> int:
+def _positive(options: dict[str, str], name: str, default: int, zero: bool = False) -> int:
     raw = options.get(name.lower()) or str(default)
-    if not raw.isdigit() or int(raw) <= 0:
-        raise SinkOptionError(f"option {name} must be a positive integer, got {raw!r}")
+    if not raw.isdigit() or (int(raw) == 0 and not zero):
+        kind = "a non-negative" if zero else "a positive"
+        raise SinkOptionError(f"option {name} must be {kind} integer, got {raw!r}")
     return int(raw)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The sink's options, checked (Spark hands them over with lower-cased names)."""
+
+    url: str
+    table: str
+    bootstrap: str
+    batch_size: int
+    partitions: int
+    job: str
+    abandoned_after_s: int
+    app_id: str | None
+    app_version: int | None
+    connection: dict[str, Any]
+
+    @classmethod
+    def parse(cls, options: dict[str, str], default_client_id: str | None) -> SinkOptions:
+        """Check every option; a missing or invalid one raises :class:`SinkOptionError`."""
+        options = {name.lower(): value for name, value in options.items()}
+        app_id = options.get("txnappid") or None
+        raw_version = options.get("txnversion")
+        if (app_id is None) != (raw_version is None):
+            raise SinkOptionError("txnAppId and txnVersion go together: set both or neither")
+        version = None
+        if raw_version is not None:
+            version = _positive(options, "txnVersion", 0, zero=True)
+        try:
+            connection = client_settings(options)
+            table = check_identifier(_option(options, "table"))
+        except SinkOptionError:
+            raise
+        except ValueError as e:
+            raise SinkOptionError(str(e)) from None
+        return cls(
+            url=_option(options, "url"),
+            table=table,
+            bootstrap=_option(options, "bootstrap"),
+            batch_size=_positive(options, "batchSize", DEFAULT_BATCH_SIZE),
+            partitions=_positive(options, "partitions", DEFAULT_PARTITIONS),
+            job=options.get("clientid") or default_client_id or "pidctl-sql-sink",
+            abandoned_after_s=_positive(
+                options, "abandonedAfterSeconds", DEFAULT_ABANDONED_AFTER_S, zero=True
+            ),
+            app_id=app_id,
+            app_version=version,
+            connection=connection,
+        )
+
+    def allocate(self) -> JobAllocation:
+        """The write's producer ids, one per partition, from pidctl."""
+        return allocate_job_blocks(self.bootstrap, self.partitions, self.job, **self.connection)
+
+
+def prepare_table(options: SinkOptions, schema: StructType) -> list[Column]:
+    """Plan the columns (the type map), create the tables, and remove what abandoned writes
+    to the table left behind; on the driver, before any task."""
+    try:
+        columns = plan_columns(schema.fields, dialect_of(options.url))
+        for column in columns:
+            check_identifier(column.name)
+    except ValueError as e:
+        raise SinkOptionError(str(e)) from None
+    store = open_store(options.url)
+    try:
+        store.create_tables(options.table, [(c.name, c.sql_type) for c in columns])
+        for write_id in store.recover(options.table, options.abandoned_after_s):
+            log.warning("pidctl-sql: removed the abandoned write %s to %s", write_id, options.table)
+    finally:
+        store.close()
+    return columns
+
+
+def stage_partition(
+    store: SqlStore,
+    write_id: str,
+    options: SinkOptions,
+    columns: list[Column],
+    partition: int,
+    producer: tuple[int, int],
+    rows: Iterable[Any],
+) -> ProducerReport:
+    """Stage one partition's rows, batch by batch; the same rows give the same batches."""
+    producer_id, epoch = producer
+    names = [c.name for c in columns]
+    written = duplicates = sequence = 0
+    for batch in batches(rows, options.batch_size, row_converter(columns)):
+        decision = store.apply_batch(
+            write_id, options.table, names, producer_id, epoch, sequence, batch
+        )
+        if decision is Decision.APPEND:
+            written += len(batch)
+        else:
+            duplicates += len(batch)
+        sequence += len(batch)
+    return ProducerReport(
+        write_id, partition, producer_id, epoch, sequence - 1, written, duplicates
+    )
+
+
+def publish(options: SinkOptions, columns: list[Column], write_id: str, reports: list[Any]) -> None:
+    """The commit: publish the write's staged rows, or say why nothing was published."""
+    producer_reports = [m.report for m in reports if isinstance(m, SinkCommit) and m.report]
+    store = open_store(options.url)
+    try:
+        outcome = store.publish(
+            write_id, options.table, [c.name for c in columns], producer_reports
+        )
+    finally:
+        store.close()
+    if outcome.state is WriteState.SKIPPED:
+        log.warning("pidctl-sql: write %s published nothing: %s", write_id, outcome.reason)
+
+
+def abort(options: SinkOptions, write_id: str, reason: str) -> None:
+    """Remove a failed write's staged rows; its later batches are refused."""
+    store = open_store(options.url)
+    try:
+        store.abort(write_id, options.table, reason)
+    finally:
+        store.close()
 
 
 class PidctlSqlSink(DataSource):
@@ -106,33 +246,64 @@ class PidctlSqlSink(DataSource):
             raise SinkOptionError('pidctl-sql only appends: use .mode("append")')
         return ExactlyOnceWriter(dict(self.options), schema, self.application_id)
 
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from pidctl.spark.stream import ExactlyOnceStreamWriter
+
+        if overwrite:
+            raise SinkOptionError('pidctl-sql only appends: use .outputMode("append")')
+        return ExactlyOnceStreamWriter(dict(self.options), schema, self.application_id)
+
 
 class ExactlyOnceWriter(DataSourceWriter):
-    """Built on the driver (preallocation, tables), pickled to every task."""
+    """Built on the driver (tables, recovery, preallocation), pickled to every task."""
 
     def __init__(
         self, options: dict[str, str], schema: StructType, default_client_id: str | None = None
     ) -> None:
-        # Spark hands options over with lower-cased names; callers may not.
-        options = {name.lower(): value for name, value in options.items()}
-        self.url = _option(options, "url")
-        self.table = check_identifier(_option(options, "table"))
-        self.batch_size = _positive(options, "batchSize", DEFAULT_BATCH_SIZE)
-        partitions = _positive(options, "partitions", DEFAULT_PARTITIONS)
-        self.job = options.get("clientid") or default_client_id or "pidctl-sql-sink"
-        try:
-            connection = client_settings(options)
-        except ValueError as e:
-            raise SinkOptionError(str(e)) from None
-        self.allocation: JobAllocation = allocate_job_blocks(
-            _option(options, "bootstrap"), partitions, self.job, **connection
+        self.options = SinkOptions.parse(options, default_client_id)
+        self.columns = prepare_table(self.options, schema)
+        #: Why this write writes nothing (its version was committed), or None.
+        self.skipped: str | None = None
+        self.write_id = ""
+        self.allocation = JobAllocation(self.options.job, ())
+        if self.options.app_id is not None and self._already_committed():
+            return
+        self.allocation = self.options.allocate()
+        # The write is named by its first producer id: unique, as pidctl never grants twice.
+        self.write_id = str(self.allocation.blocks[0][0])
+        write = Write(
+            self.write_id,
+            self.options.table,
+            self.options.job,
+            self.options.app_id,
+            self.options.app_version,
         )
-        self.columns = [field.name for field in schema.fields]
-        store = open_store(self.url)
+        store = open_store(self.options.url)
         try:
-            store.create_tables(self.table, sql_columns(schema, store.types))
+            outcome = store.begin_write(write)
         finally:
             store.close()
+        if outcome.state is WriteState.SKIPPED:
+            self._skip(outcome.reason)
+
+    def _already_committed(self) -> bool:
+        assert self.options.app_id is not None and self.options.app_version is not None
+        store = open_store(self.options.url)
+        try:
+            done = store.committed_version(self.options.table, self.options.app_id)
+        finally:
+            store.close()
+        if done is None or done[0] < self.options.app_version:
+            return False
+        self._skip(
+            f"version {done[0]} of {self.options.app_id} was committed by write {done[1]}: "
+            f"version {self.options.app_version} writes nothing"
+        )
+        return True
+
+    def _skip(self, reason: str) -> None:
+        self.skipped = reason
+        log.warning("pidctl-sql: %s", reason)
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         context = TaskContext.get()
@@ -140,36 +311,41 @@ class ExactlyOnceWriter(DataSourceWriter):
         return self.write_partition(context.partitionId(), iterator)
 
     def write_partition(self, partition: int, rows: Iterable[Any]) -> SinkCommit:
-        """Write one partition's rows, batch by batch; the same rows give the same batches."""
-        producer_id, epoch = self.allocation.producer(partition)
-        store = open_store(self.url)
-        written = duplicates = sequence = 0
+        """Stage one partition's rows (nothing when the write is skipped)."""
+        if self.skipped is not None:
+            for _ in rows:  # Spark streams the partition in: read it to the end
+                pass
+            return SinkCommit(None)
+        store = open_store(self.options.url)
         try:
-            for batch in batches(rows, self.batch_size):
-                decision = store.apply_batch(
-                    self.table, self.columns, producer_id, epoch, sequence, batch
-                )
-                if decision is Decision.APPEND:
-                    written += len(batch)
-                else:
-                    duplicates += len(batch)
-                sequence += len(batch)
+            report = stage_partition(
+                store,
+                self.write_id,
+                self.options,
+                self.columns,
+                partition,
+                self.allocation.producer(partition),
+                rows,
+            )
         finally:
             store.close()
-        report = ProducerReport(partition, producer_id, epoch, sequence - 1, written, duplicates)
         return SinkCommit(report)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        reports = [m.report for m in messages if isinstance(m, SinkCommit)]
-        store = open_store(self.url)
-        try:
-            store.record_commit(self.job, self.table, reports)
-        finally:
-            store.close()
+        if self.skipped is None:
+            publish(self.options, self.columns, self.write_id, list(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        store = open_store(self.url)
-        try:
-            store.abort_job(self.table, self.job, self.allocation.blocks)
-        finally:
-            store.close()
+        if self.skipped is None:
+            abort(self.options, self.write_id, "the Spark job failed")
+
+
+__all__ = [
+    "ExactlyOnceWriter",
+    "PidctlSqlSink",
+    "SinkCommit",
+    "SinkOptionError",
+    "SinkOptions",
+    "WriteAborted",
+    "batches",
+]

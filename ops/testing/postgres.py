@@ -33,10 +33,21 @@ class PostgresProcess:
         # Not under pytest's tmp_path: the postgres user must be able to reach it.
         self.directory = Path(tempfile.mkdtemp(prefix="pidctl-pg-"))
         self.as_root = os.geteuid() == 0
+        self._databases = 0
 
     @property
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def new_database(self) -> str:
+        """A fresh, empty database of this server (one per test keeps tests apart); its URL."""
+        import psycopg
+
+        self._databases += 1
+        name = f"test_{self._databases}"
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {name}")
+        return self.url.rsplit("/", 1)[0] + "/" + name
 
     def _run(self, *command: str) -> None:
         if self.as_root:

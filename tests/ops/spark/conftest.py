@@ -55,3 +55,13 @@ def postgres() -> Iterator[PostgresProcess]:
     """A throwaway PostgreSQL server (Debian's postgresql) for the session."""
     with PostgresProcess() as server:
         yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The sink's database, each test its own: a SQLite file, or a fresh PostgreSQL database
+    of the session's server."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'sink.db'}"
+    server: PostgresProcess = request.getfixturevalue("postgres")
+    return server.new_database()
