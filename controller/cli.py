@@ -22,6 +22,8 @@ examples:
   pidctl log verify --data-dir ./pidctl-data
   pidctl import-zk --zookeeper zk-1:2181 --data-dir ./pidctl-data   # controller stopped
   pidctl import-zk --zookeeper zk-1:2181 --pid-source etcd://etcd-1:2379/pidctl
+  pidctl sink recover sqlite:///data/orders.db orders --older-than 0   # no write running
+  pidctl sink versions postgresql://etl@db/warehouse orders
   echo "$PASSWORD" | pidctl users add --credentials-file users.json --user broker-1 --password-stdin
 """
 
@@ -139,6 +141,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
 
+    sink = commands.add_parser("sink", help="the Spark sink's tables in a database")
+    sink_commands = sink.add_subparsers(dest="sink_command", required=True, metavar="COMMAND")
+    recover = sink_commands.add_parser(
+        "recover",
+        help="abort the open writes to TABLE with no batch for --older-than seconds and "
+        "remove their staged rows (what the next write does by itself)",
+    )
+    recover.add_argument("url", metavar="URL", help="sqlite:///PATH or postgresql://...")
+    recover.add_argument("table", metavar="TABLE")
+    recover.add_argument(
+        "--older-than",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long without a batch makes a write abandoned (default 3600; 0: every open "
+        "write, when you know none is running)",
+    )
+    versions = sink_commands.add_parser(
+        "versions", help="per txnAppId (or streaming query id), the highest committed version"
+    )
+    versions.add_argument("url", metavar="URL")
+    versions.add_argument("table", metavar="TABLE")
+
     allocate = commands.add_parser("allocate", help="ask for a block of producer ids")
     allocate.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     allocate.add_argument("--broker-id", type=int, required=True)
@@ -204,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             return _status(args)
         if args.command == "users":
             return _users(args)
+        if args.command == "sink":
+            return _sink(args)
         if args.command == "import-zk":
             return _import_zk(args)
     except BrokenPipeError:
@@ -317,6 +344,44 @@ def _import_zk(args: argparse.Namespace) -> int:
             print(f"pidctl: etcd: {error}", file=sys.stderr)
             return 1
         raise
+    return 0
+
+
+def _sink(args: argparse.Namespace) -> int:
+    from pidctl.spark.sqlstore import check_identifier, open_store
+
+    try:
+        store = open_store(args.url)
+        check_identifier(args.table)
+    except ImportError as e:
+        print(
+            f"pidctl: {e.name} is needed for {args.url} (pip install 'pidctl[spark]')",
+            file=sys.stderr,
+        )
+        return 1
+    except ValueError as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.sink_command == "recover":
+            if args.older_than < 0:
+                print("pidctl: --older-than must not be negative", file=sys.stderr)
+                return 2
+            aborted = store.recover(args.table, args.older_than)
+            for write_id in aborted:
+                print(f"aborted the abandoned write {write_id}; its staged rows are removed")
+            print(f"{len(aborted)} abandoned write(s) to {args.table}")
+        else:
+            for app_id, version in sorted(store.committed_versions(args.table).items()):
+                print(f"{app_id}\t{version}")
+    except Exception as e:  # the database's own error types: one line, not a traceback
+        print(
+            f"pidctl: {args.url}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        store.close()
     return 0
 
 

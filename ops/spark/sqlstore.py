@@ -140,7 +140,10 @@ class SqlStore:
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
         """One statement (``?`` placeholders in every dialect); returns the cursor."""
         cursor = self.connection.cursor()
-        cursor.execute(sql.replace("?", self.placeholder), parameters)
+        if parameters:
+            cursor.execute(sql.replace("?", self.placeholder), parameters)
+        else:  # no parameters: psycopg then leaves a literal % alone
+            cursor.execute(sql)
         return cursor
 
     def begin(self) -> None:

@@ -12,14 +12,15 @@
 | BinaryType | BLOB | BYTEA |
 | BooleanType | INTEGER (0 or 1) | BOOLEAN |
 | DateType | TEXT (``'2024-02-29'``) | DATE |
-| TimestampType | TEXT, UTC (``'2024-03-10 06:30:00+00:00'``) | TIMESTAMPTZ |
-| TimestampNTZType | TEXT (``'2024-03-10 01:30:00'``) | TIMESTAMP |
+| TimestampType | TEXT, UTC (``'2024-03-10 06:30:00.000000+00:00'``) | TIMESTAMPTZ |
+| TimestampNTZType | TEXT (``'2024-03-10 01:30:00.000000'``) | TIMESTAMP |
 
 Nulls are NULL in every column. SQLite keeps a decimal as text because its NUMERIC affinity
 would turn ``12345678901234567890.123456789`` into a float; PostgreSQL keeps it exactly.
 PySpark hands a TimestampType value to Python as a naive datetime in the Python worker's
 local time; the sink turns it back into the instant (UTC) it stands for. Other types
-(arrays, maps, structs, intervals, variant, void) are refused with the column's name.
+(arrays, maps, structs, intervals, variant, void, and TIME, which Spark
+4 leaves disabled by default) are refused with the column's name.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ def _utc(value: datetime.datetime) -> datetime.datetime:
 
 
 def _utc_text(value: datetime.datetime) -> str:
-    return _utc(value).isoformat(sep=" ")
+    return _utc(value).isoformat(sep=" ", timespec="microseconds")
 
 
 def _iso_text(value: datetime.date) -> str:
-    return value.isoformat(sep=" ") if isinstance(value, datetime.datetime) else value.isoformat()
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ", timespec="microseconds")
+    return value.isoformat()
 
 
 #: Spark's ``typeName()`` → (SQLite type, its converter, PostgreSQL type, its converter);
