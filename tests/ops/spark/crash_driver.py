@@ -5,6 +5,8 @@ SIGKILL the driver mid-write, never after the write finished).
     python -m tests.ops.spark.crash_driver --bootstrap H:P --url URL --table T --rows N
         [--partitions P] [--batch-size B] [--hang-after K] [--txn-app A --txn-version V]
         [--abandoned-after S]
+    python -m tests.ops.spark.crash_driver --stream SOURCE_DIR --checkpoint DIR ...
+        (the same through writeStream: JSON files of SOURCE_DIR, one file per micro-batch)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pyspark.sql import SparkSession
 
 from pidctl.spark import register_data_sources
 from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit
+from pidctl.spark.stream import ExactlyOnceStreamWriter
 
 
 class HangingWriter(ExactlyOnceWriter):
@@ -46,6 +49,26 @@ def _hang_after(rows: Iterator[Any], count: int) -> Iterator[Any]:
         yield row
 
 
+class HangingStreamWriter(ExactlyOnceStreamWriter):
+    """The real stream writer, whose tasks of micro-batch ``hangInBatch`` stop for good
+    after ``hangAfter`` rows."""
+
+    def __init__(self, options: dict[str, str], schema: Any) -> None:
+        super().__init__(options, schema)
+        self.hang_after = int(options.get("hangafter", "0"))
+        self.hang_in_batch = options.get("hanginbatch", "0")
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        batch = context.getLocalProperty("streaming.sql.batchId")
+        if self.hang_after and batch == self.hang_in_batch:
+            iterator = _hang_after(iterator, self.hang_after)
+        return super().write(iterator)
+
+
 class HangingSink(PidctlSqlSink):
     @classmethod
     def name(cls) -> str:
@@ -53,6 +76,9 @@ class HangingSink(PidctlSqlSink):
 
     def writer(self, schema: Any, overwrite: bool) -> HangingWriter:
         return HangingWriter(dict(self.options), schema)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> HangingStreamWriter:
+        return HangingStreamWriter(dict(self.options), schema)
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
@@ -69,6 +95,9 @@ def main() -> None:
     parser.add_argument("--txn-app")
     parser.add_argument("--txn-version")
     parser.add_argument("--abandoned-after")
+    parser.add_argument("--stream", help="a folder of JSON files: write them as a stream")
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--hang-in-batch", default="0")
     args = parser.parse_args()
     spark = (
         SparkSession.builder.master("local[2]")
@@ -81,6 +110,9 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     register_data_sources(spark)
     spark.dataSource.register(HangingSink)
+    if args.stream:
+        stream(spark, args)
+        return
     df = spark.range(0, args.rows, 1, args.partitions).selectExpr(
         "id", "concat('row-', id) AS name"
     )
@@ -100,6 +132,29 @@ def main() -> None:
         writer = writer.option("abandonedAfterSeconds", args.abandoned_after)
     writer.save()
     print("write finished", flush=True)
+    spark.stop()
+
+
+def stream(spark: Any, args: argparse.Namespace) -> None:
+    """Every file of ``args.stream`` once, a file per micro-batch, then stop."""
+    query = (
+        spark.readStream.schema("id LONG, name STRING")
+        .option("maxFilesPerTrigger", 1)
+        .json(args.stream)
+        .writeStream.format("pidctl-sql-hanging" if args.hang_after else "pidctl-sql")
+        .option("checkpointLocation", args.checkpoint)
+        .option("bootstrap", args.bootstrap)
+        .option("url", args.url)
+        .option("table", args.table)
+        .option("partitions", str(args.partitions))
+        .option("batchSize", args.batch_size)
+        .option("hangAfter", str(args.hang_after))
+        .option("hangInBatch", args.hang_in_batch)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    print("stream finished", flush=True)
     spark.stop()
 
 

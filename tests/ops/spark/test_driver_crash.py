@@ -7,6 +7,7 @@ the session's SparkSession, as a scheduler re-running the job would start a fres
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -101,7 +102,8 @@ def _kill_mid_write(pidctl: ServerProcess, url: str, *args: str) -> None:
         )
         assert driver.poll() is None, driver.communicate()[1][-3000:]
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it had stopped by itself
+            os.killpg(driver.pid, signal.SIGKILL)
         driver.communicate(timeout=60)
 
 

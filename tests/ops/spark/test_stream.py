@@ -1,0 +1,136 @@
+"""``writeStream.format("pidctl-sql")``: every micro-batch exactly once, across a replay of a
+batch the sink had committed and across a driver killed with SIGKILL mid-batch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ops.testing.serverproc import ServerProcess, wait_until
+from pidctl.spark.sqlstore import open_store, stage_table
+
+ROOT = Path(__file__).resolve().parents[3]
+FILES, PER_FILE = 3, 1000
+SCHEMA = "id LONG, name STRING"
+
+
+def _source(folder: Path) -> Path:
+    """FILES JSON files of PER_FILE rows: ids 0..FILES*PER_FILE-1."""
+    folder.mkdir()
+    for index in range(FILES):
+        lines = (
+            json.dumps({"id": i, "name": f"row-{i}"})
+            for i in range(index * PER_FILE, (index + 1) * PER_FILE)
+        )
+        (folder / f"part-{index}.json").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def _run(spark: Any, pidctl: ServerProcess, url: str, source: Path, checkpoint: Path) -> Any:
+    query = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.format("pidctl-sql")
+        .option("checkpointLocation", str(checkpoint))
+        .option("bootstrap", pidctl.bootstrap)
+        .option("url", url)
+        .option("table", "events")
+        .option("partitions", "4")
+        .option("batchSize", "100")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def _select(url: str, sql: str) -> list[tuple[Any, ...]]:
+    store = open_store(url)
+    try:
+        return sorted(tuple(r) for r in store.execute(sql).fetchall())
+    finally:
+        store.close()
+
+
+EVERY_ROW = [(i, f"row-{i}") for i in range(FILES * PER_FILE)]
+
+
+def test_each_micro_batch_lands_once_and_a_replayed_batch_writes_nothing(
+    spark: Any, pidctl: ServerProcess, url: str, tmp_path: Path
+) -> None:
+    source, checkpoint = _source(tmp_path / "in"), tmp_path / "checkpoint"
+    query = _run(spark, pidctl, url, source, checkpoint)
+    assert _select(url, "SELECT id, name FROM events") == EVERY_ROW
+    assert _select(url, "SELECT app_id, version FROM pidctl_sink_versions") == [
+        (query.id, FILES - 1)
+    ]
+    # A driver that died after the sink published batch 2 but before Spark recorded it:
+    # Spark replays batch 2 from its offsets; the sink knows it and writes nothing.
+    for name in (str(FILES - 1), f".{FILES - 1}.crc"):  # the entry and Hadoop's checksum
+        (checkpoint / "commits" / name).unlink()
+    replay = _run(spark, pidctl, url, source, checkpoint)
+    assert replay.id == query.id and replay.lastProgress["batchId"] == FILES - 1
+    assert _select(url, "SELECT id, name FROM events") == EVERY_ROW
+    skipped = _select(
+        url, "SELECT app_version, reason FROM pidctl_sink_writes WHERE state = 'skipped'"
+    )
+    assert len(skipped) == 1 and skipped[0][0] == FILES - 1
+    assert f"version {FILES - 1} of {query.id} was committed" in skipped[0][1]
+
+
+@pytest.mark.slow
+def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
+    spark: Any, pidctl: ServerProcess, url: str, tmp_path: Path
+) -> None:
+    source, checkpoint = _source(tmp_path / "in"), tmp_path / "checkpoint"
+    command = [sys.executable, "-m", "tests.ops.spark.crash_driver", "--stream", str(source)]
+    command += ["--checkpoint", str(checkpoint), "--bootstrap", pidctl.bootstrap, "--url", url]
+    command += ["--table", "events", "--rows", "0", "--partitions", "4"]
+    command += ["--hang-in-batch", "1", "--hang-after", "300"]
+    driver = subprocess.Popen(
+        command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+    def staged_in_batch_1() -> int:
+        sql = (
+            f"SELECT COUNT(*) FROM {stage_table('events')} s JOIN pidctl_sink_writes w"
+            " ON s.pidctl_write_id = w.write_id WHERE w.app_version = 1"
+        )
+        try:
+            return int(_select(url, sql)[0][0])
+        except Exception as e:
+            if "pidctl_s" not in str(e):
+                raise
+            return 0
+
+    try:
+        wait_until(
+            lambda: staged_in_batch_1() >= 300 or driver.poll() is not None,
+            "batch 1 staged 300 rows",
+            240,
+        )
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # it had stopped by itself
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.communicate(timeout=60)
+    # Batch 0 was published, batch 1 only staged: readers see batch 0 alone.
+    assert _select(url, "SELECT id, name FROM events") == EVERY_ROW[:PER_FILE]
+
+    _run(spark, pidctl, url, source, checkpoint)  # the query restarted from its checkpoint
+    assert _select(url, "SELECT id, name FROM events") == EVERY_ROW
+    assert _select(url, f"SELECT COUNT(*) FROM {stage_table('events')}") == [(0,)]
+    superseded = _select(
+        url, "SELECT app_version FROM pidctl_sink_writes WHERE reason LIKE 'superseded%'"
+    )
+    assert superseded == [(1,)]
