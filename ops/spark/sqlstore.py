@@ -6,8 +6,9 @@ A write (one batch job, or one micro-batch of a stream) is staged, then publishe
   database transaction with its producer's sequence state (Kafka's rules: a retried or
   speculative attempt's batches are duplicates and skipped);
 - the commit publishes the write in one transaction: checks that every producer's staged
-  rows are exactly its sequences 0..final, copies them into the user's table, deletes them
-  from the stage and marks the write committed. Readers of the user's table see all of a
+  sequences end where its task reported (its state says so: rows are staged only with it),
+  copies the rows into the user's table, deletes them from the stage and marks the write
+  committed. Readers of the user's table see all of a
   write's rows or none of them;
 - an abort, a superseding re-run (same ``txnAppId``/``txnVersion``) or the recovery of an
   abandoned write deletes the write's staged rows and marks it aborted; a batch that was in
@@ -379,7 +380,7 @@ class SqlStore:
     ) -> Outcome:
         """Publish a write in one transaction (see the module documentation). An already
         committed or skipped write is left as it is; an aborted one raises WriteAborted; staged
-        rows that do not match the tasks' reports raise RuntimeError (nothing is published)."""
+        sequences that do not match the tasks' reports raise RuntimeError (nothing published)."""
         return self._transaction(  # type: ignore[no-any-return]
             self._publish, write_id, table, columns, reports
         )
@@ -405,32 +406,30 @@ class SqlStore:
                 reason = f"version {done[1]} of {app[0]} was committed by write {done[0]}"
                 self._end(write_id, table, WriteState.SKIPPED, reason)
                 return self._state(write_id)
-        stage = stage_table(table)
+        # Rows are staged only together with their producer's state (one transaction per
+        # batch), so the states say what is staged: producer id -> last sequence.
         staged = {
-            int(producer): (int(count), int(low), int(high))
-            for producer, count, low, high in self.execute(
-                "SELECT pidctl_producer_id, COUNT(*), MIN(pidctl_sequence), MAX(pidctl_sequence)"
-                f" FROM {stage} WHERE pidctl_write_id = ? GROUP BY pidctl_producer_id",
+            int(producer): int(last)
+            for producer, last in self.execute(
+                "SELECT producer_id, last_sequence FROM pidctl_sink_producers WHERE write_id = ?",
                 (write_id,),
             ).fetchall()
+            if last >= 0
         }
-        expected = {
-            r.producer_id: (r.final_sequence + 1, 0, r.final_sequence)
-            for r in reports
-            if r.final_sequence >= 0
-        }
+        expected = {r.producer_id: r.final_sequence for r in reports if r.final_sequence >= 0}
         if staged != expected:
             raise RuntimeError(
-                f"write {write_id}: staged rows {staged} do not match the tasks' reports "
-                f"{expected} (count, first and last sequence per producer); nothing published"
+                f"write {write_id}: staged sequences {staged} do not match the tasks' reports "
+                f"{expected} (last sequence per producer); nothing published"
             )
+        stage = stage_table(table)
         names = ", ".join([*map(check_identifier, columns), *AUDIT_COLUMNS])
         self.execute(
             f"INSERT INTO {check_identifier(table)} ({names}) SELECT {names} FROM {stage}"
             " WHERE pidctl_write_id = ?",
             (write_id,),
         )
-        rows = sum(count for count, _, _ in staged.values())
+        rows = sum(last + 1 for last in staged.values())
         self._end(write_id, table, WriteState.COMMITTED, None, rows)
         now = time.time()
         job = self.execute(
@@ -466,12 +465,15 @@ class SqlStore:
         self._end(write_id, table, WriteState.ABORTED, reason)
         return True
 
+    def _delete_staged(self, write_id: str, table: str) -> None:
+        self.execute(f"DELETE FROM {stage_table(table)} WHERE pidctl_write_id = ?", (write_id,))
+
     def _end(
         self, write_id: str, table: str, state: WriteState, reason: str | None, rows: int = 0
     ) -> None:
         """Mark a write ended; its staged rows and producer states go (the caller holds the
         write's row)."""
-        self.execute(f"DELETE FROM {stage_table(table)} WHERE pidctl_write_id = ?", (write_id,))
+        self._delete_staged(write_id, table)
         self.execute("DELETE FROM pidctl_sink_producers WHERE write_id = ?", (write_id,))
         self.execute(
             "UPDATE pidctl_sink_writes SET state = ?, reason = ?, ended_at = ?,"
@@ -482,6 +484,19 @@ class SqlStore:
 
 class SqliteStore(SqlStore):
     dialect = "sqlite"
+
+    def _delete_staged(self, write_id: str, table: str) -> None:
+        # Under SQLite's write lock, when no other write to the table is open the stage holds
+        # only this write's rows: a DELETE without WHERE (SQLite's truncate) is much cheaper.
+        others = self.execute(
+            "SELECT 1 FROM pidctl_sink_writes WHERE table_name = ? AND state = 'open' AND"
+            " write_id <> ? LIMIT 1",
+            (table, write_id),
+        ).fetchone()
+        if others is None:
+            self.execute(f"DELETE FROM {stage_table(table)}")
+        else:
+            super()._delete_staged(write_id, table)
 
     def __init__(self, path: str) -> None:
         connection = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None)

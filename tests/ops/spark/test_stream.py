@@ -134,3 +134,22 @@ def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
         url, "SELECT app_version FROM pidctl_sink_writes WHERE reason LIKE 'superseded%'"
     )
     assert superseded == [(1,)]
+
+
+@pytest.mark.slow
+def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: Path) -> None:
+    source, url = _source(tmp_path / "in"), f"sqlite://{tmp_path / 'events.db'}"
+    command = [sys.executable, "-m", "pidctl.spark.examples.stream_write"]
+    command += ["--bootstrap", pidctl.bootstrap, "--source", str(source)]
+    command += ["--checkpoint", str(tmp_path / "checkpoint"), "--url", url, "--table", "events"]
+    for _ in range(2):  # the second run finds everything done
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "every file of" in done.stdout
+    assert _select(url, "SELECT id, name FROM events") == EVERY_ROW
