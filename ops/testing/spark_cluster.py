@@ -25,9 +25,9 @@ from typing import Any
 from ops.testing.coordination import free_port
 from ops.testing.serverproc import WAIT_TIMEOUT_S, wait_until
 
-#: How long the master and the worker may take to start and register (JVM start-up on a busy
-#: 2-core machine takes several seconds).
-START_TIMEOUT_S = WAIT_TIMEOUT_S
+#: How long the master, then the worker, may each take to start and register: a JVM start-up
+#: on a busy 2-core machine took up to a minute.
+START_TIMEOUT_S = 2 * WAIT_TIMEOUT_S
 
 #: How long a stopped daemon may take to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0

@@ -210,8 +210,9 @@ def test_executors_without_pidctl_fail_naming_it(
         env={"PATH": driver_path},
     )
     output = result.stdout + result.stderr
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert "ModuleNotFoundError: No module named 'pidctl'" in output
+    assert "PythonException" in output  # what the script's save() raised
     assert re.search(r"Lost task \S+ in stage \S+ \(TID \d+\) \(\S+ executor \d+\)", output)
     with sqlite3.connect(db) as connection:  # the driver created the table, then aborted
         assert connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
