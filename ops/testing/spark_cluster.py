@@ -40,6 +40,21 @@ def spark_home() -> Path:
     return Path(_find_spark_home())
 
 
+def live_processes(groups: list[int]) -> list[int]:
+    """Pids of the processes (zombies aside) whose process group is one of ``groups``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # exited meanwhile
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.append(int(stat.parent.name))
+    return found
+
+
 class SparkCluster:
     """A standalone master and one worker (``cores`` cores, ``memory``), each in its own
     process group; ``stop()`` (or leaving the ``with`` block) kills both groups."""
@@ -67,10 +82,14 @@ class SparkCluster:
             "SPARK_CONF_DIR": str(conf),
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
+        # A port taken meanwhile must stop the daemon, not make it move silently to the next
+        # port (Spark's default: 16 retries), where the worker and spark-submit would not look.
+        no_retries = "-Dspark.port.maxRetries=0"
+        daemons = {"SPARK_MASTER_OPTS": no_retries, "SPARK_WORKER_OPTS": no_retries}
         # The daemons' own environment must not hand a Python or a path to the executors.
         for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH"):
             self.env.pop(name, None)
-        self.daemon_env = {**self.env, **(env or {})}
+        self.daemon_env = {**self.env, **daemons, **(env or {})}
 
     @property
     def master_url(self) -> str:
@@ -117,25 +136,25 @@ class SparkCluster:
         self.processes.append(proc)
         return proc
 
-    def _tail(self, name: str, lines: int = 15) -> str:
+    def _why(self, name: str) -> str:
+        """The daemon's first exception line (the cause, in one line), then where its log is."""
         try:
-            text = self.log(f"{name}.log").read_text(errors="replace")
+            lines = self.log(f"{name}.log").read_text(errors="replace").splitlines()
         except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+            lines = []
+        cause = next((line.strip() for line in lines if "Exception:" in line), "no exception")
+        return f"{cause} (log: {self.log(f'{name}.log')})"
 
     def _wait(self, proc: subprocess.Popen[bytes], name: str, condition: Any, what: str) -> None:
         def ready() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(
-                    f"spark {name} exited with {proc.returncode}:\n{self._tail(name)}"
-                )
+                raise RuntimeError(f"spark {name} exited with {proc.returncode}: {self._why(name)}")
             return bool(condition())
 
         try:
             wait_until(ready, what, timeout=START_TIMEOUT_S, poll=0.2)
         except TimeoutError as e:
-            raise TimeoutError(f"{e}\n{self._tail(name)}") from None
+            raise TimeoutError(f"{e}: {self._why(name)}") from None
 
     def start(self) -> SparkCluster:
         """Start the master, then the worker; return once the worker is registered."""
@@ -192,9 +211,15 @@ class SparkCluster:
         """The environment for ``spark-submit``: this SPARK_HOME, loopback, plus ``extra``."""
         return {**self.env, **extra}
 
+    def process_groups(self) -> list[int]:
+        """The process groups of the daemons started (a group's id is its leader's pid)."""
+        return [proc.pid for proc in self.processes]
+
     def stop(self, keep_logs: bool = False) -> None:
         """SIGTERM each daemon's process group, SIGKILL what is left after
-        :data:`STOP_TIMEOUT_S`; remove the directory unless ``keep_logs``."""
+        :data:`STOP_TIMEOUT_S`, and wait (bounded) until no process of the groups is left;
+        remove the directory unless ``keep_logs``."""
+        groups = self.process_groups()
         for proc in reversed(self.processes):  # the worker first
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -208,6 +233,9 @@ class SparkCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         self.processes.clear()
+        wait_until(
+            lambda: not live_processes(groups), "spark processes gone", timeout=STOP_TIMEOUT_S
+        )
         if not keep_logs:
             shutil.rmtree(self.directory, ignore_errors=True)
 

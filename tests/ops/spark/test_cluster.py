@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from ops.testing.serverproc import ServerProcess, wait_until
-from ops.testing.spark_cluster import SparkCluster
+from ops.testing.spark_cluster import SparkCluster, live_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "ops" / "spark" / "examples" / "cluster_write.py"
@@ -95,7 +97,9 @@ def cluster(packages: Packages) -> Iterator[SparkCluster]:
     """A master and one worker whose executors run the bare venv's ``python3``."""
     path = f"{packages.bare_python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     with SparkCluster(env={"PATH": path}) as running:
+        groups = running.process_groups()
         yield running
+    assert live_processes(groups) == []  # stop() left no master, worker or executor behind
 
 
 def _submit(
@@ -189,6 +193,24 @@ def test_wheel_renamed_to_zip_cannot_be_imported(packages: Packages, tmp_path: P
         text=True,
     )
     assert "No module named 'pidctl'" in failed.stderr
+
+
+@pytest.mark.slow
+def test_cluster_start_names_a_taken_port() -> None:
+    """The harness does not let Spark move to the next port (where nobody would look): a
+    taken master port stops the start with the cause in one line, and the logs are kept."""
+    cluster = SparkCluster()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", cluster.port))
+        taken.listen()
+        with pytest.raises(RuntimeError) as failed:
+            cluster.start()
+    message = str(failed.value)
+    assert "\n" not in message
+    assert "spark master exited" in message
+    assert "Address already in use" in message
+    assert cluster.log("master.log").exists()
+    shutil.rmtree(cluster.directory)
 
 
 @pytest.mark.slow
