@@ -2,7 +2,8 @@
 
 A master and a worker are started from pyspark's own SPARK_HOME (ops.testing.spark_cluster);
 ops/spark/examples/cluster_write.py is submitted with ``bin/spark-submit --master spark://...``
-against a real ``pidctl serve`` and writes into a SQLite file, the way a user would run it.
+against a real ``pidctl serve`` and writes into a SQLite file (once into a real PostgreSQL), the
+way a user would run it.
 
 The cluster's workers do not have pidctl: their ``python3`` (the first on the worker daemon's
 PATH) is a bare virtual environment. The one thing not done as on a real cluster: the bare
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.testing.postgres import PostgresProcess
 from ops.testing.serverproc import ServerProcess, wait_until
 from ops.testing.spark_cluster import SparkCluster, live_processes
 
@@ -105,9 +107,10 @@ def cluster(packages: Packages) -> Iterator[SparkCluster]:
 def _submit(
     cluster: SparkCluster,
     pidctl: ServerProcess,
-    db: Path,
+    url: Path | str,
     *options: str,
     env: dict[str, str],
+    table: str = "events",
 ) -> subprocess.CompletedProcess[str]:
     command = [
         *cluster.submit_command(),
@@ -117,9 +120,9 @@ def _submit(
         "--bootstrap",
         pidctl.bootstrap,
         "--url",
-        str(db),
+        str(url),
         "--table",
-        "events",
+        table,
         "--rows",
         str(ROWS),
     ]
@@ -132,18 +135,22 @@ def _submit(
     )
 
 
-def _check_every_row_once(result: subprocess.CompletedProcess[str], db: Path) -> None:
+CHECK = (
+    "SELECT COUNT(*), COUNT(DISTINCT id), MIN(id), MAX(id),"
+    " SUM(CASE WHEN label = 'row-' || id THEN 0 ELSE 1 END) FROM {table}"
+)
+
+
+def _check_every_row_once(result: subprocess.CompletedProcess[str], found: tuple[int, ...]) -> None:
+    """``found``: :data:`CHECK`'s answer (count, distinct ids, min, max, wrong labels)."""
     assert result.returncode == 0, result.stderr[-5000:]
     assert f"wrote {ROWS} rows" in result.stdout
+    assert tuple(found) == (ROWS, ROWS, 0, ROWS - 1, 0)
+
+
+def _sqlite_check(db: Path) -> tuple[int, ...]:
     with sqlite3.connect(db) as connection:
-        count, distinct, low, high = connection.execute(
-            "SELECT COUNT(*), COUNT(DISTINCT id), MIN(id), MAX(id) FROM events"
-        ).fetchone()
-        wrong = connection.execute(
-            "SELECT COUNT(*) FROM events WHERE label <> 'row-' || id"
-        ).fetchone()[0]
-    assert (count, distinct, low, high) == (ROWS, ROWS, 0, ROWS - 1)
-    assert wrong == 0
+        return tuple(connection.execute(CHECK.format(table="events")).fetchone())
 
 
 def _jobs_done(cluster: SparkCluster) -> int:
@@ -257,7 +264,7 @@ def test_py_files_zip_writes_every_row_once(
         str(packages.zip),
         env={"PYSPARK_PYTHON": str(packages.bare_python)},
     )
-    _check_every_row_once(result, db)
+    _check_every_row_once(result, _sqlite_check(db))
     _ran_on(cluster, before)
 
 
@@ -276,5 +283,30 @@ def test_installed_wheel_writes_every_row_once(
         f"spark.pyspark.python={packages.wheel_python}",
         env={},
     )
-    _check_every_row_once(result, db)
+    _check_every_row_once(result, _sqlite_check(db))
+    _ran_on(cluster, before)
+
+
+@pytest.mark.slow
+def test_installed_wheel_writes_every_row_once_to_postgresql(
+    cluster: SparkCluster, packages: Packages, pidctl: ServerProcess, postgres: PostgresProcess
+) -> None:
+    """The database the docs recommend on a real cluster: executors write to PostgreSQL
+    (psycopg in the executors' Python)."""
+    import psycopg
+
+    before = _jobs_done(cluster)
+    result = _submit(
+        cluster,
+        pidctl,
+        postgres.url,
+        "--conf",
+        f"spark.pyspark.python={packages.wheel_python}",
+        env={},
+        table="cluster_events",
+    )
+    with psycopg.connect(postgres.url) as connection:
+        row = connection.execute(CHECK.format(table="cluster_events")).fetchone()
+    assert row is not None
+    _check_every_row_once(result, tuple(int(value) for value in row))
     _ran_on(cluster, before)
