@@ -1,0 +1,246 @@
+"""A throwaway Spark standalone cluster on loopback: one master and one worker.
+
+Started from the pyspark package's own ``SPARK_HOME`` (``bin/spark-class``), as a user starts
+one on a real machine, with its own free ports and its log files in a temporary directory.
+Used by the deployment tests (``tests/ops/spark/test_cluster.py``): jobs reach it with
+``bin/spark-submit --master`` :attr:`SparkCluster.master_url`. Needs Java 17.
+
+    with SparkCluster() as cluster:
+        subprocess.run([*cluster.submit_command(), "job.py"], check=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ops.testing.coordination import free_port
+from ops.testing.serverproc import WAIT_TIMEOUT_S, wait_until
+
+#: How long the master, then the worker, may each take to start and register: a JVM start-up
+#: on a busy 2-core machine took up to a minute.
+START_TIMEOUT_S = 2 * WAIT_TIMEOUT_S
+
+#: How long a stopped daemon may take to exit after SIGTERM before it is killed.
+STOP_TIMEOUT_S = 10.0
+
+
+def spark_home() -> Path:
+    """The ``SPARK_HOME`` the installed pyspark package carries (its ``bin/``, ``jars/``)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    return Path(_find_spark_home())
+
+
+def live_processes(groups: list[int]) -> list[int]:
+    """Pids of the processes (zombies aside) whose process group is one of ``groups``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # exited meanwhile
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.append(int(stat.parent.name))
+    return found
+
+
+class SparkCluster:
+    """A standalone master and one worker (``cores`` cores, ``memory``), each in its own
+    process group; ``stop()`` (or leaving the ``with`` block) kills both groups."""
+
+    def __init__(
+        self, cores: int = 1, memory: str = "1g", env: dict[str, str] | None = None
+    ) -> None:
+        """``env``: more environment for the daemons, which their executors inherit (e.g. a
+        ``PATH`` that decides what ``python3`` the executors run)."""
+        self.home = spark_home()
+        self.cores = cores
+        self.memory = memory
+        self.port = free_port()
+        self.webui_port = free_port()
+        self.worker_webui_port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="pidctl-spark-"))
+        self.processes: list[subprocess.Popen[bytes]] = []
+        # An empty configuration directory: no spark-defaults.conf or spark-env.sh of the
+        # machine changes what the tests see.
+        conf = self.directory / "conf"
+        conf.mkdir()
+        self.env = {
+            **os.environ,
+            "SPARK_HOME": str(self.home),
+            "SPARK_CONF_DIR": str(conf),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        # A port taken meanwhile must stop the daemon, not make it move silently to the next
+        # port (Spark's default: 16 retries), where the worker and spark-submit would not look.
+        no_retries = "-Dspark.port.maxRetries=0"
+        daemons = {"SPARK_MASTER_OPTS": no_retries, "SPARK_WORKER_OPTS": no_retries}
+        # The daemons' own environment must not hand a Python or a path to the executors.
+        for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH"):
+            self.env.pop(name, None)
+        self.daemon_env = {**self.env, **daemons, **(env or {})}
+
+    @property
+    def master_url(self) -> str:
+        """What ``spark-submit --master`` takes."""
+        return f"spark://127.0.0.1:{self.port}"
+
+    @property
+    def status_url(self) -> str:
+        """The master's state as JSON (workers, running and completed applications)."""
+        return f"http://127.0.0.1:{self.webui_port}/json"
+
+    def log(self, name: str) -> Path:
+        """``master.log`` or ``worker.log`` (stdout and stderr of the daemon)."""
+        return self.directory / name
+
+    def status(self) -> dict[str, Any]:
+        """The master's JSON status page, parsed."""
+        with urllib.request.urlopen(self.status_url, timeout=5) as response:
+            return dict(json.load(response))
+
+    def alive_workers(self) -> int:
+        """Workers the master counts as ALIVE (0 while the master is not answering)."""
+        try:
+            workers = self.status().get("workers", [])
+        except OSError:
+            return 0
+        return sum(1 for worker in workers if worker.get("state") == "ALIVE")
+
+    def applications(self, state: str = "completedapps") -> list[dict[str, Any]]:
+        """The master's ``activeapps`` or ``completedapps``."""
+        return list(self.status().get(state, []))
+
+    def _spawn(self, name: str, *arguments: str) -> subprocess.Popen[bytes]:
+        with open(self.log(f"{name}.log"), "wb") as log:
+            proc = subprocess.Popen(
+                [str(self.home / "bin" / "spark-class"), *arguments],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.daemon_env,
+                cwd=self.directory,
+                start_new_session=True,  # its own process group: the JVM and the script
+            )
+        self.processes.append(proc)
+        return proc
+
+    def _why(self, name: str) -> str:
+        """The daemon's first exception line (the cause, in one line), then where its log is."""
+        try:
+            lines = self.log(f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        cause = next((line.strip() for line in lines if "Exception:" in line), "no exception")
+        return f"{cause} (log: {self.log(f'{name}.log')})"
+
+    def _wait(self, proc: subprocess.Popen[bytes], name: str, condition: Any, what: str) -> None:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"spark {name} exited with {proc.returncode}: {self._why(name)}")
+            return bool(condition())
+
+        try:
+            wait_until(ready, what, timeout=START_TIMEOUT_S, poll=0.2)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: {self._why(name)}") from None
+
+    def start(self) -> SparkCluster:
+        """Start the master, then the worker; return once the worker is registered."""
+        try:
+            master = self._spawn(
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.webui_port),
+            )
+            self._wait(master, "master", self._answers, "spark master answering")
+            work_dir = self.directory / "work"
+            work_dir.mkdir()
+            worker = self._spawn(
+                "worker",
+                "org.apache.spark.deploy.worker.Worker",
+                self.master_url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--webui-port",
+                str(self.worker_webui_port),
+                "--work-dir",
+                str(work_dir),
+            )
+            self._wait(
+                worker, "worker", lambda: self.alive_workers() == 1, "spark worker registered"
+            )
+        except BaseException:
+            self.stop(keep_logs=True)
+            raise
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            self.status()
+        except OSError:
+            return False
+        return True
+
+    def submit_command(self) -> list[str]:
+        """``bin/spark-submit --master spark://...`` of the same SPARK_HOME; append options,
+        the job's script and its arguments."""
+        return [str(self.home / "bin" / "spark-submit"), "--master", self.master_url]
+
+    def submit_env(self, **extra: str) -> dict[str, str]:
+        """The environment for ``spark-submit``: this SPARK_HOME, loopback, plus ``extra``."""
+        return {**self.env, **extra}
+
+    def process_groups(self) -> list[int]:
+        """The process groups of the daemons started (a group's id is its leader's pid)."""
+        return [proc.pid for proc in self.processes]
+
+    def stop(self, keep_logs: bool = False) -> None:
+        """SIGTERM each daemon's process group, SIGKILL what is left after
+        :data:`STOP_TIMEOUT_S`, and wait (bounded) until no process of the groups is left;
+        remove the directory unless ``keep_logs``."""
+        groups = self.process_groups()
+        for proc in reversed(self.processes):  # the worker first
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(STOP_TIMEOUT_S)
+            # Executors the worker started live in its group too; make sure none outlives it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.processes.clear()
+        wait_until(
+            lambda: not live_processes(groups), "spark processes gone", timeout=STOP_TIMEOUT_S
+        )
+        if not keep_logs:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> SparkCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
