@@ -134,11 +134,10 @@ class SinkOptions:
         version = None
         if raw_version is not None:
             version = _positive(options, "txnVersion", 0, zero=True)
+        table = _option(options, "table")
         try:
             connection = client_settings(options)
-            table = check_identifier(_option(options, "table"))
-        except SinkOptionError:
-            raise
+            check_identifier(table)
         except ValueError as e:
             raise SinkOptionError(str(e)) from None
         return cls(

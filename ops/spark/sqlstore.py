@@ -65,6 +65,11 @@ def check_identifier(name: str) -> str:
     return name
 
 
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal (quotes doubled): for values the sink made itself."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def stage_table(table: str) -> str:
     """The staging table of ``table``: ``pidctl_stage_<table>``, or a hash of the name when
     that would exceed 63 characters."""
@@ -359,12 +364,14 @@ class SqlStore:
         stored = StoredProducer(*row) if row[2] >= 0 else None
         decision = decide(stored, producer_id, epoch, first_sequence, len(rows))
         if decision is Decision.APPEND:
-            names = [*map(check_identifier, columns), *AUDIT_COLUMNS, "pidctl_write_id"]
-            marks = ", ".join([self.placeholder] * len(names))
-            cursor = self.connection.cursor()
-            cursor.executemany(
-                f"INSERT INTO {stage_table(table)} ({', '.join(names)}) VALUES ({marks})",
-                [(*r, producer_id, first_sequence + i, write_id) for i, r in enumerate(rows)],
+            # The producer id and the write id are the same for every row of the batch: they
+            # are written into the statement once instead of bound once per row.
+            names = [*map(check_identifier, columns), "pidctl_sequence"]
+            values = [self.placeholder] * len(names) + [str(int(producer_id)), _literal(write_id)]
+            self.connection.cursor().executemany(
+                f"INSERT INTO {stage_table(table)} ({', '.join(names)}, pidctl_producer_id,"
+                f" pidctl_write_id) VALUES ({', '.join(values)})",
+                [(*r, sequence) for sequence, r in enumerate(rows, first_sequence)],
             )
             self.execute(
                 "UPDATE pidctl_sink_producers SET producer_epoch = ?, last_batch_first_sequence"

@@ -212,6 +212,14 @@ def test_options_are_checked(spark: Any, pidctl: ServerProcess, tmp_path: Path) 
         PidctlSqlSink(base).writer(df.schema, True)
     with pytest.raises(SinkOptionError, match="batchSize must be a positive integer"):
         PidctlSqlSink({**base, "batchSize": "0"}).writer(df.schema, False)
+    with pytest.raises(SinkOptionError, match="txnAppId and txnVersion go together"):
+        PidctlSqlSink({**base, "txnAppId": "nightly"}).writer(df.schema, False)
+    with pytest.raises(SinkOptionError, match="txnVersion must be a non-negative integer"):
+        PidctlSqlSink({**base, "txnAppId": "a", "txnVersion": "v1"}).writer(df.schema, False)
+    with pytest.raises(SinkOptionError, match="abandonedAfterSeconds must be a non-negative"):
+        PidctlSqlSink({**base, "abandonedAfterSeconds": "-1"}).writer(df.schema, False)
+    with pytest.raises(SinkOptionError, match=r"txnAppId/txnVersion apply to batch writes"):
+        PidctlSqlSink({**base, "txnAppId": "a", "txnVersion": "1"}).streamWriter(df.schema, False)
 
 
 @pytest.fixture(scope="module")
