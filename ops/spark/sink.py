@@ -191,6 +191,7 @@ def stage_partition(
     """Stage one partition's rows, batch by batch; the same rows give the same batches."""
     producer_id, epoch = producer
     names = [c.name for c in columns]
+    store.stage_without_syncing()
     written = duplicates = sequence = 0
     for batch in batches(rows, options.batch_size, row_converter(columns)):
         decision = store.apply_batch(

@@ -158,6 +158,13 @@ class SqlStore:
     def lock_schema(self) -> None:
         """Serialise table creation between concurrent drivers (PostgreSQL)."""
 
+    def stage_without_syncing(self) -> None:
+        """Let this connection's commits return before they reach the disk. For the tasks'
+        staging connections only: a staged batch lost in a crash of the database takes its
+        producer state with it (one transaction), so the publish finds the states short of
+        the tasks' reports and refuses; the publish itself commits durably, which also makes
+        every staged batch before it durable (one log, in order). It saves one sync per batch."""
+
     def _transaction(self, work: Any, *args: Any) -> Any:
         try:
             self.begin()
@@ -511,6 +518,11 @@ class SqliteStore(SqlStore):
         connection.execute("PRAGMA synchronous=FULL")
         super().__init__(_SqliteAutocommit(connection))
 
+    def stage_without_syncing(self) -> None:
+        # WAL with synchronous=NORMAL: commits are not synced; a later synced commit (the
+        # publish) syncs the log up to it, and a crash loses a suffix of transactions only.
+        self.connection.raw.execute("PRAGMA synchronous=NORMAL")
+
     def begin(self) -> None:
         # BEGIN IMMEDIATE: the write lock before anything is read, so every transaction of the
         # sink (a batch, a publish, an abort) runs alone, in the order it began.
@@ -550,6 +562,12 @@ class PostgresStore(SqlStore):
         import psycopg
 
         super().__init__(psycopg.connect(url))
+
+    def stage_without_syncing(self) -> None:
+        # Asynchronous commit: a crash may lose the last transactions, never part of one;
+        # the publish's synchronous commit flushes the WAL up to it, staged batches included.
+        self.execute("SET synchronous_commit TO OFF")
+        self.connection.commit()
 
     def lock_schema(self) -> None:
         # CREATE ... IF NOT EXISTS races with itself in PostgreSQL (a unique violation in

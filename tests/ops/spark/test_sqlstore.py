@@ -234,3 +234,20 @@ def _wait_blocked(store: SqlStore, thread: threading.Thread) -> None:
     else:
         thread.join(0.5)
     assert thread.is_alive(), "the abort did not wait for the batch in flight"
+
+
+def test_staging_connections_do_not_sync_each_batch_and_the_publish_does(url: str) -> None:
+    """A task's batches need not reach the disk one by one (the publish checks the states and
+    syncs everything before it); every other connection commits durably."""
+    staging, publishing = open_store(url), open_store(url)
+    try:
+        staging.stage_without_syncing()
+        if staging.dialect == "sqlite":
+            query, relaxed, durable = "PRAGMA synchronous", (1,), (2,)  # NORMAL, FULL
+        else:
+            query, relaxed, durable = "SHOW synchronous_commit", ("off",), ("on",)
+        assert tuple(staging.execute(query).fetchone()) == relaxed
+        assert tuple(publishing.execute(query).fetchone()) == durable
+    finally:
+        staging.close()
+        publishing.close()
