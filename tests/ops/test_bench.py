@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ops.bench import faults, loadgen, suite
+from ops.bench import faults, loadgen, profile, suite
 from ops.bench.ceiling import canned_responses
 from ops.bench.suite import chart
 from ops.testing.serverproc import ServerProcess
@@ -90,3 +90,18 @@ def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture
     # A fault not reached in time is tried again (at most as often as faults were asked for).
     assert result["faults_injected"] >= 1
     assert result["faults_injected"] + result["faults_not_reached"] >= 3
+
+
+def test_profile_summary_of_py_spy_raw_stacks() -> None:
+    raw = (
+        "thread (1): MainThread;run (trio/_run.py);handle (controller/api/handlers.py) 6\n"
+        "thread (1): MainThread;run (trio/_run.py);encode (protocol/codec.py) 2\n"
+        "thread (1): MainThread;run (trio/_run.py) 4\n"
+        "thread (2): Trio thread 0;_work (trio/_thread_cache.py) 8\n"
+    )
+    summary = profile.summarise(raw, top=2).splitlines()
+    assert summary[0] == "thread (1): MainThread: 12 samples (60% of all)"
+    # The two functions with most samples of their own, with the share they are on the stack.
+    assert summary[2].split() == ["50.0%", "50.0%", "handle", "(controller/api/handlers.py)"]
+    assert summary[3].split() == ["33.3%", "100.0%", "run", "(trio/_run.py)"]
+    assert summary[4] == "thread (2): Trio thread 0: 8 samples (40% of all)"
