@@ -122,29 +122,24 @@ def main(argv: list[str] | None = None) -> None:
     raw_path = args.out / f"profile-{args.row}{'-ceiling' * args.ceiling}.txt"
     flags = ["--threads", "--rate", str(args.rate), "--format", "raw", "--nolineno"]
     flags += ["--gil"] * args.gil + ["--native"] * args.native + ["--idle"] * args.idle
-    limits = STORM_LIMITS if args.row == "storm" else ()
-    with (
-        tempfile.TemporaryDirectory(dir=ROOT) as tmp,
-        ServerProcess(Path(tmp) / "d", *limits) as server,
-    ):
-        assert server.proc is not None
+    load = list(SCENARIOS[args.row])
+    if args.ceiling:
+        load += ["--no-unique-check"] + ["--no-register"] * args.row.startswith("allocate")
+        if args.row.startswith("transactional"):
+            load[1] = "idempotent"  # the row's baseline: the ceiling's InitProducerId
+    if args.row == "storm":
+        load += ["--storm", str(args.storm)]
+    else:
+        load += ["--seconds", str(args.seconds)]
+    with _server(args.row, args.ceiling) as (bootstrap, pid):
         recorder = subprocess.Popen(
-            [spy, "record", "--pid", str(server.proc.pid), "-o", str(raw_path), *flags],
+            [spy, "record", "--pid", str(pid), "-o", str(raw_path), *flags],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
         try:
-            if args.row == "storm":
-                result = run_json("ops.bench.loadgen", server.bootstrap, "--storm", str(args.storm))
-            else:
-                result = run_json(
-                    "ops.bench.loadgen",
-                    server.bootstrap,
-                    *SCENARIOS[args.row],
-                    "--seconds",
-                    str(args.seconds),
-                )
+            result = run_json("ops.bench.loadgen", bootstrap, *load)
         finally:
             recorder.send_signal(signal.SIGINT)
             _, errors = recorder.communicate(timeout=120)
