@@ -127,7 +127,8 @@ def _parse_header(frame: bytes, api_key: int, api_version: int) -> tuple[Request
 _LENGTH = struct.Struct(">i")
 
 # Precompiled answers of the hot APIs (every producer's InitProducerId, every broker's
-# AllocateProducerIds): one struct.pack instead of kio's generic, field-by-field writer.
+# AllocateProducerIds): one struct.pack instead of kio's generic, field-by-field writer;
+# ApiVersions (every connection's first request): its body's bytes cached per body.
 # Length, correlation id, [tagged fields of a v1 header], the body, [its tagged fields]; the
 # tests check them byte for byte against kio's encoders.
 _INIT_PRODUCER_ID_V0 = struct.Struct(">iiihqh")  # v0-v1: not flexible
@@ -179,11 +180,44 @@ def _allocate_producer_ids_v0(correlation_id: int, body: Any) -> bytes:
     )
 
 
+#: Distinct ApiVersions bodies whose encoding is kept (a handful are ever made: one per
+#: version, with and without an error); past the bound the rest are encoded each time.
+MAX_CACHED_API_VERSIONS_BODIES = 64
+_RESPONSE_HEADER_V0 = struct.Struct(">ii")  # length, correlation id
+# Keyed by id() first (the server answers with the same few body objects, kept alive here, so
+# their ids are not reused), then by equality: hashing a body's fields costs ~4 us.
+_api_versions_by_id: dict[int, tuple[Any, bytes]] = {}
+_api_versions_bodies: dict[Any, bytes] = {}
+
+
+def _api_versions(correlation_id: int, body: Any) -> bytes:
+    """ApiVersions answers are the same for every connection asking at one version: the
+    body's bytes are encoded once (kio's writer) and kept; only the header is packed per
+    answer. The response header is v0 at every ApiVersions version (KIP-511), so a client
+    can always read it."""
+    known = _api_versions_by_id.get(id(body))
+    if known is not None and known[0] is body:
+        encoded = known[1]
+    else:
+        encoded = _api_versions_bodies.get(body) or _encode_body(body)
+        if len(_api_versions_by_id) < MAX_CACHED_API_VERSIONS_BODIES:
+            _api_versions_bodies.setdefault(body, encoded)
+            _api_versions_by_id[id(body)] = (body, encoded)
+    return _RESPONSE_HEADER_V0.pack(len(encoded) + 4, correlation_id) + encoded
+
+
+def _encode_body(body: Any) -> bytes:
+    buffer = io.BytesIO()
+    entity_writer(type(body))(buffer, body)
+    return buffer.getvalue()
+
+
 PRECOMPILED_RESPONSES: dict[tuple[int, int], Callable[[int, Any], bytes]] = {
     (ApiKey.INIT_PRODUCER_ID, 0): _init_producer_id_v0,
     (ApiKey.INIT_PRODUCER_ID, 1): _init_producer_id_v0,
     **{(ApiKey.INIT_PRODUCER_ID, v): _init_producer_id_v2 for v in range(2, 6)},
     (ApiKey.ALLOCATE_PRODUCER_IDS, 0): _allocate_producer_ids_v0,
+    **{(ApiKey.API_VERSIONS, v): _api_versions for v in range(5)},
 }
 
 
@@ -192,7 +226,8 @@ def encode_response(header: RequestHeader, body: ResponsePayload) -> bytes:
 
     The response header version follows the body's own API version, so the ApiVersions
     fallback (a v0 body for a request of another version) gets the v0 header it needs.
-    InitProducerId and AllocateProducerIds answers are packed by precompiled structs.
+    InitProducerId and AllocateProducerIds answers are packed by precompiled structs;
+    ApiVersions answers reuse their body's cached bytes.
     """
     precompiled = PRECOMPILED_RESPONSES.get((body.__api_key__, body.__version__))
     if precompiled is not None:

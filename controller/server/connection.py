@@ -168,7 +168,8 @@ class ConnectionServer:
             answers, closed, throttle, info = await self._answer(connection, sasl, info)
             if answers.data:
                 try:
-                    await self.wait_durable(answers.durable_offset)
+                    if answers.durable_offset != NO_WAIT:  # (ApiVersions and the like: no call)
+                        await self.wait_durable(answers.durable_offset)
                     await stream.send_all(b"".join(answers.data))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return "broken"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -42,9 +43,23 @@ def rss_kib(pid: int | str = "self") -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far, in seconds."""
+    # /proc/PID/stat: the command (field 2) may hold spaces; utime and stime are fields 14, 15.
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
 def ceiling_server() -> Iterator[str]:
     """ops/bench/ceiling.py on a free loopback port; yields its HOST:PORT."""
+    with ceiling_process() as (address, _):
+        yield address
+
+
+@contextmanager
+def ceiling_process() -> Iterator[tuple[str, int]]:
+    """:func:`ceiling_server`, yielding its HOST:PORT and its process id (for a profiler)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
@@ -53,7 +68,7 @@ def ceiling_server() -> Iterator[str]:
     )
     try:
         assert proc.stdout is not None
-        yield f"127.0.0.1:{int(proc.stdout.readline())}"
+        yield f"127.0.0.1:{int(proc.stdout.readline())}", proc.pid
     finally:
         proc.kill()
         proc.wait()

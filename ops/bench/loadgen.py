@@ -32,7 +32,8 @@ def _factory(scenario: str, broker_base: int, epochs: dict[int, int]) -> Request
     if scenario == "idempotent":
         return lambda c, i: requests.init_producer_id(None)
     if scenario == "transactional":
-        return lambda c, i: requests.init_producer_id(f"bench-{c}-{i % 64}")
+        # Each connection re-initialises its own transactional id (durable every time).
+        return lambda c, i: requests.init_producer_id(f"bench-{c}")
     # allocate: each connection is one broker, registered first by _register.
     return lambda c, i: requests.allocate(broker_base + c, epochs[c])
 
@@ -122,8 +123,12 @@ async def run(
     check_unique: bool = True,
     broker_base: int = 10_000,
     max_requests: int = 10_000_000,
+    register: bool = True,
 ) -> dict[str, float]:
-    """Load for ``seconds`` (and at most ``max_requests``); raise on any unexpected answer."""
+    """Load for ``seconds`` (and at most ``max_requests``); raise on any unexpected answer.
+
+    ``register=False``: the allocate scenario sends its requests without registering the
+    brokers first (for the framing ceiling, which answers any AllocateProducerIds)."""
     address = HostPort.parse(bootstrap)
     host, port = address.host, address.port
     epochs: dict[int, int] = {}
@@ -131,6 +136,9 @@ async def run(
     latencies: list[float] = []
     pids: set[tuple[int, int]] | None = set() if check_unique else None
     if scenario == "allocate":
+        for index in range(connections):
+            epochs[index] = 0
+    if scenario == "allocate" and register:
         for index in range(connections):
             epochs[index] = await _register(host, port, broker_base + index)
     started = time.perf_counter()
@@ -170,11 +178,12 @@ async def run(
 
 
 async def storm(
-    bootstrap: str, producers: int, spread_s: float, deadline_s: float
+    bootstrap: str, producers: int, spread_s: float, deadline_s: float, check_unique: bool = True
 ) -> dict[str, Any]:
-    """``producers`` idempotent producers connect within ``spread_s`` seconds, each asking
-    for a PID and retrying COORDINATOR_LOAD_IN_PROGRESS (the only error allowed) 50 ms later,
-    as clients do. Reports when the last one was served."""
+    """``producers`` idempotent producers connect within ``spread_s`` seconds, each on its own
+    connection: an ApiVersions request, then an InitProducerId, retried 50 ms later on
+    COORDINATOR_LOAD_IN_PROGRESS (the only error allowed), as clients do. Reports when the
+    last one was served, and ``curve``: (seconds, fraction served) at every 5 %."""
     address = HostPort.parse(bootstrap)
     host, port = address.host, address.port
     served: list[float] = []
@@ -188,12 +197,17 @@ async def storm(
         stream = await trio.open_tcp_stream(host, port)
         protocol = ClientProtocol(f"storm-{index}")
         async with stream:
+            _, data = protocol.send(requests.api_versions())
+            await stream.send_all(data)
+            versions = await _one(stream, protocol)
+            if versions.error_code != 0:
+                raise RuntimeError(f"ApiVersions refused: {versions.error_code!r}")
             while True:
                 _, data = protocol.send(requests.init_producer_id(None))
                 await stream.send_all(data)
                 response = await _one(stream, protocol)
                 if response.error_code == 0:
-                    if response.producer_id in pids:
+                    if check_unique and response.producer_id in pids:
                         raise RuntimeError(f"producer id {response.producer_id} handed out twice")
                     pids.add(response.producer_id)
                     served.append(time.perf_counter() - started)
@@ -215,6 +229,10 @@ async def storm(
         "p50_s": served[len(served) // 2],
         "p99_s": served[int(0.99 * (len(served) - 1))],
         "retries_14": retries,
+        "curve": [
+            (served[min(len(served) - 1, round(f * len(served)))], f)
+            for f in (i / 20 for i in range(21))
+        ],
     }
 
 
@@ -238,11 +256,20 @@ def main() -> None:
         "--storm",
         type=int,
         metavar="PRODUCERS",
-        help="instead: PRODUCERS producers connect within one second",
+        help="instead: PRODUCERS producers connect within --storm-spread seconds",
+    )
+    parser.add_argument("--storm-spread", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument(
+        "--no-register",
+        action="store_true",
+        help="allocate scenario: do not register the brokers first (for the ceiling)",
     )
     args = parser.parse_args()
     if args.storm:
-        json.dump(trio.run(storm, args.bootstrap, args.storm, 1.0, 60.0), sys.stdout)
+        result = trio.run(
+            storm, args.bootstrap, args.storm, args.storm_spread, 120.0, not args.no_unique_check
+        )
+        json.dump(result, sys.stdout)
         return
     result = trio.run(
         run,
@@ -253,6 +280,8 @@ def main() -> None:
         args.seconds,
         not args.no_unique_check,
         args.broker_base,
+        10_000_000,
+        not args.no_register,
     )
     json.dump(result, sys.stdout)
 

@@ -1,8 +1,28 @@
-"""Every benchmark scenario with its baselines, in one run: a table, a JSON file and a chart.
+"""Every benchmark scenario with its baselines, in one run: a table, a JSON file and charts.
 
-    python -m ops.bench.suite [--seconds 3] [--history 10000000] [--out ops/bench/results]
+    python -m ops.bench.suite [--seconds 3] [--only ROW[,ROW]] [--hog] [--out ops/bench/results]
 
-Baselines measured in the same run on the same machine:
+Each row is a ratio to a baseline measured in the same run, on the same machine. The rows of
+issue 17 (the request path), each runnable alone with ``--only``:
+
+- ``idempotent-16x1``, ``idempotent-16x8``: InitProducerId without a transactional id, 16
+  connections with 1 (8) requests in flight, against the framing ceiling answering
+  InitProducerId;
+- ``allocate-durable-16x1``: durable AllocateProducerIds from 16 brokers, against the ceiling
+  answering AllocateProducerIds (and its p50/p99);
+- ``transactional-16x1``: 16 connections each re-initialising its own transactional id
+  (durable each time), against the ceiling's InitProducerId;
+- ``storm``: 10,000 producers, each on its own connection, ApiVersions then InitProducerId,
+  all started within 1 s: the time until the last is served, against the ceiling (a minimal
+  trio server) with the same client;
+- ``memory-per-transactional-id``: RSS per transactional id with 100,000 ids, against the
+  same server's RSS without any.
+
+The throughput rows are measured at 1, 4 and 16 connections, for a latency-vs-throughput
+chart per scenario (``<row>.png``; the storm's chart is the fraction served over time).
+
+Further rows: ``disk``, ``zookeeper``, ``grants``, ``fleet``, ``spark``, ``restart``.
+Baselines of those:
 - framing ceiling: ops/bench/ceiling.py answers every frame with a fixed pre-encoded response;
 - disk: grant-sized appends with an fdatasync each, and one per group of 8 and of 64;
 - the seed's design: blocks allocated by a conditional setData on ZooKeeper's
@@ -20,18 +40,32 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import ROOT, ceiling_server, rss_kib, run_json
+from ops.bench.common import ROOT, ceiling_process, ceiling_server, cpu_seconds, rss_kib, run_json
 from ops.bench.core import build_history, disk_rate, time_restart
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
 from ops.testing.serverproc import ServerProcess
 
-STORM_LIMITS = ("--max-connections", "30000", "--max-connections-per-address", "30000")
+#: The storm opens --storm connections from one address (the defaults would refuse most);
+#: within a 20,000 file-descriptor limit.
+STORM_LIMITS = ("--max-connections", "15000", "--max-connections-per-address", "15000")
+#: Connections of the points of each latency-vs-throughput curve; the row's figure is the last.
+CURVE_CONNECTIONS = (1, 4, 16)
+#: Colours of the charts: pidctl, and the baseline of the same run.
+PIDCTL_COLOUR, BASELINE_COLOUR = "#2b6cb0", "#999999"
+#: What ``--short`` sets.
+SHORT: dict[str, Any] = {"seconds": 0.3, "storm": 200, "transactional_ids": 2_000}
 
 
 def loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
@@ -121,220 +155,442 @@ def build_transactional_ids(data_dir: Path, count: int) -> None:
     trio.run(main)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--history", type=int, default=10_000_000)
-    parser.add_argument("--transactional-ids", type=int, default=1_000_000)
-    parser.add_argument("--storm", type=int, default=10_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
-    args = parser.parse_args()
-    from pidctl.controller.server.logs import configure_logging
+@dataclass
+class Run:
+    """One suite run: options, a scratch directory, the rows measured so far."""
 
-    configure_logging("console", "warning")  # the in-process log builders stay quiet
-    secs = str(args.seconds)
-    results: dict[str, Any] = {"seconds_per_run": args.seconds, "rows": []}
-    rows: list[dict[str, Any]] = results["rows"]
+    args: argparse.Namespace
+    tmp: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    _brokers: int = 0
 
-    def row(group: str, name: str, per_second: float | None, **extra: Any) -> None:
-        rows.append({"group": group, "name": name, "per_second": per_second, **extra})
+    @property
+    def secs(self) -> str:
+        return str(self.args.seconds)
+
+    def row(self, group: str, name: str, per_second: float | None, **extra: Any) -> None:
+        """Record and print one row."""
+        self.rows.append({"group": group, "name": name, "per_second": per_second, **extra})
         shown = f"{per_second:>10,.0f}/s" if per_second is not None else " " * 12
         details = "  ".join(
-            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in extra.items()
+            if not isinstance(v, list | dict)
         )
         print(f"{group:<14} {name:<44} {shown}  {details}", flush=True)
 
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name:
-        tmp = Path(tmp_name)
-        # -- framing ceiling and InitProducerId ------------------------------------------
-        ceilings: dict[tuple[int, int], float] = {}
-        with ceiling_server() as ceiling_addr, ServerProcess(tmp / "init", *STORM_LIMITS) as server:
-            for conns in (1, 16, 64):
-                for depth in (1, 8):
-                    flags = [
-                        "--connections",
-                        str(conns),
-                        "--in-flight",
-                        str(depth),
-                        "--seconds",
-                        secs,
-                    ]
-                    base = loadgen(ceiling_addr, *flags, "--no-unique-check")
-                    ceilings[(conns, depth)] = base["per_second"]
-                    row(
-                        "ceiling",
-                        f"fixed answer, {conns} conn x {depth} in flight",
-                        base["per_second"],
-                        p50_ms=base["p50_ms"],
-                        p99_ms=base["p99_ms"],
-                        p999_ms=base["p999_ms"],
-                    )
-                    r = loadgen(server.bootstrap, *flags, "--scenario", "idempotent")
-                    row(
-                        "idempotent",
-                        f"InitProducerId, {conns} conn x {depth} in flight",
-                        r["per_second"],
-                        p50_ms=r["p50_ms"],
-                        p99_ms=r["p99_ms"],
-                        p999_ms=r["p999_ms"],
-                        vs_ceiling=r["per_second"] / base["per_second"],
-                    )
+    def broker_base(self) -> str:
+        """Broker ids no earlier load of this run registered."""
+        self._brokers += 1
+        return str(10_000 * self._brokers)
+
+    @cached_property
+    def disk(self) -> dict[int, float]:
+        return {g: disk_rate(self.tmp, g, self.args.seconds) for g in (1, 8, 64)}
+
+    @cached_property
+    def zookeeper(self) -> dict[int, float]:
+        if not ZOOKEEPER.exists():
+            return {}
+        with ZooKeeperProcess(self.tmp / "zk") as zk:
+            return {
+                n: zookeeper_allocations_per_second(zk.hosts, n, self.args.seconds)
+                for n in (1, 4, 16)
+            }
+
+
+def _latencies(r: dict[str, Any]) -> dict[str, Any]:
+    return {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "p999_ms": r["p999_ms"]}
+
+
+def _curves(
+    run: Run,
+    key: str,
+    title: str,
+    scenario: str,
+    in_flight: int,
+    ceiling_scenario: str,
+    ceiling_flags: tuple[str, ...] = (),
+) -> None:
+    """A throughput row: pidctl and the ceiling at each of CURVE_CONNECTIONS, alternately
+    (so that a busy spell of the machine falls on both), a chart, and the last point's ratio."""
+    points: dict[str, list[dict[str, Any]]] = {"pidctl": [], "ceiling": []}
+    with ceiling_server() as ceiling, ServerProcess(run.tmp / key) as server:
+        for conns in run.args.points:
+            flags = (
+                "--connections",
+                str(conns),
+                "--in-flight",
+                str(in_flight),
+                "--seconds",
+                run.secs,
+            )
+            base = loadgen(
+                ceiling, *flags, "--scenario", ceiling_scenario, "--no-unique-check", *ceiling_flags
+            )
+            mine = loadgen(
+                server.bootstrap, *flags, "--scenario", scenario, "--broker-base", run.broker_base()
+            )
+            points["ceiling"].append({"connections": conns, **base})
+            points["pidctl"].append({"connections": conns, **mine})
+    base, mine = points["ceiling"][-1], points["pidctl"][-1]
+    conns = run.args.points[-1]
+    run.row(
+        "ceiling",
+        f"fixed {ceiling_scenario} answer, {conns} conn x {in_flight}",
+        base["per_second"],
+        **_latencies(base),
+    )
+    run.row(
+        key,
+        title,
+        mine["per_second"],
+        **_latencies(mine),
+        ratio=mine["per_second"] / base["per_second"],
+        baseline="framing ceiling",
+        curve=points,
+    )
+    curve_chart(title, points, run.args.out / f"{key}.png")
+
+
+def row_idempotent_16x1(run: Run) -> None:
+    _curves(run, "idempotent-16x1", "InitProducerId, 16 conn x 1", "idempotent", 1, "idempotent")
+
+
+def row_idempotent_16x8(run: Run) -> None:
+    _curves(run, "idempotent-16x8", "InitProducerId, 16 conn x 8", "idempotent", 8, "idempotent")
+
+
+def row_allocate_durable(run: Run) -> None:
+    _curves(
+        run,
+        "allocate-durable-16x1",
+        "durable AllocateProducerIds, 16 brokers x 1",
+        "allocate",
+        1,
+        "allocate",
+        ("--no-register",),
+    )
+
+
+def row_transactional(run: Run) -> None:
+    _curves(
+        run,
+        "transactional-16x1",
+        "InitProducerId, own transactional id, 16 conn x 1",
+        "transactional",
+        1,
+        "idempotent",
+    )
+
+
+def row_storm(run: Run) -> None:
+    """The start-up storm against the ceiling with the same client; ratio = time until the
+    last producer is served, pidctl's over the ceiling's (lower is better)."""
+    producers = str(run.args.storm)
+    # Both servers are usually waiting for the client (10,000 connections from one Python
+    # process); the CPU time each server used is the per-connection work itself.
+    with ceiling_process() as (ceiling, pid):
+        before = cpu_seconds(pid)
+        base = loadgen(ceiling, "--storm", producers, "--no-unique-check")
+        base_cpu = cpu_seconds(pid) - before
+    with ServerProcess(run.tmp / "storm", *STORM_LIMITS) as server:
+        assert server.proc is not None
+        before = cpu_seconds(server.proc.pid)
+        mine = loadgen(server.bootstrap, "--storm", producers)
+        mine_cpu = cpu_seconds(server.proc.pid) - before
+    run.row(
+        "ceiling",
+        f"storm: {run.args.storm:,} producers, minimal server",
+        None,
+        last_served_s=base["last_served_s"],
+        p50_s=base["p50_s"],
+        p99_s=base["p99_s"],
+        server_cpu_s=base_cpu,
+    )
+    run.row(
+        "storm",
+        f"{run.args.storm:,} producers connect within 1 s",
+        None,
+        served=mine["served"],
+        last_served_s=mine["last_served_s"],
+        p50_s=mine["p50_s"],
+        p99_s=mine["p99_s"],
+        retries_14=mine["retries_14"],
+        server_cpu_s=mine_cpu,
+        cpu_ratio=mine_cpu / max(base_cpu, 0.01),
+        ratio=mine["last_served_s"] / base["last_served_s"],
+        baseline="minimal trio server, same client (time ratio: lower is better)",
+        curve={"pidctl": mine["curve"], "ceiling": base["curve"]},
+    )
+    storm_chart(run.args.storm, mine["curve"], base["curve"], run.args.out / "storm.png")
+
+
+def row_memory(run: Run) -> None:
+    """RSS per transactional id: the server holding ``--transactional-ids`` ids against the
+    same server started on an empty data dir (both just after start-up)."""
+    count = run.args.transactional_ids
+    empty = ServerProcess(run.tmp / "empty").start()
+    assert empty.proc is not None
+    empty_kib = rss_kib(empty.proc.pid)
+    empty.kill()
+    build_transactional_ids(run.tmp / "txn", count)
+    held = ServerProcess(run.tmp / "txn").start(timeout=600)
+    assert held.proc is not None
+    held_kib = rss_kib(held.proc.pid)
+    held.kill()
+    run.row(
+        "memory-per-transactional-id",
+        f"RSS with {count:,} transactional ids",
+        None,
+        rss_mib=held_kib / 1024,
+        empty_rss_mib=empty_kib / 1024,
+        bytes_per_id=(held_kib - empty_kib) * 1024 / count,
+        ratio=held_kib / empty_kib,
+        baseline="the same server's RSS without ids",
+    )
+
+
+def row_disk(run: Run) -> None:
+    for g, rate in run.disk.items():
+        run.row("disk", f"150 B appends, one fdatasync per {g}", rate)
+
+
+def row_zookeeper(run: Run) -> None:
+    for n, rate in run.zookeeper.items():
+        run.row("zookeeper", f"conditional setData, {n} allocators", rate)
+
+
+def row_grants(run: Run) -> None:
+    with ServerProcess(run.tmp / "grants") as server:
+        for n in (1, 4, 16):
             r = loadgen(
                 server.bootstrap,
                 "--connections",
-                "16",
+                str(n),
                 "--seconds",
-                secs,
+                run.secs,
                 "--scenario",
-                "transactional",
+                "allocate",
+                "--broker-base",
+                run.broker_base(),
             )
-            row(
-                "transactional",
-                "InitProducerId, 16 conn x 1 (each durable)",
-                r["per_second"],
-                p50_ms=r["p50_ms"],
-                p99_ms=r["p99_ms"],
-                p999_ms=r["p999_ms"],
-                vs_ceiling=r["per_second"] / ceilings[(16, 1)],
-            )
-
-        # -- durable grants against the disk and ZooKeeper ----------------------------------
-        disk = {g: disk_rate(tmp, g, args.seconds) for g in (1, 8, 64)}
-        for g, rate in disk.items():
-            row("disk", f"150 B appends, one fdatasync per {g}", rate)
-        zk_rates: dict[int, float] = {}
-        if ZOOKEEPER.exists():
-            with ZooKeeperProcess(tmp / "zk") as zk:
-                for n in (1, 4, 16):
-                    zk_rates[n] = zookeeper_allocations_per_second(zk.hosts, n, args.seconds)
-                    row("zookeeper", f"conditional setData, {n} allocators", zk_rates[n])
-        with ServerProcess(tmp / "grants") as server:
-            for n in (1, 4, 16):
-                r = loadgen(
-                    server.bootstrap,
-                    "--connections",
-                    str(n),
-                    "--seconds",
-                    secs,
-                    "--scenario",
-                    "allocate",
-                    "--broker-base",
-                    str(1000 * n),
-                )
-                extra: dict[str, Any] = {
-                    "p50_ms": r["p50_ms"],
-                    "p99_ms": r["p99_ms"],
-                    "p999_ms": r["p999_ms"],
-                    "vs_group_commit_64": r["per_second"] / disk[64],
-                }
-                if n in zk_rates:
-                    extra["vs_zookeeper"] = r["per_second"] / zk_rates[n]
-                row("grants", f"AllocateProducerIds, {n} brokers", r["per_second"], **extra)
-
-        # -- a fleet of three controllers leasing from etcd -----------------------------------
-        fleet = run_json("ops.bench.fleet", "--seconds", secs, "--brokers", "16")
-        for key, name in (
-            ("single_local", "1 controller, no etcd (baseline)"),
-            ("single_etcd", "1 controller leasing from etcd"),
-            ("fleet_of_3", "3 controllers leasing from one etcd"),
-        ):
-            r = fleet[key]
-            extra = {
-                "p99_ms": r["p99_ms"],
-                "vs_single": r["grants_per_second"] / fleet["single_local"]["grants_per_second"],
+            extra: dict[str, Any] = {
+                **_latencies(r),
+                "vs_group_commit_64": r["per_second"] / run.disk[64],
             }
-            if key == "fleet_of_3":
-                extra["etcd_txns_per_million_pids"] = r["etcd_transactions_per_million_pids"]
-            row(
-                "fleet", f"AllocateProducerIds, 16 brokers: {name}", r["grants_per_second"], **extra
-            )
+            if n in run.zookeeper:
+                extra["vs_zookeeper"] = r["per_second"] / run.zookeeper[n]
+            run.row("grants", f"AllocateProducerIds, {n} brokers", r["per_second"], **extra)
 
-        # -- Spark: driver-side preallocation and the exactly-once sink -----------------------
-        spark = run_json("ops.bench.spark")
-        driver = spark["driver"]
-        row(
+
+def row_fleet(run: Run) -> None:
+    fleet = run_json("ops.bench.fleet", "--seconds", run.secs, "--brokers", "16")
+    for key, name in (
+        ("single_local", "1 controller, no etcd (baseline)"),
+        ("single_etcd", "1 controller leasing from etcd"),
+        ("fleet_of_3", "3 controllers leasing from one etcd"),
+    ):
+        r = fleet[key]
+        extra = {
+            "p99_ms": r["p99_ms"],
+            "vs_single": r["grants_per_second"] / fleet["single_local"]["grants_per_second"],
+        }
+        if key == "fleet_of_3":
+            extra["etcd_txns_per_million_pids"] = r["etcd_transactions_per_million_pids"]
+        run.row(
+            "fleet", f"AllocateProducerIds, 16 brokers: {name}", r["grants_per_second"], **extra
+        )
+
+
+def row_spark(run: Run) -> None:
+    spark = run_json("ops.bench.spark")
+    driver = spark["driver"]
+    run.row(
+        "spark",
+        "preallocate 1,000 partitions (1 request)",
+        None,
+        ms=driver["preallocate_1000_s"] * 1000,
+        init_producer_id_each_ms=driver["init_producer_id_x1000_s"] * 1000,
+    )
+    run.row(
+        "spark",
+        "preallocate 100,000 partitions (100 pipelined)",
+        None,
+        ms=driver["preallocate_100000_s"] * 1000,
+    )
+    for backend in ("sqlite", "postgresql"):
+        r = spark[backend]
+        run.row(
             "spark",
-            "preallocate 1,000 partitions (1 request)",
-            None,
-            ms=driver["preallocate_1000_s"] * 1000,
-            init_producer_id_each_ms=driver["init_producer_id_x1000_s"] * 1000,
-        )
-        row(
-            "spark",
-            "preallocate 100,000 partitions (100 pipelined)",
-            None,
-            ms=driver["preallocate_100000_s"] * 1000,
-        )
-        for backend in ("sqlite", "postgresql"):
-            r = spark[backend]
-            row(
-                "spark",
-                f"exactly-once sink, {backend}, rows/s",
-                r["exactly_once_rows_per_s"],
-                vs_plain_append=r["exactly_once_vs_plain"],
-            )
-
-        # -- start-up storm -------------------------------------------------------------------
-        with ServerProcess(tmp / "storm", *STORM_LIMITS) as server:
-            storm = loadgen(server.bootstrap, "--storm", str(args.storm))
-        row(
-            "storm",
-            f"{args.storm:,} producers connect within 1 s",
-            None,
-            served=storm["served"],
-            last_served_s=storm["last_served_s"],
-            p50_s=storm["p50_s"],
-            p99_s=storm["p99_s"],
-            retries_14=storm["retries_14"],
+            f"exactly-once sink, {backend}, rows/s",
+            r["exactly_once_rows_per_s"],
+            vs_plain_append=r["exactly_once_vs_plain"],
         )
 
-        # -- restart time and memory ---------------------------------------------------------
-        for grants in (1_000, args.history):
-            directory = tmp / f"history-{grants}"
-            t0 = time.monotonic()
-            build_history(directory, grants)
-            built = time.monotonic() - t0
-            took = min(time_restart(directory) for _ in range(3))
-            row(
-                "restart",
-                f"to listening, {grants:,} grants in history",
-                None,
-                seconds=took[0],
-                recovery_ms=took[1] * 1000,
-                build_s=built,
-            )
-            shutil.rmtree(directory)
-        empty = ServerProcess(tmp / "empty").start()
-        assert empty.proc is not None
-        empty_kib = rss_kib(empty.proc.pid)
-        empty.kill()
-        build_transactional_ids(tmp / "txn", args.transactional_ids)
-        held = ServerProcess(tmp / "txn").start(timeout=600)
-        assert held.proc is not None
-        held_kib = rss_kib(held.proc.pid)
-        held.kill()
-        per_id = (held_kib - empty_kib) * 1024 / args.transactional_ids
-        row(
-            "memory",
-            f"RSS with {args.transactional_ids:,} transactional ids",
-            None,
-            rss_mib=held_kib / 1024,
-            empty_rss_mib=empty_kib / 1024,
-            bytes_per_id=per_id,
-        )
 
+def row_restart(run: Run) -> None:
+    for grants in (1_000, run.args.history):
+        directory = run.tmp / f"history-{grants}"
+        t0 = time.monotonic()
+        build_history(directory, grants)
+        built = time.monotonic() - t0
+        took = min(time_restart(directory) for _ in range(3))
+        run.row(
+            "restart",
+            f"to listening, {grants:,} grants in history",
+            None,
+            seconds=took[0],
+            recovery_ms=took[1] * 1000,
+            build_s=built,
+        )
+        shutil.rmtree(directory)
+
+
+#: Every row, in the order a full run measures them.
+ROWS: dict[str, Callable[[Run], None]] = {
+    "idempotent-16x1": row_idempotent_16x1,
+    "idempotent-16x8": row_idempotent_16x8,
+    "allocate-durable-16x1": row_allocate_durable,
+    "transactional-16x1": row_transactional,
+    "storm": row_storm,
+    "memory-per-transactional-id": row_memory,
+    "disk": row_disk,
+    "zookeeper": row_zookeeper,
+    "grants": row_grants,
+    "fleet": row_fleet,
+    "spark": row_spark,
+    "restart": row_restart,
+}
+#: The rows of issue 17: each reports ``ratio`` against its baseline of the same run.
+RATIO_ROWS = tuple(list(ROWS)[:6])
+
+
+def _only(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown row {', '.join(unknown) or '(none)'}; rows: {', '.join(ROWS)}"
+        )
+    return names
+
+
+@contextmanager
+def cpu_hog(on: bool) -> Iterator[None]:
+    """With ``on``: a process spinning on one core beside the whole run (figures under a CPU
+    hog, as the issue asks besides the quiet ones)."""
+    if not on:
+        yield
+        return
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the rows asked for; write ``results.json`` and the charts into ``--out``; return
+    the results."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="per load point")
+    parser.add_argument(
+        "--only",
+        type=_only,
+        default=list(ROWS),
+        metavar="ROW[,ROW]",
+        help=f"rows: {', '.join(ROWS)}",
+    )
+    parser.add_argument("--history", type=int, default=10_000_000)
+    parser.add_argument("--transactional-ids", type=int, default=100_000)
+    parser.add_argument("--storm", type=int, default=10_000, metavar="PRODUCERS")
+    parser.add_argument(
+        "--hog", action="store_true", help="run beside a process spinning on one core"
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help=f"a quick check that every row runs: --seconds {SHORT['seconds']}, one load point"
+        f" ({CURVE_CONNECTIONS[-1]} connections), --storm {SHORT['storm']},"
+        f" --transactional-ids {SHORT['transactional_ids']} (figures not to be quoted)",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
+    args = parser.parse_args(argv)
+    args.points = CURVE_CONNECTIONS
+    if args.short:
+        vars(args).update(SHORT, points=CURVE_CONNECTIONS[-1:])
+    from pidctl.controller.server.logs import configure_logging
+
+    configure_logging("console", "warning")  # the in-process log builders stay quiet
     args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"seconds_per_run": args.seconds, "hog": args.hog, "rows": []}
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name, cpu_hog(args.hog):
+        run = Run(args, Path(tmp_name), results["rows"])
+        for name in args.only:
+            ROWS[name](run)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    chart(rows, args.out / "results.png")
-    print(f"results: {args.out / 'results.json'}, chart: {args.out / 'results.png'}")
+    chart(run.rows, args.out / "results.png")
+    print(f"results: {args.out / 'results.json'}, charts: {args.out}/*.png")
+    return results
 
 
-def chart(rows: list[dict[str, Any]], path: Path) -> None:
+def curve_chart(title: str, points: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """Latency (p50 solid, p99 dashed) against throughput, pidctl and the ceiling, one point
+    per connection count."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for who, colour in (("pidctl", PIDCTL_COLOUR), ("ceiling", BASELINE_COLOUR)):
+        got = points[who]
+        rates = [p["per_second"] for p in got]
+        ax.plot(rates, [p["p50_ms"] for p in got], "o-", color=colour, label=f"{who} p50")
+        ax.plot(rates, [p["p99_ms"] for p in got], "o--", color=colour, label=f"{who} p99")
+        for p in got:
+            ax.annotate(f"{p['connections']}c", (p["per_second"], p["p50_ms"]), fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("requests per second")
+    ax.set_ylabel("latency, ms (log scale)")
+    ax.set_title(f"{title}: latency against throughput")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def storm_chart(
+    producers: int, mine: list[list[float]], base: list[list[float]], path: Path
+) -> None:
+    """The fraction of the storm's producers served over time, pidctl and the minimal server."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for who, curve, colour in (
+        ("pidctl", mine, PIDCTL_COLOUR),
+        ("minimal server", base, BASELINE_COLOUR),
+    ):
+        ax.plot([t for t, _ in curve], [f * 100 for _, f in curve], "o-", color=colour, label=who)
+    ax.set_xlabel("seconds since the storm began")
+    ax.set_ylabel("producers served, %")
+    ax.set_title(f"start-up storm: {producers:,} producers (ApiVersions, InitProducerId)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = _pyplot()
     rated = [r for r in rows if r["per_second"] is not None]
     colours = {
         "ceiling": "#999999",
@@ -357,6 +613,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("pidctl against its baselines")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

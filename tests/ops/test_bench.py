@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
 import trio
 
-from ops.bench import faults, loadgen
+from ops.bench import faults, loadgen, profile, suite
+from ops.bench.ceiling import canned_responses
 from ops.bench.suite import chart
 from ops.testing.serverproc import ServerProcess
+from pidctl.protocol.apis import ApiKey
 
 
 @pytest.mark.parametrize("scenario", loadgen.SCENARIOS)
@@ -31,6 +34,45 @@ def test_storm(server: ServerProcess) -> None:
     assert result["served"] == 200 and result["last_served_s"] < 30
 
 
+def test_storm_asks_api_versions_first(server: ServerProcess) -> None:
+    # Every producer's ApiVersions is answered (and counted by the server) before its PID.
+    trio.run(loadgen.storm, server.bootstrap, 20, 0.1, 30.0)
+    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    assert 'pidctl_requests_total{api="api_versions",version="3"} 20.0' in text
+    assert 'pidctl_requests_total{api="init_producer_id",version="5"} 20.0' in text
+
+
+def test_the_ceiling_answers_every_version_of_its_apis() -> None:
+    keys = canned_responses()
+    assert len(keys) == 5 + 6 + 1
+    for (api_key, version), (before, after) in (
+        ((ApiKey.API_VERSIONS, 3), keys[b"\x00\x12\x00\x03"]),
+        ((ApiKey.INIT_PRODUCER_ID, 5), keys[b"\x00\x16\x00\x05"]),
+    ):
+        assert int.from_bytes(before, "big") == 4 + len(after), (api_key, version)
+
+
+@pytest.mark.slow
+def test_suite_short_mode_reports_every_ratio_row(tmp_path: Path) -> None:
+    # The rows of issue 17 in the short mode: each with a ratio to its baseline and a chart.
+    results = suite.main(["--short", "--only", ",".join(suite.RATIO_ROWS), "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    by_group = {row["group"]: row for row in written["rows"]}
+    for name in suite.RATIO_ROWS:
+        assert by_group[name]["ratio"] > 0, name
+    for name in suite.RATIO_ROWS[:5]:
+        assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
+    assert by_group["storm"]["served"] == 200
+
+
+def test_suite_refuses_an_unknown_row(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        suite.main(["--only", "idempotent-16x1,nonsense"])
+    assert "unknown row nonsense; rows: idempotent-16x1," in capsys.readouterr().err
+
+
 def test_chart(tmp_path: Path) -> None:
     rows = [
         {"group": "ceiling", "name": "x", "per_second": 10.0},
@@ -48,3 +90,18 @@ def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture
     # A fault not reached in time is tried again (at most as often as faults were asked for).
     assert result["faults_injected"] >= 1
     assert result["faults_injected"] + result["faults_not_reached"] >= 3
+
+
+def test_profile_summary_of_py_spy_raw_stacks() -> None:
+    raw = (
+        "thread (1): MainThread;run (trio/_run.py);handle (controller/api/handlers.py) 6\n"
+        "thread (1): MainThread;run (trio/_run.py);encode (protocol/codec.py) 2\n"
+        "thread (1): MainThread;run (trio/_run.py) 4\n"
+        "thread (2): Trio thread 0;_work (trio/_thread_cache.py) 8\n"
+    )
+    summary = profile.summarise(raw, top=2).splitlines()
+    assert summary[0] == "thread (1): MainThread: 12 samples (60% of all)"
+    # The two functions with most samples of their own, with the share they are on the stack.
+    assert summary[2].split() == ["50.0%", "50.0%", "handle", "(controller/api/handlers.py)"]
+    assert summary[3].split() == ["33.3%", "100.0%", "run", "(trio/_run.py)"]
+    assert summary[4] == "thread (2): Trio thread 0: 8 samples (40% of all)"

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
-from pidctl.protocol.apis import ApiKey, response_class
+from pidctl.protocol import codec
+from pidctl.protocol.api_versions import build_api_versions_response
+from pidctl.protocol.apis import ApiKey, VersionRange, response_class
 from pidctl.protocol.codec import (
     PRECOMPILED_RESPONSES,
     encode_response,
@@ -76,8 +78,51 @@ def test_allocate_producer_ids(
     assert encode_response(header, body) == encode_response_generic(header, body)
 
 
-def test_every_served_version_of_both_apis_is_precompiled() -> None:
+# Any listing of API ranges (kio's ApiVersion entry holds int16s).
+listings = st.dictionaries(
+    st.integers(0, 2**15 - 1),
+    st.tuples(st.integers(0, 2**15 - 1), st.integers(0, 2**15 - 1)).map(sorted),
+    max_size=20,
+).map(lambda d: {k: VersionRange(lo, hi) for k, (lo, hi) in d.items()})
+
+
+@given(
+    version=st.integers(0, 4),
+    correlation_ids=st.lists(correlation_ids, min_size=1, max_size=3),
+    listing=listings,
+    error=errors,
+    throttle_ms=st.integers(0, 2**31 - 1),
+)
+def test_api_versions(
+    version: int,
+    correlation_ids: list[int],
+    listing: dict[int, VersionRange],
+    error: ErrorCode,
+    throttle_ms: int,
+) -> None:
+    body = build_api_versions_response(version, listing, error, throttle_ms)
+    # The same body object answered several times (the cached bytes after the first), and an
+    # equal but distinct one: each byte for byte kio's frame for its correlation id.
+    twin = build_api_versions_response(version, listing, error, throttle_ms)
+    for correlation_id in correlation_ids:
+        for answer in (body, twin):
+            header = _header(ApiKey.API_VERSIONS, version, correlation_id)
+            assert encode_response(header, answer) == encode_response_generic(header, answer)
+
+
+def test_api_versions_cache_is_bounded() -> None:
+    listing: dict[int, VersionRange] = {ApiKey.API_VERSIONS: VersionRange(0, 4)}
+    for throttle_ms in range(codec.MAX_CACHED_API_VERSIONS_BODIES + 10):
+        body = build_api_versions_response(3, listing, ErrorCode.none, throttle_ms)
+        header = _header(ApiKey.API_VERSIONS, 3, throttle_ms)
+        assert encode_response(header, body) == encode_response_generic(header, body)
+    assert len(codec._api_versions_by_id) <= codec.MAX_CACHED_API_VERSIONS_BODIES
+    assert len(codec._api_versions_bodies) <= codec.MAX_CACHED_API_VERSIONS_BODIES
+
+
+def test_every_served_version_of_the_hot_apis_is_precompiled() -> None:
     assert set(PRECOMPILED_RESPONSES) == {
         *((ApiKey.INIT_PRODUCER_ID, v) for v in range(6)),
         (ApiKey.ALLOCATE_PRODUCER_IDS, 0),
+        *((ApiKey.API_VERSIONS, v) for v in range(5)),
     }
