@@ -30,8 +30,9 @@ Baselines of those:
   data dir; python client kazoo), from 1, 4 and 16 concurrent allocators.
 - a fleet (ops/bench/fleet.py): three controllers leasing from one etcd, and one leasing
   controller, against one controller alone;
-- Spark (ops/bench/spark.py): preallocation against one InitProducerId per partition, and the
-  exactly-once sink against a plain batched append (SQLite, PostgreSQL).
+- Spark (ops/bench/spark.py): preallocation against one InitProducerId per partition, the
+  atomic exactly-once sink against a plain batched append (SQLite, PostgreSQL), and its
+  streaming writer against foreachBatch with that append.
 The load generator runs in its own process; it checks every response (ops/bench/loadgen.py).
 """
 
@@ -426,6 +427,13 @@ def row_spark(run: Run) -> None:
             f"exactly-once sink, {backend}, rows/s",
             r["exactly_once_rows_per_s"],
             vs_plain_append=r["exactly_once_vs_plain"],
+        )
+        r = spark[f"{backend}_stream"]
+        run.row(
+            "spark",
+            f"exactly-once stream sink, {backend}, rows/s",
+            r["exactly_once_rows_per_s"],
+            vs_foreach_batch=r["exactly_once_vs_foreach_batch"],
         )
 
 

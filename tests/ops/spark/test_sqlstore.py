@@ -242,6 +242,8 @@ def test_staging_connections_do_not_sync_each_batch_and_the_publish_does(url: st
     staging, publishing = open_store(url), open_store(url)
     try:
         staging.stage_without_syncing()
+        relaxed: tuple[object, ...]
+        durable: tuple[object, ...]
         if staging.dialect == "sqlite":
             query, relaxed, durable = "PRAGMA synchronous", (1,), (2,)  # NORMAL, FULL
         else:
