@@ -48,6 +48,9 @@ class TransactionalIdState:
 #: timeout and last update. 32 bytes in one bytes object instead of an object and five ints:
 #: a controller holding a million transactional ids keeps about 200 bytes for each.
 _PACKED = struct.Struct("<qhqhiq")
+#: Length of a transactional id in UTF-8 in :meth:`TransactionalIdTable.packed` (ids are at
+#: most ``MAX_TRANSACTIONAL_ID_BYTES``, 32767).
+_KEY_LENGTH = struct.Struct("<H")
 
 
 class TransactionalIdTable:
@@ -99,6 +102,45 @@ class TransactionalIdTable:
     def copy(self) -> TransactionalIdTable:
         """A copy later changes do not reach (the rows are immutable bytes)."""
         return TransactionalIdTable(dict(self._rows))
+
+    def packed(self) -> bytearray:
+        """Every id and its row in one buffer, as snapshots store them: per id a u16
+        (little-endian) length, the id in UTF-8, then its 32-byte row. Built without an
+        object per id, so a snapshot of a million ids costs one buffer, not a million lists."""
+        out = bytearray()
+        length = _KEY_LENGTH.pack
+        for transactional_id, row in self._rows.items():
+            key = transactional_id.encode("utf-8", "surrogatepass")
+            out += length(len(key))
+            out += key
+            out += row
+        return out
+
+    @classmethod
+    def from_packed(cls, data: bytes | bytearray | memoryview, count: int) -> TransactionalIdTable:
+        """The table :meth:`packed` wrote, which must hold ``count`` distinct ids; raises
+        ValueError if it does not. Only the ids and rows kept are allocated."""
+        view = memoryview(data)
+        size = len(view)
+        rows: dict[str, bytes] = {}
+        key_length = _KEY_LENGTH.unpack_from
+        key_bytes = _KEY_LENGTH.size
+        row_bytes = _PACKED.size
+        position = 0
+        while position < size:
+            if size - position < key_bytes:
+                raise ValueError(f"packed transactional ids: truncated at byte {position}")
+            key_start = position + key_bytes
+            row_start = key_start + key_length(view, position)[0]
+            position = row_start + row_bytes
+            if position > size:
+                raise ValueError(f"packed transactional ids: truncated at byte {key_start}")
+            rows[str(view[key_start:row_start], "utf-8", "surrogatepass")] = bytes(
+                view[row_start:position]
+            )
+        if len(rows) != count:
+            raise ValueError(f"packed transactional ids: {len(rows)} distinct, expected {count}")
+        return cls(rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,23 +309,22 @@ class TransactionControlManager:
         )
 
     def snapshot_fields(self) -> dict[str, Any]:
-        # Positional lists: a million transactional ids should not repeat field names.
+        """The transactional ids packed (:meth:`TransactionalIdTable.packed`): a snapshot
+        stores bytes-like fields as raw sections, not as JSON."""
         return {
-            "transactional_ids": [
-                [
-                    tid,
-                    t.producer_id,
-                    t.producer_epoch,
-                    t.previous_producer_id,
-                    t.last_producer_epoch,
-                    t.timeout_ms,
-                    t.updated_ms,
-                ]
-                for tid, t in self.transactional_ids.items()
-            ]
+            "transactional_id_count": len(self.transactional_ids),
+            "transactional_ids_packed": self.transactional_ids.packed(),
         }
 
     def restore(self, data: dict[str, Any]) -> None:
+        """The transactional ids of a snapshot: packed, or (a ``PIDSNAP1`` snapshot, all
+        JSON) a list of ``[id, producer id, epoch, previous id, last epoch, timeout,
+        updated]``."""
+        packed = data.get("transactional_ids_packed")
+        if packed is not None:
+            count = data["transactional_id_count"]
+            self.transactional_ids = TransactionalIdTable.from_packed(packed, count)
+            return
         table = TransactionalIdTable()
         for row in data.get("transactional_ids", []):
             table[row[0]] = TransactionalIdState(*row[1:])
