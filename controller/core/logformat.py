@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,25 +112,47 @@ class SegmentScan:
     torn: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentEnd:
+    """How a walk through a segment's bytes ended: as :class:`SegmentScan` without the
+    entries (``records`` says how many were valid)."""
+
+    records: int
+    valid_bytes: int
+    problem: str | None = None
+    torn: bool = False
+
+
 def scan_segment(data: bytes, base_offset: int) -> SegmentScan:
     """Parse a segment's bytes, checking checksums and that offsets count up from the base."""
-    view = memoryview(data)
     entries: list[LogEntry] = []
+    end = walk_segment(data, base_offset, entries.append)
+    return SegmentScan(entries, end.valid_bytes, end.problem, end.torn)
+
+
+def walk_segment(
+    data: bytes | memoryview, base_offset: int, visit: Callable[[LogEntry], object]
+) -> SegmentEnd:
+    """:func:`scan_segment` that keeps nothing: ``visit`` is called with each valid record in
+    turn, as soon as it is parsed (recovery replays it at once, so a long log is never held
+    decoded in memory). An exception from ``visit`` ends the walk."""
+    view = memoryview(data)
+    size = len(view)
     pos = 0
     expected = base_offset
-    while pos < len(data):
+    while pos < size:
         try:
             entry, end = _parse_at(view, pos)
         except _Invalid as e:
             torn = not _valid_record_after(view, pos)
-            return SegmentScan(entries, pos, f"at byte {pos}: {e}", torn)
+            return SegmentEnd(expected - base_offset, pos, f"at byte {pos}: {e}", torn)
         if entry.offset != expected:
             problem = f"at byte {pos}: offset {entry.offset} where {expected} was expected"
-            return SegmentScan(entries, pos, problem, False)
-        entries.append(entry)
+            return SegmentEnd(expected - base_offset, pos, problem, False)
+        visit(entry)
         expected += 1
         pos = end
-    return SegmentScan(entries, pos)
+    return SegmentEnd(expected - base_offset, pos)
 
 
 def _valid_record_after(view: memoryview, pos: int) -> bool:

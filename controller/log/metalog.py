@@ -19,10 +19,11 @@ import contextlib
 import errno
 import fcntl
 import json
+import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,13 @@ from pidctl.controller.core.logformat import (
 from pidctl.controller.core.logformat import (
     LogCorruption as LogCorruption,
 )
-from pidctl.controller.core.logformat import LogEntry, SegmentScan, encode_entry, scan_segment
+from pidctl.controller.core.logformat import (
+    LogEntry,
+    SegmentScan,
+    encode_entry,
+    scan_segment,
+    walk_segment,
+)
 from pidctl.controller.core.logformat import (
     offset_of as offset_of,
 )
@@ -66,8 +73,11 @@ DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 #: replay at start-up (about 10 ms per 10,000 grant records here) whatever the history length.
 DEFAULT_SNAPSHOT_INTERVAL_RECORDS = 10_000
 
-_SNAPSHOT_MAGIC = b"PIDSNAP1"
+_SNAPSHOT_MAGIC = b"PIDSNAP2"
+#: Snapshots written before the binary sections (JSON only); still read.
+_SNAPSHOT_MAGIC_V1 = b"PIDSNAP1"
 _SNAPSHOT_HEADER = struct.Struct(">8sIQ")
+_SNAPSHOT_JSON_LENGTH = struct.Struct(">I")
 
 
 class DataDirLocked(Exception):
@@ -102,25 +112,61 @@ def _storage_call(path: Path, operation: str, call: Callable[..., Any], *args: A
 
 # -- snapshots --------------------------------------------------------------------------------
 
+_BINARY = (bytes, bytearray, memoryview)
+
 
 def encode_snapshot(offset: int, state: dict[str, Any]) -> bytes:
-    body = json.dumps({"offset": offset, "state": state}, separators=(",", ":")).encode()
-    return _SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, zlib.crc32(body), len(body)) + body
+    """A snapshot file's bytes: the state's fields as JSON, except bytes-like ones (a
+    million transactional ids, packed), which follow the JSON as raw sections, so neither
+    writing nor loading one builds an object per value."""
+    raw = [(name, value) for name, value in state.items() if isinstance(value, _BINARY)]
+    fields = {name: value for name, value in state.items() if not isinstance(value, _BINARY)}
+    head = json.dumps(
+        {"offset": offset, "state": fields, "raw": [[name, len(value)] for name, value in raw]},
+        separators=(",", ":"),
+    ).encode()
+    parts = [_SNAPSHOT_JSON_LENGTH.pack(len(head)), head, *(value for _, value in raw)]
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    length = sum(len(part) for part in parts)
+    return b"".join([_SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, crc, length), *parts])
 
 
-def decode_snapshot(path: Path, data: bytes) -> tuple[int, dict[str, Any]]:
-    """Parse a snapshot file; raise :class:`LogCorruption` if it is damaged in any way."""
-    if len(data) < _SNAPSHOT_HEADER.size:
+def decode_snapshot(path: Path, data: bytes | memoryview) -> tuple[int, dict[str, Any]]:
+    """Parse a snapshot file; raise :class:`LogCorruption` if it is damaged in any way.
+
+    Raw sections come back as views of ``data`` (nothing is copied)."""
+    view = memoryview(data)
+    if len(view) < _SNAPSHOT_HEADER.size:
         raise LogCorruption(f"{path}: snapshot is truncated")
-    magic, crc, length = _SNAPSHOT_HEADER.unpack_from(data, 0)
-    body = data[_SNAPSHOT_HEADER.size :]
-    if magic != _SNAPSHOT_MAGIC or length != len(body) or zlib.crc32(body) != crc:
+    magic, crc, length = _SNAPSHOT_HEADER.unpack_from(view, 0)
+    body = view[_SNAPSHOT_HEADER.size :]
+    if (
+        magic not in (_SNAPSHOT_MAGIC, _SNAPSHOT_MAGIC_V1)
+        or length != len(body)
+        or zlib.crc32(body) != crc
+    ):
         raise LogCorruption(f"{path}: snapshot checksum or length mismatch")
     try:
-        parsed = json.loads(body)
+        if magic == _SNAPSHOT_MAGIC_V1:
+            parsed = json.loads(bytes(body))
+            raw = []
+        else:
+            (head_length,) = _SNAPSHOT_JSON_LENGTH.unpack_from(body, 0)
+            head_end = _SNAPSHOT_JSON_LENGTH.size + head_length
+            parsed = json.loads(bytes(body[_SNAPSHOT_JSON_LENGTH.size : head_end]))
+            raw = parsed["raw"]
         offset = int(parsed["offset"])
         state = parsed["state"]
-    except (ValueError, KeyError, TypeError) as e:
+        if raw:
+            position = head_end
+            for name, size in raw:
+                state[name] = body[position : position + size]
+                position += size
+            if position != len(body):
+                raise ValueError(f"raw sections end at {position} of {len(body)} bytes")
+    except (ValueError, KeyError, TypeError, struct.error) as e:
         raise LogCorruption(f"{path}: snapshot does not parse ({e})") from e
     if offset != offset_of(path):
         raise LogCorruption(f"{path}: snapshot says offset {offset}")
@@ -297,29 +343,139 @@ class Recovery:
     truncated_bytes: int
 
 
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """A file's bytes mapped read-only: they stay in the page cache and leave this process
+    when unmapped, rather than being copied onto the heap (where a big buffer is freed but
+    not always given back)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield memoryview(b"")
+            return
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mapping)
+    try:
+        yield view
+    finally:
+        # A view still referenced (by an error's traceback) keeps the mapping open until it
+        # is collected; the error itself is what matters then.
+        with contextlib.suppress(BufferError):
+            view.release()
+            mapping.close()
+
+
+def _restore_snapshot(path: Path) -> tuple[int, ControllerState]:
+    """The state in a snapshot file, built from the mapped file (its packed transactional
+    ids go straight into the table: no intermediate object per id)."""
+    with _mapped(path) as data:
+        offset, fields = decode_snapshot(path, data)
+        try:
+            state = ControllerState.from_snapshot(fields)
+        except (KeyError, TypeError, ValueError) as e:
+            raise LogCorruption(f"{path}: bad snapshot state ({e})") from e
+        finally:
+            del fields
+    return offset, state
+
+
+@dataclass(slots=True)
+class _Replayed:
+    state: ControllerState
+    records_replayed: int = 0
+    snapshot_offset: int = 0
+    stray_segments: list[Path] = field(default_factory=list)
+    torn_segment: Path | None = None
+    torn_valid_bytes: int = 0
+    torn_tail_bytes: int = 0
+    torn_tail_problem: str | None = None
+
+
+def _replay_streaming(data_dir: Path) -> _Replayed:
+    """:func:`read_log` and :func:`rebuild_state` in one pass, holding no record longer
+    than it takes to apply it: the snapshot is restored, then each segment is mapped and
+    every record is checked, and replayed at once if the snapshot does not cover it. The
+    same checks, the same :class:`LogCorruption` for anything but a torn tail; nothing is
+    changed on disk."""
+    snapshots = sorted(data_dir.glob("*" + SNAPSHOT_SUFFIX), key=offset_of)
+    snapshot_path = snapshots[-1] if snapshots else None
+    if snapshot_path is not None:
+        snapshot_offset, state = _restore_snapshot(snapshot_path)
+    else:
+        snapshot_offset, state = 0, ControllerState()
+    result = _Replayed(state, snapshot_offset=snapshot_offset)
+
+    def replay(entry: LogEntry) -> None:
+        if entry.offset >= snapshot_offset:
+            try:
+                state.replay(entry.offset, entry.record)
+            except InvariantViolation as e:
+                raise LogCorruption(f"invariant broken: {e}") from e
+            result.records_replayed += 1
+
+    paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
+    expected_base: int | None = None
+    for index, path in enumerate(paths):
+        base = offset_of(path)
+        if expected_base is not None and base != expected_base and path.stat().st_size == 0:
+            result.stray_segments.append(path)  # as read_log: removed by recover
+            continue
+        if expected_base is not None and base != expected_base:
+            raise LogCorruption(
+                f"{path}: segment starts at offset {base}, expected {expected_base} "
+                "(a segment is missing or out of place)"
+            )
+        if expected_base is None and snapshot_path is not None and base > snapshot_offset:
+            raise LogCorruption(f"{snapshot_path}: no segment holds offset {snapshot_offset}")
+        with _mapped(path) as data:
+            end = walk_segment(data, base, replay)
+        if end.problem is not None:
+            is_last = all(p.stat().st_size == 0 for p in paths[index + 1 :])
+            if not (is_last and end.torn):
+                raise LogCorruption(f"{path}: corrupt record {end.problem}")
+            result.torn_segment = path
+            result.torn_valid_bytes = end.valid_bytes
+            result.torn_tail_bytes = path.stat().st_size - end.valid_bytes
+            result.torn_tail_problem = end.problem
+        expected_base = base + end.records
+    if snapshot_path is not None:
+        if expected_base is None:
+            raise LogCorruption(f"{snapshot_path}: no segment holds offset {snapshot_offset}")
+        if expected_base < snapshot_offset:
+            raise LogCorruption(
+                f"log ends at offset {expected_base}, before the snapshot at {snapshot_offset}"
+            )
+    return result
+
+
 def recover(data_dir: Path) -> Recovery:
     """Start-up: read and check everything, rebuild the state, then (only if all is well)
-    truncate a torn tail and remove leftovers of an interrupted snapshot."""
-    contents = read_log(data_dir)
-    state, replayed = rebuild_state(contents)
+    truncate a torn tail and remove leftovers of an interrupted snapshot.
+
+    Records are replayed as they are read (see :func:`_replay_streaming`), so what recovery
+    leaves in memory is the state, not the history it was built from."""
+    replayed = _replay_streaming(data_dir)
     for leftover in data_dir.glob("*" + TMP_SUFFIX):
         log.warning("removing what an interrupted roll or snapshot left", file=str(leftover))
         leftover.unlink()
-    for stray in contents.stray_segments:
+    for stray in replayed.stray_segments:
         log.warning("removing an empty segment out of place", segment=str(stray))
         stray.unlink()
-    if contents.torn_tail_bytes:
-        last = contents.segments[-1]
+    if replayed.torn_segment is not None and replayed.torn_tail_bytes:
         log.warning(
             "truncating torn tail",
-            segment=str(last.path),
-            bytes=contents.torn_tail_bytes,
-            problem=contents.torn_tail_problem,
+            segment=str(replayed.torn_segment),
+            bytes=replayed.torn_tail_bytes,
+            problem=replayed.torn_tail_problem,
         )
-        with open(last.path, "r+b") as f:
-            f.truncate(last.scan.valid_bytes)
+        with open(replayed.torn_segment, "r+b") as f:
+            f.truncate(replayed.torn_valid_bytes)
             os.fsync(f.fileno())
-    return Recovery(state, replayed, contents.snapshot_offset, contents.torn_tail_bytes)
+    return Recovery(
+        replayed.state,
+        replayed.records_replayed,
+        replayed.snapshot_offset,
+        replayed.torn_tail_bytes,
+    )
 
 
 class MetadataLog:

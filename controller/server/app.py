@@ -26,6 +26,7 @@ from pidctl.controller.core.records import ProducerIdsGranted, Record, new_clust
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog, StorageFailed, lock_data_dir, recover
 from pidctl.controller.server.admission import Admission, bind_listeners
+from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.http import HttpEndpoint
 from pidctl.controller.server.lease_keeper import LeaseKeeper, etcd_counter
@@ -112,6 +113,7 @@ class PidctlServer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         data_dir = Path(self.settings.data_dir)
+        log.info("allocator", mmap_threshold_pinned=pin_mmap_threshold())
         limit = raise_file_limit(self.settings.max_connections)
         log.info("file descriptors", limit=limit)
         lock_fd = lock_data_dir(data_dir)

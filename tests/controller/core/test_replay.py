@@ -20,7 +20,7 @@ from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now
 from pidctl.controller.core.logformat import scan_segment
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.metalog import MetadataLog, recover
+from pidctl.controller.log.metalog import MetadataLog, read_log, rebuild_state, recover
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_request, encode_request
 from tests import wire
@@ -169,4 +169,6 @@ def test_replay_through_real_files_with_snapshots(
             return controller.state
 
         written = trio.run(main)
+        # The streaming recovery and the tools' whole-log reader agree.
+        assert rebuild_state(read_log(data_dir))[0] == written
         assert recover(data_dir).state == written

@@ -3,8 +3,10 @@ the controller's own pool (KIP-730's broker side) refilled by grants in the same
 
 from __future__ import annotations
 
+import pytest
 from kio.schema.errors import ErrorCode
 
+from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import EPOCH_EXHAUSTED, INT64_MAX
 from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.records import (
@@ -15,6 +17,7 @@ from pidctl.controller.core.records import (
 )
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import (
+    MAX_UPDATED_MS,
     ProducerIdAndEpoch,
     TransactionalIdState,
     TransactionalIdTable,
@@ -185,7 +188,7 @@ def test_states_round_trip_packed_including_the_extremes() -> None:
     states = {
         "a": TransactionalIdState(0, 0, 0, -1, 1, 0),
         "b": TransactionalIdState(
-            INT64_MAX - 1, EPOCH_EXHAUSTED, INT64_MAX - 2, 32766, 2**31 - 1, 2**62
+            INT64_MAX - 1, EPOCH_EXHAUSTED, INT64_MAX - 2, 32766, 2**31 - 1, MAX_UPDATED_MS - 1
         ),
         "c": TransactionalIdState(7, -1, -1, -1, 900_000, 1_763_870_000_000),
     }
@@ -194,6 +197,23 @@ def test_states_round_trip_packed_including_the_extremes() -> None:
     assert dict(table.items()) == states
     assert table.get("b") == states["b"] and table["c"] == states["c"]
     assert table.get("missing") is None and "a" in table and len(table) == 3
+
+
+def test_a_state_wider_than_its_row_is_refused_and_corrupts_a_replay() -> None:
+    table = TransactionalIdTable()
+    with pytest.raises(ValueError, match="updated_ms"):
+        table["x"] = TransactionalIdState(1, 0, 1, -1, 60_000, MAX_UPDATED_MS)
+    with pytest.raises(ValueError, match="'y'"):
+        table["y"] = TransactionalIdState(1, 0, 1, -1, 2**31, 5)  # timeout: 32 bits
+    assert len(table) == 0
+    state = _state()
+    with pytest.raises(InvariantViolation, match="updated_ms"):
+        replay(
+            state,
+            ProducerIdsGranted(1, -1, 0, 3, holder="controller"),
+            TransactionalIdUpdated("x", 1, 0, 1, -1, 60_000, -1),
+        )
+    assert len(state.transactions.transactional_ids) == 0
 
 
 def test_copies_are_independent_and_compare_by_content() -> None:
