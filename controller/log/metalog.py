@@ -45,9 +45,9 @@ from pidctl.controller.core.logformat import (
 )
 from pidctl.controller.core.logformat import (
     LogEntry,
+    SegmentEnd,
     SegmentScan,
     encode_entry,
-    scan_segment,
     walk_segment,
 )
 from pidctl.controller.core.logformat import (
@@ -208,6 +208,78 @@ class LogContents:
         return [e for s in self.segments for e in s.scan.entries if e.offset >= from_offset]
 
 
+@dataclass(slots=True)
+class _SegmentsWalked:
+    """How a walk over a data dir's segments ended (see :func:`_walk_segments`)."""
+
+    stray_segments: list[Path] = field(default_factory=list)
+    first_base: int | None = None
+    #: The offset after the last valid record (None: no segment).
+    end_offset: int | None = None
+    torn_segment: Path | None = None
+    torn_valid_bytes: int = 0
+    torn_tail_bytes: int = 0
+    torn_tail_problem: str | None = None
+
+
+def _walk_segments(
+    data_dir: Path,
+    visit: Callable[[LogEntry], object],
+    segment_done: Callable[[Path, int, SegmentEnd], object] = lambda *_: None,
+    progress: Callable[[int, int], None] | None = None,
+) -> _SegmentsWalked:
+    """Check every segment in order, mapped one at a time, calling ``visit`` with each valid
+    record as it is read and ``segment_done`` after each segment: segments follow on from one
+    another, an empty one out of place is set aside, and only the last non-empty segment may
+    end in a torn tail. Raises :class:`LogCorruption` for anything else. The one walk behind
+    :func:`read_log` (the tools keep every record) and :func:`recover` (replays each at once)."""
+    walked = _SegmentsWalked()
+    paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
+    total = sum(p.stat().st_size for p in paths)
+    done = 0
+    for index, path in enumerate(paths):
+        base = offset_of(path)
+        expected = walked.end_offset
+        if expected is not None and base != expected and path.stat().st_size == 0:
+            # An empty segment out of place holds nothing: left by a roll that failed before
+            # rolls were atomic. Set aside (and removed by recovery).
+            walked.stray_segments.append(path)
+            continue
+        if expected is not None and base != expected:
+            raise LogCorruption(
+                f"{path}: segment starts at offset {base}, expected {expected} "
+                "(a segment is missing or out of place)"
+            )
+        with _mapped(path) as data:
+            end = walk_segment(data, base, visit)
+        if end.problem is not None:
+            is_last = all(p.stat().st_size == 0 for p in paths[index + 1 :])
+            if not (is_last and end.torn):
+                raise LogCorruption(f"{path}: corrupt record {end.problem}")
+            walked.torn_segment = path
+            walked.torn_valid_bytes = end.valid_bytes
+            walked.torn_tail_bytes = path.stat().st_size - end.valid_bytes
+            walked.torn_tail_problem = end.problem
+        segment_done(path, base, end)
+        if walked.first_base is None:
+            walked.first_base = base
+        walked.end_offset = base + end.records
+        done += path.stat().st_size
+        if progress is not None:
+            progress(done, total)
+    return walked
+
+
+def _check_snapshot_covered(path: Path, offset: int, walked: _SegmentsWalked) -> None:
+    """A snapshot must lie within the log: a segment holds its offset, the log reaches it."""
+    if walked.first_base is None or walked.end_offset is None or walked.first_base > offset:
+        raise LogCorruption(f"{path}: no segment holds offset {offset}")
+    if walked.end_offset < offset:
+        raise LogCorruption(
+            f"log ends at offset {walked.end_offset}, before the snapshot at {offset}"
+        )
+
+
 def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None) -> LogContents:
     """Read and check every file in ``data_dir`` without changing anything.
 
@@ -226,45 +298,19 @@ def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None)
         contents.snapshot_path = latest
         contents.snapshot_offset = offset
         contents.snapshot_state = state
-    paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
-    total = sum(p.stat().st_size for p in paths)
-    done = 0
-    expected_base: int | None = None
-    for index, path in enumerate(paths):
-        base = offset_of(path)
-        if expected_base is not None and base != expected_base and path.stat().st_size == 0:
-            # An empty segment out of place holds nothing: left by a roll that failed before
-            # this version made rolls atomic. Skipped (and removed by recovery).
-            contents.stray_segments.append(path)
-            continue
-        if expected_base is not None and base != expected_base:
-            raise LogCorruption(
-                f"{path}: segment starts at offset {base}, expected {expected_base} "
-                "(a segment is missing or out of place)"
-            )
-        scan = scan_segment(path.read_bytes(), base)
-        if scan.problem is not None:
-            is_last = all(p.stat().st_size == 0 for p in paths[index + 1 :])
-            if not (is_last and scan.torn):
-                raise LogCorruption(f"{path}: corrupt record {scan.problem}")
-            contents.torn_tail_bytes = path.stat().st_size - scan.valid_bytes
-            contents.torn_tail_problem = scan.problem
+    entries: list[LogEntry] = []
+
+    def segment_done(path: Path, base: int, end: SegmentEnd) -> None:
+        scan = SegmentScan(entries.copy(), end.valid_bytes, end.problem, end.torn)
         contents.segments.append(SegmentRead(path, base, scan))
-        expected_base = base + len(scan.entries)
-        done += path.stat().st_size
-        if progress is not None:
-            progress(done, total)
+        entries.clear()
+
+    walked = _walk_segments(data_dir, entries.append, segment_done, progress)
+    contents.stray_segments = walked.stray_segments
+    contents.torn_tail_bytes = walked.torn_tail_bytes
+    contents.torn_tail_problem = walked.torn_tail_problem
     if contents.snapshot_path is not None:
-        first_base = contents.segments[0].base_offset if contents.segments else None
-        if first_base is None or first_base > contents.snapshot_offset:
-            raise LogCorruption(
-                f"{contents.snapshot_path}: no segment holds offset {contents.snapshot_offset}"
-            )
-        if contents.end_offset < contents.snapshot_offset:
-            raise LogCorruption(
-                f"log ends at offset {contents.end_offset}, before the snapshot at "
-                f"{contents.snapshot_offset}"
-            )
+        _check_snapshot_covered(contents.snapshot_path, contents.snapshot_offset, walked)
     return contents
 
 
@@ -378,73 +424,32 @@ def _restore_snapshot(path: Path) -> tuple[int, ControllerState]:
     return offset, state
 
 
-@dataclass(slots=True)
-class _Replayed:
-    state: ControllerState
-    records_replayed: int = 0
-    snapshot_offset: int = 0
-    stray_segments: list[Path] = field(default_factory=list)
-    torn_segment: Path | None = None
-    torn_valid_bytes: int = 0
-    torn_tail_bytes: int = 0
-    torn_tail_problem: str | None = None
-
-
-def _replay_streaming(data_dir: Path) -> _Replayed:
+def _replay_streaming(data_dir: Path) -> tuple[ControllerState, int, int, _SegmentsWalked]:
     """:func:`read_log` and :func:`rebuild_state` in one pass, holding no record longer
-    than it takes to apply it: the snapshot is restored, then each segment is mapped and
-    every record is checked, and replayed at once if the snapshot does not cover it. The
-    same checks, the same :class:`LogCorruption` for anything but a torn tail; nothing is
-    changed on disk."""
+    than it takes to apply it: the snapshot is restored, then :func:`_walk_segments` checks
+    every record and each one the snapshot does not cover is replayed at once. Returns the
+    state, the records replayed, the snapshot's offset and how the walk ended."""
     snapshots = sorted(data_dir.glob("*" + SNAPSHOT_SUFFIX), key=offset_of)
     snapshot_path = snapshots[-1] if snapshots else None
     if snapshot_path is not None:
         snapshot_offset, state = _restore_snapshot(snapshot_path)
     else:
         snapshot_offset, state = 0, ControllerState()
-    result = _Replayed(state, snapshot_offset=snapshot_offset)
+    replayed = 0
 
     def replay(entry: LogEntry) -> None:
+        nonlocal replayed
         if entry.offset >= snapshot_offset:
             try:
                 state.replay(entry.offset, entry.record)
             except InvariantViolation as e:
                 raise LogCorruption(f"invariant broken: {e}") from e
-            result.records_replayed += 1
+            replayed += 1
 
-    paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
-    expected_base: int | None = None
-    for index, path in enumerate(paths):
-        base = offset_of(path)
-        if expected_base is not None and base != expected_base and path.stat().st_size == 0:
-            result.stray_segments.append(path)  # as read_log: removed by recover
-            continue
-        if expected_base is not None and base != expected_base:
-            raise LogCorruption(
-                f"{path}: segment starts at offset {base}, expected {expected_base} "
-                "(a segment is missing or out of place)"
-            )
-        if expected_base is None and snapshot_path is not None and base > snapshot_offset:
-            raise LogCorruption(f"{snapshot_path}: no segment holds offset {snapshot_offset}")
-        with _mapped(path) as data:
-            end = walk_segment(data, base, replay)
-        if end.problem is not None:
-            is_last = all(p.stat().st_size == 0 for p in paths[index + 1 :])
-            if not (is_last and end.torn):
-                raise LogCorruption(f"{path}: corrupt record {end.problem}")
-            result.torn_segment = path
-            result.torn_valid_bytes = end.valid_bytes
-            result.torn_tail_bytes = path.stat().st_size - end.valid_bytes
-            result.torn_tail_problem = end.problem
-        expected_base = base + end.records
+    walked = _walk_segments(data_dir, replay)
     if snapshot_path is not None:
-        if expected_base is None:
-            raise LogCorruption(f"{snapshot_path}: no segment holds offset {snapshot_offset}")
-        if expected_base < snapshot_offset:
-            raise LogCorruption(
-                f"log ends at offset {expected_base}, before the snapshot at {snapshot_offset}"
-            )
-    return result
+        _check_snapshot_covered(snapshot_path, snapshot_offset, walked)
+    return state, replayed, snapshot_offset, walked
 
 
 def recover(data_dir: Path) -> Recovery:
@@ -453,29 +458,24 @@ def recover(data_dir: Path) -> Recovery:
 
     Records are replayed as they are read (see :func:`_replay_streaming`), so what recovery
     leaves in memory is the state, not the history it was built from."""
-    replayed = _replay_streaming(data_dir)
+    state, replayed, snapshot_offset, walked = _replay_streaming(data_dir)
     for leftover in data_dir.glob("*" + TMP_SUFFIX):
         log.warning("removing what an interrupted roll or snapshot left", file=str(leftover))
         leftover.unlink()
-    for stray in replayed.stray_segments:
+    for stray in walked.stray_segments:
         log.warning("removing an empty segment out of place", segment=str(stray))
         stray.unlink()
-    if replayed.torn_segment is not None and replayed.torn_tail_bytes:
+    if walked.torn_segment is not None and walked.torn_tail_bytes:
         log.warning(
             "truncating torn tail",
-            segment=str(replayed.torn_segment),
-            bytes=replayed.torn_tail_bytes,
-            problem=replayed.torn_tail_problem,
+            segment=str(walked.torn_segment),
+            bytes=walked.torn_tail_bytes,
+            problem=walked.torn_tail_problem,
         )
-        with open(replayed.torn_segment, "r+b") as f:
-            f.truncate(replayed.torn_valid_bytes)
+        with open(walked.torn_segment, "r+b") as f:
+            f.truncate(walked.torn_valid_bytes)
             os.fsync(f.fileno())
-    return Recovery(
-        replayed.state,
-        replayed.records_replayed,
-        replayed.snapshot_offset,
-        replayed.torn_tail_bytes,
-    )
+    return Recovery(state, replayed, snapshot_offset, walked.torn_tail_bytes)
 
 
 class MetadataLog:
