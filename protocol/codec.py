@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import operator
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,44 +141,28 @@ def _millis(throttle: datetime.timedelta) -> int:
     return round(throttle.total_seconds() * 1000)  # as kio writes an i32 timedelta
 
 
-def _init_producer_id_v0(correlation_id: int, body: Any) -> bytes:
-    size = _INIT_PRODUCER_ID_V0.size - 4
-    return _INIT_PRODUCER_ID_V0.pack(
-        size,
-        correlation_id,
-        _millis(body.throttle_time),
-        body.error_code,
-        body.producer_id,
-        body.producer_epoch,
-    )
+def _packer(layout: struct.Struct, flexible: bool, *fields: str) -> Callable[[int, Any], bytes]:
+    """An answer's encoder: length, correlation id, [a v1 header's empty tagged fields],
+    throttle time, error code, ``fields`` of the body, [the body's empty tagged fields]."""
+    size = layout.size - 4
+    values = operator.attrgetter(*fields)
+
+    def encode_flexible(correlation_id: int, body: Any) -> bytes:
+        throttle = _millis(body.throttle_time)
+        return layout.pack(size, correlation_id, 0, throttle, body.error_code, *values(body), 0)
+
+    def encode(correlation_id: int, body: Any) -> bytes:
+        throttle = _millis(body.throttle_time)
+        return layout.pack(size, correlation_id, throttle, body.error_code, *values(body))
+
+    return encode_flexible if flexible else encode
 
 
-def _init_producer_id_v2(correlation_id: int, body: Any) -> bytes:
-    size = _INIT_PRODUCER_ID_V2.size - 4
-    return _INIT_PRODUCER_ID_V2.pack(
-        size,
-        correlation_id,
-        0,
-        _millis(body.throttle_time),
-        body.error_code,
-        body.producer_id,
-        body.producer_epoch,
-        0,
-    )
-
-
-def _allocate_producer_ids_v0(correlation_id: int, body: Any) -> bytes:
-    size = _ALLOCATE_PRODUCER_IDS_V0.size - 4
-    return _ALLOCATE_PRODUCER_IDS_V0.pack(
-        size,
-        correlation_id,
-        0,
-        _millis(body.throttle_time),
-        body.error_code,
-        body.producer_id_start,
-        body.producer_id_len,
-        0,
-    )
+_init_producer_id_v0 = _packer(_INIT_PRODUCER_ID_V0, False, "producer_id", "producer_epoch")
+_init_producer_id_v2 = _packer(_INIT_PRODUCER_ID_V2, True, "producer_id", "producer_epoch")
+_allocate_producer_ids_v0 = _packer(
+    _ALLOCATE_PRODUCER_IDS_V0, True, "producer_id_start", "producer_id_len"
+)
 
 
 #: Distinct ApiVersions bodies whose encoding is kept (a handful are ever made: one per
