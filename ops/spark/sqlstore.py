@@ -34,15 +34,16 @@ Tables (created by the driver before any task):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pidctl.spark.sequencing import Decision, StoredProducer, decide
 
@@ -78,6 +79,30 @@ def stage_table(table: str) -> str:
     if len(name) > _MAX_IDENTIFIER:
         name = _STAGE_PREFIX + hashlib.sha256(table.encode()).hexdigest()[:32]
     return name
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _one_transaction(
+    method: Callable[Concatenate[SqlStore, _P], _R],
+) -> Callable[Concatenate[SqlStore, _P], _R]:
+    """Run ``method`` in one database transaction: committed if it returns, rolled back if
+    it raises."""
+
+    def run(store: SqlStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            store.begin()
+            result = method(store, *args, **kwargs)
+            store.connection.commit()
+            return result
+        except BaseException:
+            store.connection.rollback()
+            raise
+
+    functools.update_wrapper(run, method)  # its name and docstring
+    return run
 
 
 class WriteState(Enum):
@@ -165,16 +190,6 @@ class SqlStore:
         the tasks' reports and refuses; the publish itself commits durably, which also makes
         every staged batch before it durable (one log, in order). It saves one sync per batch."""
 
-    def _transaction(self, work: Any, *args: Any) -> Any:
-        try:
-            self.begin()
-            result = work(*args)
-            self.connection.commit()
-            return result
-        except BaseException:
-            self.connection.rollback()
-            raise
-
     # --- the driver, before any task -------------------------------------------------------
 
     def create_tables(self, table: str, columns: Sequence[tuple[str, str]]) -> None:
@@ -206,12 +221,13 @@ class SqlStore:
             " WHERE state = 'committed' AND app_id IS NOT NULL GROUP BY table_name, app_id",
         ]
 
-        def create() -> None:
-            self.lock_schema()
-            for sql in statements:
-                self.execute(sql)
+        self._create(statements)
 
-        self._transaction(create)
+    @_one_transaction
+    def _create(self, statements: list[str]) -> None:
+        self.lock_schema()
+        for sql in statements:
+            self.execute(sql)
 
     def committed_version(self, table: str, app_id: str) -> tuple[int, str] | None:
         """The highest committed version of ``app_id`` on ``table`` and the write that
@@ -232,6 +248,7 @@ class SqlStore:
         self.connection.commit()
         return {str(app): int(version) for app, version in rows}
 
+    @_one_transaction
     def begin_write(self, write: Write) -> Outcome:
         """Register ``write`` (idempotent: every task of a stream's micro-batch calls it).
 
@@ -239,9 +256,6 @@ class SqlStore:
         table, the write is skipped (Delta's rule); an open write of the same (app id,
         version) — a crashed or failed earlier run — is aborted and its staged rows removed.
         Returns the write's state."""
-        return self._transaction(self._begin_write, write)  # type: ignore[no-any-return]
-
-    def _begin_write(self, write: Write) -> Outcome:
         now = time.time()
         if write.app_id is not None and write.app_version is not None:
             done = self.execute(
@@ -298,13 +312,11 @@ class SqlStore:
             raise WriteAborted(f"write {write_id} is unknown to this database")
         return Outcome(WriteState(row[0]), int(row[1] or 0), row[2] or "")
 
+    @_one_transaction
     def recover(self, table: str, older_than_s: float) -> list[str]:
         """Abort every open write on ``table`` with no sign of life (its start or a batch)
         for ``older_than_s`` seconds, removing its staged rows, and any staged row of a write
         that is not open. Returns the ids of the writes aborted."""
-        return self._transaction(self._recover, table, older_than_s)  # type: ignore[no-any-return]
-
-    def _recover(self, table: str, older_than_s: float) -> list[str]:
         cutoff = time.time() - older_than_s
         stale = self.execute(
             "SELECT w.write_id FROM pidctl_sink_writes w WHERE w.table_name = ? AND"
@@ -325,6 +337,7 @@ class SqlStore:
 
     # --- the tasks -------------------------------------------------------------------------
 
+    @_one_transaction
     def apply_batch(
         self,
         write_id: str,
@@ -338,20 +351,6 @@ class SqlStore:
         """Stage ``rows`` (sequences ``first_sequence``...) and advance the producer's state,
         in one transaction, unless the batch is a duplicate (or its write was already
         published); raise SequenceError on a gap, WriteAborted if the write is aborted."""
-        return self._transaction(  # type: ignore[no-any-return]
-            self._apply_batch, write_id, table, columns, producer_id, epoch, first_sequence, rows
-        )
-
-    def _apply_batch(
-        self,
-        write_id: str,
-        table: str,
-        columns: Sequence[str],
-        producer_id: int,
-        epoch: int,
-        first_sequence: int,
-        rows: Sequence[Sequence[Any]],
-    ) -> Decision:
         state = self._state(write_id, self.share_lock)
         if state.state in (WriteState.COMMITTED, WriteState.SKIPPED):
             return Decision.DUPLICATE  # a straggling attempt: its rows were published
@@ -389,19 +388,13 @@ class SqlStore:
 
     # --- the driver, after the tasks -------------------------------------------------------
 
+    @_one_transaction
     def publish(
         self, write_id: str, table: str, columns: Sequence[str], reports: Sequence[ProducerReport]
     ) -> Outcome:
         """Publish a write in one transaction (see the module documentation). An already
         committed or skipped write is left as it is; an aborted one raises WriteAborted; staged
         sequences that do not match the tasks' reports raise RuntimeError (nothing published)."""
-        return self._transaction(  # type: ignore[no-any-return]
-            self._publish, write_id, table, columns, reports
-        )
-
-    def _publish(
-        self, write_id: str, table: str, columns: Sequence[str], reports: Sequence[ProducerReport]
-    ) -> Outcome:
         state = self._state(write_id, self.update_lock)
         if state.state in (WriteState.COMMITTED, WriteState.SKIPPED):
             return state
@@ -468,10 +461,11 @@ class SqlStore:
         )
         return Outcome(WriteState.COMMITTED, rows)
 
+    @_one_transaction
     def abort(self, write_id: str, table: str, reason: str) -> bool:
         """Abort an open write: its staged rows are removed and its later batches refused.
         Returns False if it had already ended."""
-        return self._transaction(self._abort, write_id, table, reason)  # type: ignore[no-any-return]
+        return self._abort(write_id, table, reason)
 
     def _abort(self, write_id: str, table: str, reason: str) -> bool:
         if self._state(write_id, self.update_lock).state is not WriteState.OPEN:
