@@ -4,6 +4,7 @@ Used by the end-to-end tests and the benchmarks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,20 @@ def wait_until(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout} s")
         time.sleep(poll)
+
+
+def kill_group_when(
+    process: subprocess.Popen[str], condition: Callable[[], bool], what: str, timeout: float
+) -> None:
+    """SIGKILL ``process``'s whole process group (started with ``start_new_session``) as soon
+    as ``condition`` holds; fail, with its stderr, if it ended by itself first."""
+    try:
+        wait_until(lambda: condition() or process.poll() is not None, what, timeout)
+        assert process.poll() is None, process.communicate()[1][-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # it had stopped by itself
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=60)
 
 
 async def wait_until_async(

@@ -7,9 +7,6 @@ the session's SparkSession, as a scheduler re-running the job would start a fres
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, kill_group_when
 from pidctl.spark.sink import PidctlSqlSink
 from pidctl.spark.sqlstore import open_store, stage_table
 
@@ -94,17 +91,9 @@ def _kill_mid_write(pidctl: ServerProcess, url: str, *args: str) -> None:
     """Start a write whose tasks hang after staging HANG_AFTER rows each; SIGKILL the whole
     driver once every task has staged them."""
     driver = _driver(pidctl, url, "--hang-after", str(HANG_AFTER), *args)
-    try:
-        wait_until(
-            lambda: _staged(url) >= PARTITIONS * HANG_AFTER or driver.poll() is not None,
-            "every task staged its rows",
-            240,
-        )
-        assert driver.poll() is None, driver.communicate()[1][-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # it had stopped by itself
-            os.killpg(driver.pid, signal.SIGKILL)
-        driver.communicate(timeout=60)
+    kill_group_when(
+        driver, lambda: _staged(url) >= PARTITIONS * HANG_AFTER, "every task staged its rows", 240
+    )
 
 
 def _rows(url: str) -> list[tuple[Any, ...]]:

@@ -3,10 +3,8 @@ batch the sink had committed and across a driver killed with SIGKILL mid-batch."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, kill_group_when
 from pidctl.spark.sqlstore import open_store, stage_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -113,17 +111,7 @@ def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
                 raise
             return 0
 
-    try:
-        wait_until(
-            lambda: staged_in_batch_1() >= 300 or driver.poll() is not None,
-            "batch 1 staged 300 rows",
-            240,
-        )
-        assert driver.poll() is None, driver.communicate()[1][-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # it had stopped by itself
-            os.killpg(driver.pid, signal.SIGKILL)
-        driver.communicate(timeout=60)
+    kill_group_when(driver, lambda: staged_in_batch_1() >= 300, "batch 1 staged 300 rows", 240)
     # Batch 0 was published, batch 1 only staged: readers see batch 0 alone.
     assert _select(url, "SELECT id, name FROM events") == EVERY_ROW[:PER_FILE]
 
