@@ -114,7 +114,7 @@ class SparkCluster:
         """Workers the master counts as ALIVE (0 while the master is not answering)."""
         try:
             workers = self.status().get("workers", [])
-        except OSError:
+        except (OSError, ValueError):  # ValueError: not JSON yet, see _answers
             return 0
         return sum(1 for worker in workers if worker.get("state") == "ALIVE")
 
@@ -198,7 +198,9 @@ class SparkCluster:
     def _answers(self) -> bool:
         try:
             self.status()
-        except OSError:
+        except (OSError, ValueError):
+            # While its web UI starts, the master can answer /json with its HTML front page
+            # (seen once in CI): not answering yet.
             return False
         return True
 
