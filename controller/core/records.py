@@ -169,10 +169,20 @@ def record_name(record: Record) -> str:
     return type(record).__name__
 
 
+#: Each record type's field names in declaration order (``dataclasses.fields`` rebuilds
+#: them on every call, and every request that changes state encodes a record).
+_FIELD_NAMES: dict[type[Record], tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in RECORD_TYPES.values()
+}
+#: One compact encoder for every payload: ``json.dumps`` with ``separators`` builds a new
+#: encoder per call. Same output as ``json.dumps(fields, separators=(",", ":"))``.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_payload(record: Record) -> bytes:
     """The record's fields as compact JSON (the type id travels in the record header)."""
-    fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
-    return json.dumps(fields, separators=(",", ":")).encode()
+    fields = {name: getattr(record, name) for name in _FIELD_NAMES[type(record)]}
+    return _COMPACT_JSON.encode(fields).encode()
 
 
 def decode_payload(record_type: int, payload: bytes) -> Record:
