@@ -12,6 +12,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -45,10 +46,15 @@ class RateWindow:
 
     def add(self, count: int, now_s: float) -> None:
         bucket = int(now_s // self.bucket_s)
-        self._buckets[bucket] = self._buckets.get(bucket, 0) + count
+        buckets = self._buckets
+        if bucket in buckets:
+            buckets[bucket] += count
+            return
+        # A new bucket: the only time one can have fallen out of the window.
+        buckets[bucket] = count
         oldest = bucket - self.window_s // self.bucket_s
-        for stale in [b for b in self._buckets if b <= oldest]:
-            del self._buckets[stale]
+        for stale in [b for b in buckets if b <= oldest]:
+            del buckets[stale]
 
     def per_second(self, now_s: float) -> float:
         oldest = int(now_s // self.bucket_s) - self.window_s // self.bucket_s
@@ -225,6 +231,7 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self._blocks_granted: dict[tuple[str, int], Any] = {}
         self.grant_rate = RateWindow()
         self.last_snapshot_time: float | None = None
         self.state_view: StateView | None = None
@@ -245,5 +252,10 @@ class Metrics:
             self.etcd_failures.labels(operation).inc()
 
     def granted(self, holder: str, broker_id: int, count: int) -> None:
-        self.blocks_granted.labels(holder, str(broker_id)).inc()
+        # The child resolved once per (holder, broker): labels() takes a lock and builds a key.
+        child = self._blocks_granted.get((holder, broker_id))
+        if child is None:
+            child = self.blocks_granted.labels(holder, str(broker_id))
+            self._blocks_granted[holder, broker_id] = child
+        child.inc()
         self.grant_rate.add(count, time.time())
