@@ -135,8 +135,9 @@ class Controller:
         self.limits = limits or RequestLimits()
         self.authorizer = authorizer or Authorizer()
         self.sink = sink
-        #: Told of every record applied (audit log lines, metrics, the lease keeper's wake-up).
-        self.observers: list[Callable[[Record], None]] = []
+        #: Told of every record applied, with its offset, before it is durable (metrics, the
+        #: audit log's pending lines, the lease keeper's wake-up).
+        self.observers: list[Callable[[int, Record], None]] = []
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         # ApiVersions answers by (version, error): the same for every connection, and ~100 us
         # to build; built once (and so encoded once, see PRECOMPILED_RESPONSES).
@@ -191,7 +192,7 @@ class Controller:
                 if appended != offset:
                     raise AssertionError(f"log offset {appended} != state offset {offset}")
                 for observe in self.observers:
-                    observe(record)
+                    observe(offset, record)
         return result.response, state.next_offset - 1
 
     def apply_records(self, records: Sequence[Record], now: Now) -> int:

@@ -483,7 +483,8 @@ class MetadataLog:
 
     Fail-stop: after a failed write or sync (of a segment, a roll or a snapshot) nothing is
     marked durable any more, ``on_failure`` is told once, and :meth:`run` raises
-    :class:`StorageFailed`; waiters are never woken, so nothing more is answered."""
+    :class:`StorageFailed`; waiters are never woken, so nothing more is answered.
+    ``on_durable`` is told the new durable end after each commit."""
 
     def __init__(
         self,
@@ -498,6 +499,7 @@ class MetadataLog:
         on_batch: Callable[[int, float], None] | None = None,
         on_snapshot: Callable[[int], None] | None = None,
         on_failure: Callable[[StorageFailed], None] | None = None,
+        on_durable: Callable[[int], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.end_offset = end_offset
@@ -511,6 +513,7 @@ class MetadataLog:
         self._on_batch = on_batch
         self._on_snapshot = on_snapshot
         self._on_failure = on_failure
+        self._on_durable = on_durable
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
@@ -612,6 +615,8 @@ class MetadataLog:
         self.durable_end = batch_end
         done, self._durable_event = self._durable_event, trio.Event()
         done.set()
+        if self._on_durable is not None:
+            self._on_durable(batch_end)
 
     async def _write_snapshot(self, offset: int, state: Callable[[], dict[str, Any]]) -> None:
         # Shielded: a snapshot that has started is finished even during shutdown.

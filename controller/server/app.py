@@ -8,6 +8,7 @@ order on SIGTERM/SIGINT: stop accepting, stop reading, finish in-flight answers,
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import resource
@@ -30,6 +31,7 @@ from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.http import HttpEndpoint
 from pidctl.controller.server.lease_keeper import LeaseKeeper, etcd_counter
+from pidctl.controller.server.logs import one_write
 from pidctl.controller.server.metrics import Metrics, StateView
 from pidctl.controller.server.sasl import CredentialStore
 from pidctl.controller.settings import Settings
@@ -94,6 +96,10 @@ class PidctlServer:
         self.http = HttpEndpoint(self.metrics)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
+        # Grants applied, by offset, whose audit line waits until they are durable.
+        self._grants_not_durable: collections.deque[tuple[int, ProducerIdsGranted]] = (
+            collections.deque()
+        )
 
     def reload(self, settings: Settings) -> None:
         """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes."""
@@ -166,6 +172,7 @@ class PidctlServer:
             on_batch=self.metrics.log_batch,
             on_snapshot=self.metrics.snapshot_written,
             on_failure=self._storage_failed,
+            on_durable=self._log_durable_grants,
         )
         limits = RequestLimits(
             max_coordinator_keys=settings.max_coordinator_keys,
@@ -297,20 +304,30 @@ class PidctlServer:
             on_lease=lambda size: self.metrics.leases.inc(),
         )
 
-    def _observer(self, lease_keeper: LeaseKeeper | None) -> Callable[[Record], None]:
-        """What happens beside the log when a record is applied: grants are counted and
-        logged (the audit trail on stdout), and may call for the next lease."""
-        metrics = self.metrics
+    def _observer(self, lease_keeper: LeaseKeeper | None) -> Callable[[int, Record], None]:
+        """What happens beside the log when a record is applied: grants are counted, wait
+        for their audit line (:meth:`_log_durable_grants`), and may call for the next lease."""
+        metrics, pending = self.metrics, self._grants_not_durable
 
-        def observe(record: Record) -> None:
+        def observe(offset: int, record: Record) -> None:
             if isinstance(record, ProducerIdsGranted):
                 count = record.next_producer_id - record.first_producer_id
                 metrics.granted(record.holder, record.broker_id, count)
-                _log_grant(record)
+                pending.append((offset, record))
                 if lease_keeper is not None:
                     lease_keeper.poke()
 
         return observe
+
+    def _log_durable_grants(self, durable_end: int) -> None:
+        """The audit trail: a line per grant once it is durable (a grant lost to a crash
+        before its commit was never answered, and is not in the trail), the lines of one
+        commit written together."""
+        pending = self._grants_not_durable
+        if pending and pending[0][0] < durable_end:
+            with one_write():
+                while pending and pending[0][0] < durable_end:
+                    _log_grant(pending.popleft()[1])
 
     async def _expire_transactional_ids(self, controller: Controller) -> None:
         interval = self.settings.transactional_id_cleanup_interval_ms / 1000

@@ -17,7 +17,7 @@ from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
 from pidctl.client import SyncClient
 from pidctl.controller.cli import EXIT_STORAGE_FAILED
-from pidctl.controller.core.records import TransactionalIdUpdated
+from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
 from pidctl.controller.log.metalog import read_log, segment_name
 from pidctl.protocol import requests
 from tests.e2e.test_operations import scrape
@@ -41,7 +41,25 @@ def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[A
     assert len(failed) == 1, server.stderr_lines[-5:]
     assert failed[0]["errno"] > 0 and failed[0]["operation"] and failed[0]["file"]
     assert any("storage failed, stopping" in line for line in server.stderr_lines)
+    _check_audit_trail(server, acked)
     return acked, status
+
+
+def _check_audit_trail(server: ServerProcess, acked: Acknowledged) -> None:
+    """The grant lines name only blocks the log holds (a line is written once its grant is
+    durable), and every block acknowledged to a broker has its line."""
+    logged = {
+        (e["first_producer_id"], e["last_producer_id"] + 1 - e["first_producer_id"])
+        for e in server.events
+        if e.get("event") == "producer ids granted"
+    }
+    in_log = {
+        (r.first_producer_id, r.next_producer_id - r.first_producer_id)
+        for r in (e.record for e in read_log(server.data_dir).entries())
+        if isinstance(r, ProducerIdsGranted)
+    }
+    assert logged and logged <= in_log
+    assert set(acked.blocks) <= logged
 
 
 def _restart_and_check(data_dir: Path, acked: Acknowledged) -> None:
