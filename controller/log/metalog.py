@@ -7,7 +7,7 @@ Layout of a data dir::
     00000000000000012345.snapshot state with every record below offset 12345 applied
 
 Writes go through one writer task: ``append`` only buffers (it never waits), the writer
-writes everything buffered in one ``write`` and one ``fdatasync`` in a worker thread, and
+writes everything buffered in one ``write`` and one ``fdatasync`` in its own thread, and
 only then are the appended offsets durable. Requests that arrive while a sync runs share the
 next one (group commit). Snapshots are written atomically (temporary file, fsync, rename,
 directory fsync) and segments wholly below the newest snapshot are then deleted.
@@ -61,6 +61,7 @@ from pidctl.controller.core.logformat import (
 )
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState, InvariantViolation
+from pidctl.controller.log.disk_thread import DiskThread
 
 log = structlog.get_logger("pidctl.metalog")
 
@@ -520,6 +521,10 @@ class MetadataLog:
         self._closed = False
         self._snapshot_running = False
         self._path, self._fd = self._open_active_segment()
+        # Kept here rather than asked of the file after every commit (the log is the only
+        # writer of its active segment: the data dir is locked).
+        self._size: int = _storage_call(self._path, "fstat", os.fstat, self._fd).st_size
+        self._disk: DiskThread | None = None
 
     def _open_active_segment(self) -> tuple[Path, int]:
         segments = sorted(self.data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
@@ -560,6 +565,7 @@ class MetadataLog:
         """The writer task: commit batches until cancelled, then commit what is left.
 
         Snapshots are written by a task of their own, so commits go on meanwhile."""
+        self._disk = DiskThread("pidctl-log-commit")
         task_status.started()
         try:
             async with trio.open_nursery() as snapshots:
@@ -573,6 +579,7 @@ class MetadataLog:
                             await self._commit_batch(None)
         finally:
             self._closed = True
+            self._disk.close()
             with contextlib.suppress(OSError):
                 os.close(self._fd)
 
@@ -594,12 +601,15 @@ class MetadataLog:
             snapshot = self._snapshot_source()
         data = b"".join(batch)
         started = trio.current_time()
+        disk = self._disk
+        assert disk is not None
         # Not cancellable: a sync in progress must finish before anyone is told the outcome.
         try:
-            size = await trio.to_thread.run_sync(self._write_and_sync, data)
+            size = await disk.call(self._write_and_sync, data)
             self._after_batch(len(batch), started, batch_end)
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
+                # (Rolls are rare: a worker thread of trio's, as the snapshots.)
                 if await trio.to_thread.run_sync(self._roll, batch_end):
                     self._snapshot_running = True
                     snapshots.start_soon(self._write_snapshot, batch_end, snapshot)
@@ -634,13 +644,14 @@ class MetadataLog:
                 self._snapshot_running = False
 
     def _write_and_sync(self, data: bytes) -> int:
+        """Append ``data`` and make it durable; the segment's size after it."""
         view = memoryview(data)
         while view:
             written = _storage_call(self._path, "write", os.write, self._fd, view)
+            self._size += written
             view = view[written:]
         _storage_call(self._path, "fdatasync", os.fdatasync, self._fd)
-        size: int = _storage_call(self._path, "fstat", os.fstat, self._fd).st_size
-        return size
+        return self._size
 
     def _roll(self, base_offset: int) -> bool:
         """Start a new segment at ``base_offset``; False if postponed (no file descriptor
@@ -658,7 +669,7 @@ class MetadataLog:
                 raise
             log.warning("segment roll postponed", segment=str(path), error=e.errno_name)
             return False
-        old, self._fd, self._path = self._fd, fd, path
+        old, self._fd, self._path, self._size = self._fd, fd, path, 0
         os.close(old)
         return True
 
