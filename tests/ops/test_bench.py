@@ -67,6 +67,16 @@ def test_suite_short_mode_reports_every_ratio_row(tmp_path: Path) -> None:
     assert by_group["storm"]["served"] == 200
 
 
+@pytest.mark.slow
+def test_suite_rounds_report_the_median_ratio(tmp_path: Path) -> None:
+    results = suite.main(
+        ["--short", "--rounds", "3", "--only", "idempotent-16x1", "--out", str(tmp_path)]
+    )
+    [row] = [row for row in results["rows"] if row["group"] == "idempotent-16x1"]
+    ratios = sorted(float(r) for r in row["rounds"].split())
+    assert len(ratios) == 3 and round(row["ratio"], 2) == ratios[1]
+
+
 def test_suite_refuses_an_unknown_row(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         suite.main(["--only", "idempotent-16x1,nonsense"])
