@@ -310,11 +310,12 @@ class Controller:
                 client_id=client_id,
             )
         block, offset = self.apply(result, now)
+        # Plain ints, as in _init_reply: a broker's every block request answers here.
         response = _response(
             request,
             error_code=block.error,
-            producer_id_start=i64(block.first),
-            producer_id_len=i32(block.length),
+            producer_id_start=block.first,
+            producer_id_len=block.length,
         )
         return Reply(response, offset)
 
