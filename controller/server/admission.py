@@ -5,7 +5,7 @@ the :class:`ConnectionServer`."""
 from __future__ import annotations
 
 import dataclasses
-import functools
+import errno
 import socket
 import ssl
 import time
@@ -76,6 +76,12 @@ def advertised_address(
     return host, bound_port
 
 
+#: accept(2) errors meaning "not now" (no descriptor, no memory): accept again after
+#: ACCEPT_RETRY_S seconds, as trio.serve_listeners does.
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_S = 0.1
+
+
 class Admission:
     """Decides which accepted connections are served, and sets each one up."""
 
@@ -96,12 +102,30 @@ class Admission:
             context = server_ssl_context(self.settings)
         async with trio.open_nursery() as acceptors:
             for listener in bound:
-                handler = functools.partial(self._admit, listener.spec, context)
-                acceptors.start_soon(
-                    functools.partial(
-                        trio.serve_listeners, handler, listener.sockets, handler_nursery=nursery
-                    )
-                )
+                for sock in listener.sockets:
+                    acceptors.start_soon(self._accept_on, sock, listener.spec, context, nursery)
+
+    async def _accept_on(
+        self,
+        sock: trio.SocketListener,
+        spec: ListenerSpec,
+        context: ssl.SSLContext | None,
+        nursery: trio.Nursery,
+    ) -> None:
+        # trio.serve_listeners would do, but it closes every connection once more after its
+        # handler (a cancel scope and a cancelled checkpoint each): a tenth of a start-up
+        # storm's CPU. Each connection here is closed by _admit.
+        while True:
+            try:
+                stream = await sock.accept()
+            except OSError as e:
+                if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                # Out of descriptors or memory now: connections ending will free some.
+                log.error("accept failed; retrying", error=errno.errorcode[e.errno])
+                await trio.sleep(ACCEPT_RETRY_S)
+            else:
+                nursery.start_soon(self._admit, spec, context, stream)
 
     def _refusal(self, address: str) -> str | None:
         if self._open >= self.settings.max_connections:
@@ -111,6 +135,16 @@ class Admission:
         return None
 
     async def _admit(
+        self, spec: ListenerSpec, context: ssl.SSLContext | None, tcp: trio.SocketStream
+    ) -> None:
+        try:
+            await self._admit_open(spec, context, tcp)
+        finally:
+            # Closed (gracefully) on every ordinary path already; this covers the others (a
+            # shutdown cancelling a delayed connection) at no cost: closing twice is a no-op.
+            tcp.socket.close()
+
+    async def _admit_open(
         self, spec: ListenerSpec, context: ssl.SSLContext | None, tcp: trio.SocketStream
     ) -> None:
         try:

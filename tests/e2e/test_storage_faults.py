@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -201,7 +202,21 @@ def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
             "a postponed roll",
         )
         assert len(list(server.data_dir.glob("*.log"))) == segments
+        # A new client meanwhile: accept fails (EMFILE) and is retried, not fatal.
+        late: list[int] = []
+        newcomer = SyncClient(server.bootstrap)
+        asking = threading.Thread(
+            target=lambda: late.append(newcomer.request(requests.api_versions()).error_code)
+        )
+        asking.start()
+        wait_until(
+            lambda: any(e.get("event") == "accept failed; retrying" for e in server.events),
+            "a refused accept",
+        )
         set_open_files(hard)
+        asking.join(30)
+        newcomer.close()
+        assert late == [0]
         allocate(20)
         assert len(list(server.data_dir.glob("*.log"))) > segments  # rolled once it could
         assert server.proc.poll() is None
