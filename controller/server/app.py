@@ -379,6 +379,7 @@ def load_credentials(settings: Settings) -> CredentialStore:
 def _log_grant(record: ProducerIdsGranted) -> None:
     log.info(
         "producer ids granted",
+        holder=record.holder,
         broker_id=record.broker_id,
         broker_epoch=record.broker_epoch,
         first_producer_id=record.first_producer_id,

@@ -65,6 +65,8 @@ def _check_audit_trail(server: ServerProcess, acked: Acknowledged) -> None:
     oldest = min(first for first, _ in in_log)
     assert {block for block in logged if block[0] >= oldest} <= in_log
     assert set(acked.blocks) <= logged
+    holders = {e["holder"] for e in server.events if e.get("event") == "producer ids granted"}
+    assert holders <= {"broker", "controller"} and "broker" in holders
 
 
 def _restart_and_check(data_dir: Path, acked: Acknowledged) -> None:
