@@ -205,6 +205,10 @@ def _latencies(r: dict[str, Any]) -> dict[str, Any]:
     return {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "p999_ms": r["p999_ms"]}
 
 
+def _storm_times(r: dict[str, Any]) -> dict[str, Any]:
+    return {"last_served_s": r["last_served_s"], "p50_s": r["p50_s"], "p99_s": r["p99_s"]}
+
+
 def _curves(
     run: Run,
     key: str,
@@ -299,6 +303,13 @@ def row_transactional(run: Run) -> None:
     )
 
 
+def _loadgen_costing(pid: int, bootstrap: str, *args: str) -> tuple[dict[str, Any], float]:
+    """The load generator's result, and the CPU seconds the server ``pid`` used meanwhile."""
+    before = cpu_seconds(pid)
+    result = loadgen(bootstrap, *args)
+    return result, cpu_seconds(pid) - before
+
+
 def row_storm(run: Run) -> None:
     """The start-up storm against the ceiling with the same client; ratio = time until the
     last producer is served, pidctl's over the ceiling's (lower is better)."""
@@ -306,21 +317,15 @@ def row_storm(run: Run) -> None:
     # Both servers are usually waiting for the client (10,000 connections from one Python
     # process); the CPU time each server used is the per-connection work itself.
     with ceiling_process() as (ceiling, pid):
-        before = cpu_seconds(pid)
-        base = loadgen(ceiling, "--storm", producers, "--no-unique-check")
-        base_cpu = cpu_seconds(pid) - before
+        base, base_cpu = _loadgen_costing(pid, ceiling, "--storm", producers, "--no-unique-check")
     with ServerProcess(run.tmp / "storm", *STORM_LIMITS) as server:
         assert server.proc is not None
-        before = cpu_seconds(server.proc.pid)
-        mine = loadgen(server.bootstrap, "--storm", producers)
-        mine_cpu = cpu_seconds(server.proc.pid) - before
+        mine, mine_cpu = _loadgen_costing(server.proc.pid, server.bootstrap, "--storm", producers)
     run.row(
         "ceiling",
         f"storm: {run.args.storm:,} producers, minimal server",
         None,
-        last_served_s=base["last_served_s"],
-        p50_s=base["p50_s"],
-        p99_s=base["p99_s"],
+        **_storm_times(base),
         server_cpu_s=base_cpu,
     )
     run.row(
@@ -328,9 +333,7 @@ def row_storm(run: Run) -> None:
         f"{run.args.storm:,} producers connect within 1 s",
         None,
         served=mine["served"],
-        last_served_s=mine["last_served_s"],
-        p50_s=mine["p50_s"],
-        p99_s=mine["p99_s"],
+        **_storm_times(mine),
         retries_14=mine["retries_14"],
         server_cpu_s=mine_cpu,
         cpu_ratio=mine_cpu / max(base_cpu, 0.01),
