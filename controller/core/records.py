@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pidctl.controller.core.json_encoding import json_encoder
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterCreated:
@@ -174,15 +176,15 @@ def record_name(record: Record) -> str:
 _FIELD_NAMES: dict[type[Record], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in RECORD_TYPES.values()
 }
-#: One compact encoder for every payload: ``json.dumps`` with ``separators`` builds a new
-#: encoder per call. Same output as ``json.dumps(fields, separators=(",", ":"))``.
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+#: Same output as ``json.dumps(fields, separators=(",", ":"))``, without building an encoder
+#: per record.
+_compact_json = json_encoder(separators=(",", ":"))
 
 
 def encode_payload(record: Record) -> bytes:
     """The record's fields as compact JSON (the type id travels in the record header)."""
     fields = {name: getattr(record, name) for name in _FIELD_NAMES[type(record)]}
-    return _COMPACT_JSON.encode(fields).encode()
+    return _compact_json(fields).encode()
 
 
 def decode_payload(record_type: int, payload: bytes) -> Record:

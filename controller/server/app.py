@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -31,7 +32,7 @@ from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.http import HttpEndpoint
 from pidctl.controller.server.lease_keeper import LeaseKeeper, etcd_counter
-from pidctl.controller.server.logs import one_write
+from pidctl.controller.server.logs import log_each
 from pidctl.controller.server.metrics import Metrics, StateView
 from pidctl.controller.server.sasl import CredentialStore
 from pidctl.controller.settings import Settings
@@ -325,9 +326,10 @@ class PidctlServer:
         commit written together."""
         pending = self._grants_not_durable
         if pending and pending[0][0] < durable_end:
-            with one_write():
-                while pending and pending[0][0] < durable_end:
-                    _log_grant(pending.popleft()[1])
+            grants = []
+            while pending and pending[0][0] < durable_end:
+                grants.append(_grant_fields(pending.popleft()[1]))
+            log_each("producer ids granted", grants)
 
     async def _expire_transactional_ids(self, controller: Controller) -> None:
         interval = self.settings.transactional_id_cleanup_interval_ms / 1000
@@ -376,17 +378,17 @@ def load_credentials(settings: Settings) -> CredentialStore:
     return CredentialStore.load(Path(settings.credentials_file))
 
 
-def _log_grant(record: ProducerIdsGranted) -> None:
-    log.info(
-        "producer ids granted",
-        holder=record.holder,
-        broker_id=record.broker_id,
-        broker_epoch=record.broker_epoch,
-        first_producer_id=record.first_producer_id,
-        last_producer_id=record.next_producer_id - 1,
-        principal=record.principal,
-        client_id=record.client_id,
-    )
+def _grant_fields(record: ProducerIdsGranted) -> dict[str, Any]:
+    """A grant's audit line."""
+    return {
+        "holder": record.holder,
+        "broker_id": record.broker_id,
+        "broker_epoch": record.broker_epoch,
+        "first_producer_id": record.first_producer_id,
+        "last_producer_id": record.next_producer_id - 1,
+        "principal": record.principal,
+        "client_id": record.client_id,
+    }
 
 
 async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:

@@ -1,33 +1,41 @@
 """structlog set-up: JSON lines by default, a readable console format for a terminal.
 
-Each line is written at once, except inside :func:`one_write`: the lines a thread logs in
-that block go out together in one write when it ends (the grant lines of one group commit,
-so that a busy log pipe costs one system call per commit, not one per grant).
+Each line is written at once. :func:`log_each` writes the lines of one moment (the grants one
+group commit made durable) together: one timestamp, one write, and rendered directly rather
+than through structlog's processor chain line by line.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO, cast
 
 import structlog
+
+from pidctl.controller.core.json_encoding import json_encoder
 
 #: Log lines that could not be written (a closed pipe, a full disk under the container's
 #: log): counted, exported as pidctl_log_write_failures_total, and otherwise ignored. The
 #: metadata log is what must not fail; stdout and stderr may.
 write_failures = 0
 
-#: One encoder for every JSON line: structlog's default serializer (``json.dumps`` with a
-#: ``default``) builds a new encoder per line. ``repr`` for anything JSON cannot hold, as
-#: structlog's fallback does for objects without ``__structlog__`` (pidctl logs none).
-_JSON = json.JSONEncoder(default=repr)
+#: Every JSON line, through one encoder built once (structlog's default serializer builds
+#: one per line). ``repr`` for anything JSON cannot hold, as structlog's fallback does for
+#: objects without ``__structlog__`` (pidctl logs none).
+_json_line = json_encoder(default=repr)
 
-_held = threading.local()
+
+def _json_serialize(event: Any, **_: Any) -> str:
+    return _json_line(event)
+
+
+_Render = Callable[[Any, str, dict[str, Any]], str]
+
+#: The timestamp of every line, from the processor chain and from :func:`log_each` alike.
+_stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
 
 
 def log_write_failures() -> int:
@@ -35,19 +43,23 @@ def log_write_failures() -> int:
     return write_failures
 
 
-@contextmanager
-def one_write() -> Iterator[None]:
-    """Hold the lines this thread logs inside the block and write them, in order, with one
-    write when it ends."""
-    lines: list[str] = []
-    outer = getattr(_held, "lines", None)
-    _held.lines = lines
-    try:
-        yield
-    finally:
-        _held.lines = outer
-        if lines and _writer is not None:
-            _writer.write_all(lines)
+def log_each(event: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Log ``event`` at info once per row, the row's fields first, as ``log.info(event,
+    **row)`` would, but with one timestamp for all and one write.
+
+    The lines are rendered here by the configured renderer, skipping what the processor
+    chain adds per line (a context merge, the level, a timestamp each): for the audit
+    trail's grant lines that chain cost ten times the rendering."""
+    if _writer is None or not rows or _min_level > logging.INFO:
+        return
+    stamp = _stamp(None, "info", {})["timestamp"]
+    render = _renderer
+    _writer.write_all(
+        [
+            render(None, "info", {**row, "event": event, "level": "info", "timestamp": stamp})
+            for row in rows
+        ]
+    )
 
 
 class _LineWriter:
@@ -60,11 +72,7 @@ class _LineWriter:
         self.file = file
 
     def msg(self, message: str) -> None:
-        held: list[str] | None = getattr(_held, "lines", None)
-        if held is not None:
-            held.append(message)
-        else:
-            self.write_all([message])
+        self.write_all([message])
 
     def write_all(self, lines: list[str]) -> None:
         global write_failures
@@ -81,6 +89,9 @@ class _LineWriter:
 
 
 _writer: _LineWriter | None = None
+#: The configured renderer (JSON or console), which gives every line as text.
+_renderer: _Render = cast(_Render, structlog.processors.JSONRenderer(serializer=_json_serialize))
+_min_level = logging.INFO
 
 
 def _logger_factory(*args: Any) -> _LineWriter:
@@ -91,28 +102,24 @@ def _logger_factory(*args: Any) -> _LineWriter:
 def configure_logging(fmt: str = "json", level: str = "info", file: TextIO | None = None) -> None:
     """Log to ``file`` (standard error by default) in ``fmt`` (``json`` or ``console``), at
     ``level`` and above."""
-    global _writer
+    global _writer, _renderer, _min_level
     _writer = _LineWriter(sys.stderr if file is None else file)
     renderer: structlog.typing.Processor
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=_writer.file.isatty())
     else:
-        renderer = structlog.processors.JSONRenderer(serializer=_json_line)
+        renderer = structlog.processors.JSONRenderer(serializer=_json_serialize)
+    _renderer = cast(_Render, renderer)
+    _min_level = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _stamp,
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(_min_level),
         logger_factory=_logger_factory,
         cache_logger_on_first_use=True,
     )
-
-
-def _json_line(event: Any, **_: Any) -> str:
-    return _JSON.encode(event)

@@ -1,11 +1,11 @@
-"""The log lines: JSON by default, written at once, or together inside ``one_write``; a line
-that cannot be written is counted, never raised."""
+"""The log lines: JSON by default, each written at once, or the lines of one moment together
+through ``log_each`` (rendered as structlog would); a line that cannot be written is counted,
+never raised."""
 
 from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -52,31 +52,45 @@ def test_each_line_is_written_at_once_as_json(configured: None) -> None:
     assert str(line["timestamp"]).endswith("Z")
 
 
-def test_lines_inside_one_write_go_out_together_in_order(configured: None) -> None:
-    out = _CountingFile()
-    logs.configure_logging("json", "info", out)
-    log = structlog.get_logger("t")
-    with logs.one_write():
-        for n in range(5):
-            log.info("granted", n=n)
-        assert out.writes == 0
-    assert out.writes == 1
-    assert [line["n"] for line in _lines(out)] == [0, 1, 2, 3, 4]
-    log.info("after")
-    assert out.writes == 2
+_GRANTS = [
+    {"holder": "broker", "broker_id": 1, "first_producer_id": 0, "principal": None},
+    {"holder": "job", "broker_id": -1, "first_producer_id": 1000, "principal": "User:é"},
+    {"holder": "broker", "broker_id": 2, "first_producer_id": 2000, "principal": "User:b"},
+]
 
 
-def test_one_write_holds_only_its_own_threads_lines(configured: None) -> None:
+def _without_timestamp(text: str, fmt: str) -> list[str]:
+    if fmt == "json":
+        return [json.dumps({**json.loads(line), "timestamp": "-"}) for line in text.splitlines()]
+    return [line.partition(" ")[2] for line in text.splitlines()]  # console: time first
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_log_each_renders_each_row_as_log_info_would(configured: None, fmt: str) -> None:
+    each, one_by_one = _CountingFile(), _CountingFile()
+    logs.configure_logging(fmt, "info", one_by_one)
+    for row in _GRANTS:
+        structlog.get_logger("t").info("producer ids granted", **row)
+    structlog.reset_defaults()
+    logs.configure_logging(fmt, "info", each)
+    logs.log_each("producer ids granted", _GRANTS)
+    assert each.writes == 1 and one_by_one.writes == 3
+    assert _without_timestamp(each.getvalue(), fmt) == _without_timestamp(
+        one_by_one.getvalue(), fmt
+    )
+    if fmt == "json":
+        lines = _lines(each)
+        assert list(lines[0]) == [*_GRANTS[0], "event", "level", "timestamp"]
+        assert len({line["timestamp"] for line in lines}) == 1
+        assert str(lines[0]["timestamp"]).endswith("Z")
+
+
+def test_log_each_respects_the_level(configured: None) -> None:
     out = _CountingFile()
-    logs.configure_logging("json", "info", out)
-    log = structlog.get_logger("t")
-    with logs.one_write():
-        log.info("held")
-        other = threading.Thread(target=lambda: log.info("from another thread"))
-        other.start()
-        other.join()
-        assert [line["event"] for line in _lines(out)] == ["from another thread"]
-    assert [line["event"] for line in _lines(out)] == ["from another thread", "held"]
+    logs.configure_logging("json", "warning", out)
+    logs.log_each("producer ids granted", _GRANTS)
+    logs.log_each("nothing", [])
+    assert out.writes == 0
 
 
 def test_lines_that_cannot_be_written_are_counted(configured: None) -> None:
@@ -84,9 +98,7 @@ def test_lines_that_cannot_be_written_are_counted(configured: None) -> None:
     log = structlog.get_logger("t")
     before = logs.log_write_failures()
     log.info("one")
-    with logs.one_write():
-        log.info("two")
-        log.info("three")
+    logs.log_each("two", [{"n": 2}, {"n": 3}])
     assert logs.log_write_failures() == before + 3
 
 
