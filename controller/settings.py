@@ -311,7 +311,7 @@ class Settings:
     )
     max_in_flight_per_connection: int = _setting(
         64,
-        "pipelined requests read ahead per connection before reading pauses",
+        "requests per connection whose answers are not yet written before reading pauses",
         "requests",
         parse=POSITIVE,
     )

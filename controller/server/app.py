@@ -34,6 +34,7 @@ from pidctl.controller.server.http import HttpEndpoint
 from pidctl.controller.server.lease_keeper import LeaseKeeper, etcd_counter
 from pidctl.controller.server.logs import log_each
 from pidctl.controller.server.metrics import Metrics, StateView
+from pidctl.controller.server.outbox import Outboxes
 from pidctl.controller.server.sasl import CredentialStore
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
@@ -97,6 +98,7 @@ class PidctlServer:
         self.http = HttpEndpoint(self.metrics)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
+        self._outboxes: Outboxes | None = None
         # Grants applied, by offset, whose audit line waits until they are durable.
         self._grants_not_durable: collections.deque[tuple[int, ProducerIdsGranted]] = (
             collections.deque()
@@ -173,7 +175,7 @@ class PidctlServer:
             on_batch=self.metrics.log_batch,
             on_snapshot=self.metrics.snapshot_written,
             on_failure=self._storage_failed,
-            on_durable=self._log_durable_grants,
+            on_durable=self._committed,
         )
         limits = RequestLimits(
             max_coordinator_keys=settings.max_coordinator_keys,
@@ -194,7 +196,7 @@ class PidctlServer:
         self.metrics.state_view = _state_view(state)
         connections = ConnectionServer(
             controller,
-            metalog.wait_durable,
+            metalog,
             self.quotas,
             self.metrics,
             lambda: self.credentials,
@@ -207,6 +209,7 @@ class PidctlServer:
             ),
             log_requests=settings.log_level == "debug",
         )
+        self._outboxes = connections.outboxes
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(controller)
@@ -241,6 +244,8 @@ class PidctlServer:
         )
         admission = Admission(self.settings, connections, self.quotas, self.metrics)
         async with trio.open_nursery() as nursery:
+            # A write the kernel did not take whole is finished beside the connections.
+            connections.outboxes.start_soon = nursery.start_soon
             accepting = trio.CancelScope()
 
             async def accept() -> None:
@@ -319,6 +324,13 @@ class PidctlServer:
                     lease_keeper.poke()
 
         return observe
+
+    def _committed(self, durable_end: int) -> None:
+        """After each commit: the audit lines first (an answered grant always has its line,
+        whatever happens next), then the answers that waited for it."""
+        self._log_durable_grants(durable_end)
+        if self._outboxes is not None:
+            self._outboxes.send_durable(durable_end)
 
     def _log_durable_grants(self, durable_end: int) -> None:
         """The audit trail: a line per grant once it is durable (a grant lost to a crash

@@ -1,9 +1,12 @@
 """One trio task per client connection, driving a sans-IO :class:`ServerConnection`.
 
 The task reads, feeds the bytes to the connection object, has the controller decide each
-request in arrival order (up to ``max_in_flight`` before answering), waits until the log has
-made everything they decided durable, and writes all their answers with one send. While it
-answers it does not read, so a client that stops reading our answers is pushed back by TCP.
+request in arrival order, and writes all the answers of one round with one send once the log
+has made everything they decided durable. On a plain TCP connection it posts them to the
+connection's outbox, which the commit making them durable writes, and reads on meanwhile; at
+most ``max_in_flight`` requests wait for their answers before it stops reading, and a client
+that stops reading our answers is pushed back by TCP. A TLS connection waits for the log and
+writes its answers itself before it reads again.
 Deadlines (idle, half-sent frame) are data on the connection object, enforced by one
 watchdog task for all connections rather than a cancel scope per read.
 """
@@ -13,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -24,8 +27,10 @@ from kio.schema.errors import ErrorCode
 from pidctl.controller.api.handlers import NO_WAIT, ConnectionInfo, Controller, Now
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.metrics import Metrics, api_name
+from pidctl.controller.server.outbox import Durability, Outbox, Outboxes, Timings
 from pidctl.controller.server.sasl import CredentialStore
 from pidctl.controller.server.sasl_session import SaslSession
+from pidctl.controller.server.socket_io import SocketIO
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.server import (
     AnswerReady,
@@ -45,6 +50,12 @@ RECEIVE_BYTES = 64 * 1024
 WATCHDOG_PERIOD_S = 1.0
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+
+
+class _Duplex(Protocol):
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray: ...
+
+    async def send_all(self, data: bytes) -> None: ...
 
 
 def now() -> Now:
@@ -84,7 +95,7 @@ class ConnectionServer:
     def __init__(
         self,
         controller: Controller,
-        wait_durable: Callable[[int], Awaitable[None]],
+        log: Durability,
         quotas: Quotas,
         metrics: Metrics,
         credentials: Callable[[], CredentialStore],
@@ -93,7 +104,7 @@ class ConnectionServer:
         log_requests: bool = False,
     ) -> None:
         self.controller = controller
-        self.wait_durable = wait_durable
+        self.log = log
         self.quotas = quotas
         self.metrics = metrics
         self.credentials = credentials
@@ -104,6 +115,7 @@ class ConnectionServer:
         # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
         self._answered: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
+        self.outboxes = Outboxes(log, self._sent)
 
     def stop_all(self) -> None:
         for live in list(self.live):
@@ -131,33 +143,55 @@ class ConnectionServer:
             frame_timeout_s=limits.frame_timeout_s,
             now=trio.current_time(),
         )
+        # Plain TCP on its descriptor, answers waiting for the log in an outbox (see
+        # socket_io.py, outbox.py); TLS through trio's stream.
+        outbox = Outbox(SocketIO(stream)) if isinstance(stream, trio.SocketStream) else None
         live = LiveConnection(connection)
         self.live.add(live)
         try:
+            reason = "shutdown"
             with live.scope:
-                return await self._loop(stream, live, info)
-            # Cancelled while reading: by the watchdog (a deadline) or by the shutdown.
-            closed = connection.next_event()
-            if isinstance(closed, ConnectionClosed):
-                log.info("closing connection", peer=info.peer, reason=closed.reason)
-                return closed.reason
-            return "shutdown"
+                reason = await self._loop(stream, outbox, live, info)
+            if live.scope.cancelled_caught:
+                # Cancelled while reading: by the watchdog (a deadline) or by the shutdown.
+                closed = connection.next_event()
+                if isinstance(closed, ConnectionClosed):
+                    log.info("closing connection", peer=info.peer, reason=closed.reason)
+                    reason = closed.reason
+            if outbox is not None and reason != "broken":
+                await outbox.wait_empty()  # what was decided is answered before the close
+            return reason
         finally:
+            if outbox is not None:
+                self.outboxes.discard(outbox)
             self.live.discard(live)
 
     async def _loop(
-        self, stream: trio.abc.Stream, live: LiveConnection, info: ConnectionInfo
+        self,
+        stream: trio.abc.Stream,
+        outbox: Outbox | None,
+        live: LiveConnection,
+        info: ConnectionInfo,
     ) -> str:
         connection = live.connection
+        io: _Duplex = stream if outbox is None else outbox.io
         sasl = SaslSession(connection, self.limits.sasl_mechanisms, self.credentials)
         metrics = self.metrics
+        max_in_flight = self.limits.max_in_flight
         while True:
+            if outbox is not None:
+                if outbox.requests >= max_in_flight:
+                    # As many requests as a round takes wait for their answers: decide and
+                    # read no more until they are written.
+                    await outbox.wait_empty()
+                if outbox.broken:
+                    return "broken"
             if not connection.has_pending_requests:
                 if live.stopping:
                     return "shutdown"
                 live.reading = True
                 try:
-                    data = await stream.receive_some(RECEIVE_BYTES)
+                    data = await io.receive_some(RECEIVE_BYTES)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return "broken"
                 finally:
@@ -165,18 +199,25 @@ class ConnectionServer:
                 if data:
                     metrics.bytes_received.inc(len(data))
                 connection.receive_data(data, trio.current_time())
-            answers, closed, throttle, info = await self._answer(connection, sasl, info)
-            if answers.data:
+            else:
+                # More requests from one read than a round takes: the other connections run
+                # between this one's rounds (a read would have been the wait; an answer sent
+                # on a plain socket is none).
+                await trio.lowlevel.checkpoint()
+            room = max_in_flight - (0 if outbox is None else outbox.requests)
+            answers, closed, throttle, info = await self._answer(connection, sasl, info, room)
+            if answers.data and outbox is not None:
+                data = b"".join(answers.data)
+                self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
+            elif answers.data:
+                data = b"".join(answers.data)
                 try:
                     if answers.durable_offset != NO_WAIT:  # (ApiVersions and the like: no call)
-                        await self.wait_durable(answers.durable_offset)
-                    await stream.send_all(b"".join(answers.data))
+                        await self.log.wait_durable(answers.durable_offset)
+                    await io.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return "broken"
-                metrics.bytes_sent.inc(sum(len(d) for d in answers.data))
-                sent = time.perf_counter()
-                for api, received in answers.timings:
-                    self._latency_of(api).observe(sent - received)
+                self._sent(len(data), answers.timings)
             if closed is not None:
                 if closed.reason != "client":
                     log.warning(
@@ -192,12 +233,12 @@ class ConnectionServer:
                 await trio.sleep(throttle)
 
     async def _answer(
-        self, connection: ServerConnection, sasl: SaslSession, info: ConnectionInfo
+        self, connection: ServerConnection, sasl: SaslSession, info: ConnectionInfo, room: int
     ) -> tuple[_Answers, ConnectionClosed | None, float, ConnectionInfo]:
-        """Decide up to ``max_in_flight`` requests received so far, in order."""
+        """Decide up to ``room`` requests received so far, in order."""
         answers = _Answers()
         throttle = 0.0
-        for _ in range(self.limits.max_in_flight):
+        for _ in range(room):
             event = connection.next_event()
             if event is None:
                 break
@@ -263,6 +304,13 @@ class ConnectionServer:
             event = connection.next_event()
             closed = event if isinstance(event, ConnectionClosed) else None
         return answers, closed, throttle, info
+
+    def _sent(self, size: int, timings: Timings) -> None:
+        self.metrics.bytes_sent.inc(size)
+        if timings:
+            sent = time.perf_counter()
+            for api, received in timings:
+                self._latency_of(api).observe(sent - received)
 
     def _throttled(self, api: str, seconds: float) -> None:
         self.metrics.throttled.labels(api).inc()

@@ -138,15 +138,27 @@ def test_broker_lifecycle_and_allocation(server: ServerProcess) -> None:
         assert client.request(wire.unregister(1)).error_code == ErrorCode.broker_id_not_registered
 
 
-def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
-    cluster = wire.cluster_id_of(server.data_dir)
-    with SyncClient(server.bootstrap) as client:
+def _answers_in_order(bootstrap: str, cluster: str) -> None:
+    with SyncClient(bootstrap) as client:
         epoch = wire.register(client, 3, cluster)
         bodies = [wire.allocate(3, epoch) if i % 5 else ApiVersionsV0() for i in range(500)]
         responses = client.pipeline(bodies)  # ClientProtocol checks correlation order
     starts = [r.producer_id_start for r in responses if hasattr(r, "producer_id_start")]
     assert starts == sorted(starts) and len(set(starts)) == 400
     assert all(b - a == 1000 for a, b in itertools.pairwise(starts))
+
+
+def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
+    _answers_in_order(server.bootstrap, wire.cluster_id_of(server.data_dir))
+
+
+def test_pipelined_requests_past_the_in_flight_limit_wait_and_are_answered(
+    tmp_path: Path,
+) -> None:
+    """Two requests at most wait for their answers: the rest of the pipeline is decided as
+    answers are written (grants wait for the log, ApiVersions behind them), in order."""
+    with ServerProcess(tmp_path / "d", "--max-in-flight-per-connection", "2") as server:
+        _answers_in_order(server.bootstrap, wire.cluster_id_of(server.data_dir))
 
 
 def test_a_client_that_does_not_read_stalls_only_itself(server: ServerProcess) -> None:

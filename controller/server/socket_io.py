@@ -1,0 +1,63 @@
+"""Reading and writing a plain TCP connection on its descriptor.
+
+trio's ``SocketStream`` tries every read before it waits, and after every read or write that
+succeeds it passes through the scheduler once more. A client that sends a request and waits
+for its answer (almost every Kafka client) has nothing for us right after we answered, so
+every request paid for a failed ``recv`` with its exception and for two extra passes through
+the scheduler: a fifth of the request path's own time. Here a read waits for the socket to be
+readable first, and a write the kernel takes whole returns without a pass. The waits are
+trio's own (``wait_readable``, ``wait_writable``): cancellation, and a close from another
+task, end them as they end trio's socket operations.
+
+TLS connections keep trio's ``SSLStream``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+
+class SocketIO:
+    """``receive_some``/``send_all`` of a ``trio.SocketStream``, on its descriptor.
+
+    ``send_all`` is not a checkpoint when the kernel takes everything at once: a connection
+    loop using it must wait somewhere else on every round (the next read does)."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._fd = stream.socket.fileno()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Wait until the socket is readable, then read up to ``max_bytes``; ``b""`` at the
+        end of the stream. Raises ``trio.BrokenResourceError`` if the connection broke."""
+        fd = self._fd
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                return os.read(fd, max_bytes)
+            except BlockingIOError:
+                continue  # readable, then not: wait again
+            except OSError as e:
+                raise trio.BrokenResourceError(f"read failed: {e}") from e
+
+    def send_now(self, data: bytes | memoryview) -> int:
+        """Write what the kernel takes of ``data`` now, without waiting; how many bytes.
+        Raises ``trio.BrokenResourceError`` if the connection broke."""
+        try:
+            return os.write(self._fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise trio.BrokenResourceError(f"write failed: {e}") from e
+
+    async def send_all(self, data: bytes | memoryview) -> None:
+        """Write all of ``data``, waiting for room only when the kernel's buffer is full.
+        Raises ``trio.BrokenResourceError`` if the connection broke."""
+        view = memoryview(data)
+        while view:
+            view = view[self.send_now(view) :]
+            if view:
+                await trio.lowlevel.wait_writable(self._fd)
