@@ -233,11 +233,21 @@ def test_kafka_python_wrong_password(secured: Secured) -> None:
             sasl_plain_password="wrong",
             transactional_id="app-x",
             max_block_ms=3000,
+            # The refusal arrives at once, but kafka-python retries the bootstrap until this
+            # (30 s by default) before it reports it.
+            bootstrap_timeout_ms=3000,
         )
         try:
             producer.init_transactions()
         finally:
             producer.close(1)
+    wait_until(
+        lambda: any(
+            e.get("event") == "authentication failed" and e.get("mechanism") == "SCRAM-SHA-256"
+            for e in secured.server.events
+        ),
+        "the server refused the password",
+    )
 
 
 # -- TLS ----------------------------------------------------------------------------------
