@@ -122,13 +122,14 @@ class Outboxes:
         """The connection ends: nothing more is written for it (its descriptor is about to
         be closed, and its number may then be another connection's)."""
         outbox.broken = True
+        outbox.io.close()  # a task finishing a write, already woken, must not write now
         self._waiting.pop(outbox, None)
         outbox.clear()
 
     def _write(self, outbox: Outbox, data: bytes, timings: Timings) -> None:
         try:
             sent = outbox.io.send_now(data)
-        except trio.BrokenResourceError:
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The connection task sees it on its next read and ends; until then, nothing.
             outbox.broken = True
             outbox.clear()
@@ -153,7 +154,7 @@ class Outboxes:
                 await self._log.wait_durable(offset)
                 if outbox.broken:  # the connection ended meanwhile
                     break
-                await outbox.io.send_all(data)
+                await outbox.io.send_all(data)  # refuses once the connection has ended
                 held.popleft()  # only now: post() writes directly only when nothing is held
                 outbox.requests -= len(timings)
                 self._on_sent(len(data), timings)

@@ -10,6 +10,10 @@ trio's own (``wait_readable``, ``wait_writable``): cancellation, and a close fro
 task, end them as they end trio's socket operations.
 
 TLS connections keep trio's ``SSLStream``.
+
+The descriptor is only a number: once the connection is done with it, :meth:`SocketIO.close`
+makes every later read or write refuse, since after the socket is closed the number may be
+another connection's (or a log file's).
 """
 
 from __future__ import annotations
@@ -23,21 +27,32 @@ class SocketIO:
     """``receive_some``/``send_all`` of a ``trio.SocketStream``, on its descriptor.
 
     ``send_all`` is not a checkpoint when the kernel takes everything at once: a connection
-    loop using it must wait somewhere else on every round (the next read does)."""
+    loop using it must wait somewhere else on every round (the next read does). After
+    :meth:`close`, reads and writes raise ``trio.ClosedResourceError``."""
 
     __slots__ = ("_fd",)
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self._fd = stream.socket.fileno()
 
+    def close(self) -> None:
+        """The connection is done with the descriptor: nothing is read or written any more,
+        even by a task that was woken before this and has not run yet. (Closing the socket
+        itself is its stream's business.)"""
+        self._fd = -1
+
+    def _descriptor(self) -> int:
+        if self._fd < 0:
+            raise trio.ClosedResourceError("the connection is closed")
+        return self._fd
+
     async def receive_some(self, max_bytes: int) -> bytes:
         """Wait until the socket is readable, then read up to ``max_bytes``; ``b""`` at the
         end of the stream. Raises ``trio.BrokenResourceError`` if the connection broke."""
-        fd = self._fd
         while True:
-            await trio.lowlevel.wait_readable(fd)
+            await trio.lowlevel.wait_readable(self._descriptor())
             try:
-                return os.read(fd, max_bytes)
+                return os.read(self._descriptor(), max_bytes)
             except BlockingIOError:
                 continue  # readable, then not: wait again
             except OSError as e:
@@ -45,9 +60,10 @@ class SocketIO:
 
     def send_now(self, data: bytes | memoryview) -> int:
         """Write what the kernel takes of ``data`` now, without waiting; how many bytes.
-        Raises ``trio.BrokenResourceError`` if the connection broke."""
+        Raises ``trio.BrokenResourceError`` if the connection broke, and
+        ``trio.ClosedResourceError`` after :meth:`close`."""
         try:
-            return os.write(self._fd, data)
+            return os.write(self._descriptor(), data)
         except BlockingIOError:
             return 0
         except OSError as e:
@@ -60,4 +76,4 @@ class SocketIO:
         while view:
             view = view[self.send_now(view) :]
             if view:
-                await trio.lowlevel.wait_writable(self._fd)
+                await trio.lowlevel.wait_writable(self._descriptor())

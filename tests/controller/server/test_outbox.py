@@ -125,6 +125,24 @@ async def test_nothing_is_written_for_a_connection_that_ended(setup: Setup) -> N
     assert setup.client_has_nothing()
 
 
+async def test_a_stalled_write_stops_when_its_connection_ends(setup: Setup) -> None:
+    """The task finishing a write wakes when there is room; if the connection ended before,
+    it writes nothing (its descriptor may be another connection's by then)."""
+    outbox = setup.outbox()
+    big = b"x" * (8 * 1024 * 1024)
+    setup.outboxes.post(outbox, setup.append(), big, [])
+    await setup.log.flush()
+    assert outbox.stalled
+    [(written, _)] = setup.sent  # what the commit wrote before the kernel's buffer filled
+    setup.outboxes.discard(outbox)
+    assert await setup.receive(written) == big[:written]  # room now: the task wakes
+    with trio.fail_after(10):
+        while outbox.stalled:
+            await trio.sleep(0.01)
+    assert setup.client_has_nothing()
+    assert setup.sent == [(written, ())]
+
+
 async def test_a_connection_reset_by_the_client_is_broken(setup: Setup) -> None:
     outbox = setup.outbox()
     setup.client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

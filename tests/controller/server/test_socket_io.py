@@ -91,3 +91,17 @@ async def test_a_waiting_read_ends_when_cancelled_or_closed(pair: _Pair) -> None
         nursery.start_soon(close_soon)
         with pytest.raises(trio.ClosedResourceError):
             await io.receive_some(1024)
+
+
+async def test_nothing_is_read_or_written_after_close(pair: _Pair) -> None:
+    server, client = pair
+    io = SocketIO(server)
+    io.close()  # the socket itself stays open: only this object lets go of the number
+    with pytest.raises(trio.ClosedResourceError):
+        io.send_now(b"late")
+    with pytest.raises(trio.ClosedResourceError):
+        await io.send_all(b"late")
+    with pytest.raises(trio.ClosedResourceError):
+        await io.receive_some(1024)
+    await server.send_all(b"end")
+    assert await client.receive_some(1024) == b"end"  # nothing of "late" came first
