@@ -206,11 +206,10 @@ class ConnectionServer:
                 await trio.lowlevel.checkpoint()
             room = max_in_flight - (0 if outbox is None else outbox.requests)
             answers, closed, throttle, info = await self._answer(connection, sasl, info, room)
-            if answers.data and outbox is not None:
-                data = b"".join(answers.data)
+            data = b"".join(answers.data)
+            if data and outbox is not None:
                 self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
-            elif answers.data:
-                data = b"".join(answers.data)
+            elif data:
                 try:
                     if answers.durable_offset != NO_WAIT:  # (ApiVersions and the like: no call)
                         await self.log.wait_durable(answers.durable_offset)

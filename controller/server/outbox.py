@@ -20,13 +20,11 @@ from typing import Any, Protocol
 
 import trio
 
+from pidctl.controller.api.handlers import NO_WAIT
 from pidctl.controller.server.socket_io import SocketIO
 
 #: Each request's API name and when it was received (for the latency histogram).
 Timings = Sequence[tuple[str, float]]
-
-#: The offset of answers that wait for nothing in the log (as the controller's NO_WAIT).
-NO_WAIT = -1
 
 
 class Durability(Protocol):
@@ -40,18 +38,21 @@ class Durability(Protocol):
 class Outbox:
     """One connection's answers not yet written, oldest first."""
 
-    __slots__ = ("_emptied", "broken", "held", "io", "requests", "stalled")
+    __slots__ = ("_emptied", "broken", "held", "io", "stalled")
 
     def __init__(self, io: SocketIO) -> None:
         self.io = io
         #: (log offset to wait for, answers, their timings); the rest of a partly written
         #: entry waits for nothing (NO_WAIT).
         self.held: collections.deque[tuple[int, bytes, Timings]] = collections.deque()
-        #: Requests whose answers are held: the connection reads no more past its limit.
-        self.requests = 0
         self.broken = False
         self.stalled = False  # a task is finishing a write the kernel did not take whole
         self._emptied: trio.Event | None = None
+
+    @property
+    def requests(self) -> int:
+        """Requests whose answers are held: the connection reads no more past its limit."""
+        return sum(len(timings) for _, _, timings in self.held)
 
     async def wait_empty(self) -> None:
         """Until every answer held has been written (or the connection broke)."""
@@ -63,7 +64,6 @@ class Outbox:
     def clear(self) -> None:
         """Forget every held answer; whoever waits for the outbox to empty goes on."""
         self.held.clear()
-        self.requests = 0
         if self._emptied is not None:
             self._emptied.set()
             self._emptied = None
@@ -92,7 +92,6 @@ class Outboxes:
         if outbox.held:
             offset = max(offset, outbox.held[-1][0])
         outbox.held.append((offset, data, timings))
-        outbox.requests += len(timings)
         if not outbox.stalled:
             self._waiting[outbox] = None
 
@@ -109,7 +108,6 @@ class Outboxes:
                 _, data, times = held.popleft()
                 parts.append(data)
                 timings.extend(times)
-            outbox.requests -= len(timings)
             self._write(outbox, parts[0] if len(parts) == 1 else b"".join(parts), timings)
             if not held or outbox.stalled or outbox.broken:
                 done.append(outbox)
@@ -139,7 +137,6 @@ class Outboxes:
             # The kernel's buffer is full: a task waits for room and writes the rest (and
             # whatever is held behind it) in order.
             outbox.held.appendleft((NO_WAIT, data[sent:], timings))
-            outbox.requests += len(timings)
             outbox.stalled = True
             assert self.start_soon is not None, "Outboxes.start_soon is not set"
             self.start_soon(self._finish, outbox)
@@ -156,7 +153,6 @@ class Outboxes:
                     break
                 await outbox.io.send_all(data)  # refuses once the connection has ended
                 held.popleft()  # only now: post() writes directly only when nothing is held
-                outbox.requests -= len(timings)
                 self._on_sent(len(data), timings)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             outbox.broken = True

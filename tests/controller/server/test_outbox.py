@@ -15,11 +15,13 @@ import pytest
 import trio
 import trio.testing
 
+from pidctl.controller.api.handlers import NO_WAIT
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
-from pidctl.controller.server.outbox import NO_WAIT, Outbox, Outboxes, Timings
+from pidctl.controller.server.outbox import Outbox, Outboxes, Timings
 from pidctl.controller.server.socket_io import SocketIO
+from tests.controller.server.conftest import TcpPair
 
 
 @dataclass
@@ -53,11 +55,8 @@ class Setup:
 
 
 @pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    client = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
-    server = await listener.accept()
-    await listener.aclose()
+async def setup(tmp_path: Path, tcp_pair: TcpPair) -> AsyncIterator[Setup]:
+    server, client = tcp_pair
     state = ControllerState()
     outboxes: Outboxes | None = None
 
@@ -73,8 +72,6 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
         await nursery.start(log.run)
         yield Setup(log, outboxes, server, client, sent)
         nursery.cancel_scope.cancel()
-    await server.aclose()
-    await client.aclose()
 
 
 async def test_answers_wait_for_the_log_and_leave_in_order(setup: Setup) -> None:

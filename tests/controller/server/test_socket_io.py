@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
 import trio.testing
 
 from pidctl.controller.server.socket_io import SocketIO
-
-_Pair = tuple[trio.SocketStream, trio.SocketStream]
-
-
-@pytest.fixture
-async def pair() -> AsyncIterator[_Pair]:
-    """(server side, client side) of one loopback TCP connection."""
-    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listener.socket.getsockname()[1]
-    client = await trio.open_tcp_stream("127.0.0.1", port)
-    server = await listener.accept()
-    await listener.aclose()
-    yield server, client
-    await server.aclose()
-    await client.aclose()
+from tests.controller.server.conftest import TcpPair
 
 
-async def test_a_read_waits_for_data_and_ends_with_the_stream(pair: _Pair) -> None:
-    server, client = pair
+async def test_a_read_waits_for_data_and_ends_with_the_stream(tcp_pair: TcpPair) -> None:
+    server, client = tcp_pair
     io = SocketIO(server)
     got: list[bytes] = []
 
@@ -47,8 +32,10 @@ async def test_a_read_waits_for_data_and_ends_with_the_stream(pair: _Pair) -> No
     assert await io.receive_some(1024) == b""
 
 
-async def test_a_write_larger_than_the_socket_buffers_waits_for_the_reader(pair: _Pair) -> None:
-    server, client = pair
+async def test_a_write_larger_than_the_socket_buffers_waits_for_the_reader(
+    tcp_pair: TcpPair,
+) -> None:
+    server, client = tcp_pair
     data = bytes(range(256)) * (32 * 1024)  # 8 MiB: far more than the kernel buffers take
     received = bytearray()
 
@@ -63,8 +50,8 @@ async def test_a_write_larger_than_the_socket_buffers_waits_for_the_reader(pair:
     assert received == data
 
 
-async def test_a_connection_reset_by_the_peer_is_broken(pair: _Pair) -> None:
-    server, client = pair
+async def test_a_connection_reset_by_the_peer_is_broken(tcp_pair: TcpPair) -> None:
+    server, client = tcp_pair
     # SO_LINGER 0: close sends a reset instead of a FIN.
     client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     client.socket.close()
@@ -76,8 +63,8 @@ async def test_a_connection_reset_by_the_peer_is_broken(pair: _Pair) -> None:
             await io.send_all(b"x" * 65536)
 
 
-async def test_a_waiting_read_ends_when_cancelled_or_closed(pair: _Pair) -> None:
-    server, _ = pair
+async def test_a_waiting_read_ends_when_cancelled_or_closed(tcp_pair: TcpPair) -> None:
+    server, _ = tcp_pair
     io = SocketIO(server)
     with trio.move_on_after(0.01) as scope:
         await io.receive_some(1024)
@@ -93,8 +80,8 @@ async def test_a_waiting_read_ends_when_cancelled_or_closed(pair: _Pair) -> None
             await io.receive_some(1024)
 
 
-async def test_nothing_is_read_or_written_after_close(pair: _Pair) -> None:
-    server, client = pair
+async def test_nothing_is_read_or_written_after_close(tcp_pair: TcpPair) -> None:
+    server, client = tcp_pair
     io = SocketIO(server)
     io.close()  # the socket itself stays open: only this object lets go of the number
     with pytest.raises(trio.ClosedResourceError):
