@@ -36,6 +36,7 @@ from pidctl.controller.core.producer_ids import (
 )
 from pidctl.controller.core.quotas import QuotaOverride
 from pidctl.controller.log.metalog import (
+    DEFAULT_INLINE_SYNC_MAX_S,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
 )
@@ -401,6 +402,14 @@ class Settings:
         "write a snapshot after this many records",
         "records",
         parse=POSITIVE,
+    )
+    log_inline_sync_max_ms: int = _setting(
+        round(DEFAULT_INLINE_SYNC_MAX_S * 1000),
+        "a group commit's write and fdatasync run on the event loop while the last one took "
+        "less than this, and in the log's own thread after a slower one (until one there is "
+        "quick again), so a slow disk does not hold up what does not wait for it; 0: always "
+        "in the thread",
+        "ms",
     )
     log_retention_bytes: int = _setting(
         0,

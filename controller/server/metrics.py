@@ -192,6 +192,12 @@ class Metrics:
             buckets=_FSYNC_BUCKETS,
             registry=r,
         )
+        self.commits_in_thread = Counter(
+            "pidctl_log_commits_in_thread",
+            "Group commits run in the log's thread rather than on the event loop, because the "
+            "sync before each took log_inline_sync_max_ms or more.",
+            registry=r,
+        )
         self.batch = Histogram(
             "pidctl_log_commit_batch_records",
             "Records per group commit.",
@@ -237,8 +243,10 @@ class Metrics:
         self.state_view: StateView | None = None
         r.register(_StateCollector(self))
 
-    def log_batch(self, records: int, seconds: float) -> None:
+    def log_batch(self, records: int, seconds: float, in_thread: bool) -> None:
         self.log_appends.inc(records)
+        if in_thread:
+            self.commits_in_thread.inc()
         self.batch.observe(records)
         self.fsync.observe(seconds)
 

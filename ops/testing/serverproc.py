@@ -77,6 +77,25 @@ def strace_prefix(syscall: str, error: str, when: str, path: Path | None = None)
     ]
 
 
+def strace_delay_prefix(syscall: str, seconds: float, when: str, path: Path) -> list[str]:
+    """A command prefix running the server under ``strace``, delaying the ``when``-th
+    ``syscall`` on ``path`` (counted per thread) by ``seconds`` after it returns: a slow
+    disk, for real."""
+    return [
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        "-P",
+        str(path),
+        "-e",
+        f"trace={syscall}",
+        "-e",
+        f"inject={syscall}:delay_exit={round(seconds * 1_000_000)}:when={when}",
+    ]
+
+
 def add_sasl_user(credentials_file: Path, user: str, password: str) -> None:
     """``pidctl users add`` into ``credentials_file``, as an operator does."""
     subprocess.run(

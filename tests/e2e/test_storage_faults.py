@@ -6,6 +6,7 @@ restarts on what is really on disk, and every acknowledged grant is checked agai
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -15,12 +16,19 @@ from pathlib import Path
 import pytest
 
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
+from ops.testing.serverproc import (
+    ServerProcess,
+    strace_delay_prefix,
+    strace_prefix,
+    wait_until,
+)
 from pidctl.client import SyncClient
 from pidctl.controller.cli import EXIT_STORAGE_FAILED
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
 from pidctl.controller.log.metalog import read_log, segment_name
 from pidctl.protocol import requests
+from pidctl.protocol.codec import decode_response, encode_request
+from pidctl.protocol.framing import FrameDecoder
 from tests.e2e.test_operations import scrape
 
 pytestmark = pytest.mark.slow
@@ -170,6 +178,37 @@ def test_one_writer_per_data_dir_whatever_is_deleted(server: ServerProcess) -> N
     ]
     refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0
+
+
+def test_a_slow_sync_moves_commits_off_the_event_loop_until_the_disk_is_quick_again(
+    tmp_path: Path,
+) -> None:
+    """Each thread's first fdatasync of the segment is made 2 s slower (for real, by
+    strace): the first commit, on the event loop (at start-up: a block for InitProducerId's
+    pool), and the first one the log's thread runs. While that one syncs, the loop answers
+    what does not wait for the disk; after a quick sync in the thread, commits are back on
+    the loop."""
+    data_dir = tmp_path / "d"
+    ServerProcess(data_dir).start().terminate()  # create the data dir and the cluster
+    slow = strace_delay_prefix("fdatasync", 2.0, "1", data_dir / segment_name(0))
+    in_thread = "pidctl_log_commits_in_thread_total"
+    request = requests.init_producer_id("slow-disk")  # durable: each one is a commit
+    with ServerProcess(data_dir, prefix=slow) as server, SyncClient(server.bootstrap) as client:
+        metrics = scrape(server.metrics_url)
+        assert (metrics["pidctl_log_commit_batch_records_count"], metrics[in_thread]) == (1, 0)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as waiting:
+            waiting.sendall(encode_request(request, 1, "t"))  # in the thread: 2 s
+            assert client.request(requests.api_versions()).error_code == 0
+            assert select.select([waiting], [], [], 0)[0] == [], "answered before its sync"
+            decoder, frames = FrameDecoder(), list[bytes]()
+            while not frames:
+                frames = decoder.feed(waiting.recv(65536))
+            answer = decode_response(frames[0], request.__api_key__, request.__version__)
+            assert answer.error_code == 0
+        assert scrape(server.metrics_url)[in_thread] == 1
+        for _ in range(10):  # the next, in the thread, is quick: then back on the loop
+            assert client.request(request).error_code == 0
+        assert scrape(server.metrics_url)[in_thread] == 2
 
 
 def test_max_connections_the_file_limit_cannot_carry_is_refused(tmp_path: Path) -> None:

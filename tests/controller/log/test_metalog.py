@@ -80,11 +80,36 @@ async def run_log(
     return state
 
 
+@pytest.mark.parametrize(("inline_sync_max_s", "in_thread"), [(60.0, False), (0.0, True)])
+async def test_commits_run_on_the_loop_while_syncs_are_quick_or_always_in_the_thread(
+    tmp_path: Path, inline_sync_max_s: float, in_thread: bool
+) -> None:
+    where: list[bool] = []
+    state = ControllerState()
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        inline_sync_max_s=inline_sync_max_s,
+        on_batch=lambda _records, _seconds, thread: where.append(thread),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in history(20):
+            offset = metalog.append(record, 0)
+            state.replay(offset, record)
+            await metalog.wait_durable(offset)
+        nursery.cancel_scope.cancel()
+    assert where == [in_thread] * 22
+    assert recover(tmp_path).state == state
+
+
 async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     batches: list[int] = []
     state = ControllerState()
     metalog = MetadataLog(
-        tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_batch=lambda n, _: batches.append(n)
+        tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_batch=lambda n, *_: batches.append(n)
     )
     records = history(200)
     # trio starts tasks in no fixed order; each takes the next record when it runs.
