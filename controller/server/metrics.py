@@ -1,9 +1,9 @@
 """Prometheus metrics, and the HTTP endpoint that serves them with /healthz and /readyz.
 
-Counters and histograms are updated on the event loop as things happen; gauges about the
-state (PID space, brokers, transactional ids) are read at scrape time by a collector, so the
-request path pays nothing for them. The HTTP endpoint is prometheus-client's WSGI app on a
-the event loop (``http.py``).
+Counters and histograms are updated on the event loop as things happen, without a lock
+(``loop_metrics.py``); gauges about the state (PID space, brokers, transactional ids) are
+read at scrape time by a collector, so the request path pays nothing for them. The HTTP
+endpoint is prometheus-client's WSGI app on the event loop (``http.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pidctl.controller.server.logs import log_write_failures
+from pidctl.controller.server.loop_metrics import LoopCounter, LoopHistogram
 from pidctl.protocol.apis import ApiKey
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -135,16 +136,16 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "pidctl_requests", "Requests answered.", ["api", "version"], registry=r
         )
-        self.errors = Counter(
+        self.errors = LoopCounter(
             "pidctl_request_errors",
             "Requests answered with an error code.",
             ["api", "version", "error"],
             registry=r,
         )
-        self.latency = Histogram(
+        self.latency = LoopHistogram(
             "pidctl_request_duration_seconds",
             "From a request's arrival to its response being sent (durability included).",
             ["api"],
@@ -152,53 +153,53 @@ class Metrics:
             registry=r,
         )
         self.connections = Gauge("pidctl_connections", "Open client connections.", registry=r)
-        self.connections_accepted = Counter(
+        self.connections_accepted = LoopCounter(
             "pidctl_connections_accepted", "Client connections accepted.", registry=r
         )
-        self.connections_closed = Counter(
+        self.connections_closed = LoopCounter(
             "pidctl_connections_closed",
             "Client connections closed, by reason.",
             ["reason"],
             registry=r,
         )
-        self.bytes_received = Counter(
+        self.bytes_received = LoopCounter(
             "pidctl_received_bytes", "Bytes received from clients.", registry=r
         )
-        self.bytes_sent = Counter("pidctl_sent_bytes", "Bytes sent to clients.", registry=r)
-        self.throttled = Counter(
+        self.bytes_sent = LoopCounter("pidctl_sent_bytes", "Bytes sent to clients.", registry=r)
+        self.throttled = LoopCounter(
             "pidctl_throttled_requests",
             "Requests answered with throttle_time_ms > 0 (api=connection: delayed accepts).",
             ["api"],
             registry=r,
         )
-        self.throttle_seconds = Counter(
+        self.throttle_seconds = LoopCounter(
             "pidctl_throttle_seconds",
             "Time connections were muted or delayed by quotas.",
             ["api"],
             registry=r,
         )
-        self.authentication_failures = Counter(
+        self.authentication_failures = LoopCounter(
             "pidctl_authentication_failures",
             "Failed SASL authentications and TLS handshakes, by mechanism.",
             ["mechanism"],
             registry=r,
         )
-        self.log_appends = Counter(
+        self.log_appends = LoopCounter(
             "pidctl_log_appended_records", "Records made durable.", registry=r
         )
-        self.fsync = Histogram(
+        self.fsync = LoopHistogram(
             "pidctl_log_fsync_duration_seconds",
             "Time of one group commit's write and fdatasync.",
             buckets=_FSYNC_BUCKETS,
             registry=r,
         )
-        self.commits_in_thread = Counter(
+        self.commits_in_thread = LoopCounter(
             "pidctl_log_commits_in_thread",
             "Group commits run in the log's thread rather than on the event loop, because the "
             "sync before each took log_inline_sync_max_ms or more.",
             registry=r,
         )
-        self.batch = Histogram(
+        self.batch = LoopHistogram(
             "pidctl_log_commit_batch_records",
             "Records per group commit.",
             buckets=_BATCH_BUCKETS,
@@ -212,7 +213,7 @@ class Metrics:
             "Time the last start-up took to recover the log.",
             registry=r,
         )
-        self.blocks_granted = Counter(
+        self.blocks_granted = LoopCounter(
             "pidctl_producer_id_blocks_granted",
             "Blocks of producer ids granted, by holder.",
             ["holder", "broker"],
@@ -223,15 +224,15 @@ class Metrics:
             "Producer ids per etcd lease (0 without pid_source).",
             registry=r,
         )
-        self.leases = Counter("pidctl_pid_leases", "Leases taken from etcd.", registry=r)
-        self.etcd_latency = Histogram(
+        self.leases = LoopCounter("pidctl_pid_leases", "Leases taken from etcd.", registry=r)
+        self.etcd_latency = LoopHistogram(
             "pidctl_etcd_request_duration_seconds",
             "Round trips to etcd, by operation.",
             ["operation"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.etcd_failures = Counter(
+        self.etcd_failures = LoopCounter(
             "pidctl_etcd_request_failures",
             "etcd requests that failed, by operation.",
             ["operation"],
