@@ -136,7 +136,14 @@ async def test_union_of_acknowledged_blocks_never_overlaps_under_kills(
         if isinstance(e.record, ProducerIdsLeased)
     ]
     _no_overlap(leases)
-    assert etcd.counter() == max(first + size for first, size in leases)
+    # etcd's counter is never behind a log (or it would hand out a range again). It may be
+    # ahead by whole leases taken from etcd and not yet durable in a log when a kill came
+    # (mostly the final kills): at most one per kill.
+    counter = etcd.counter()
+    assert counter is not None
+    ahead = counter - max(first + size for first, size in leases)
+    killed = kills["controller"] + len(controllers)
+    assert ahead % 20_000 == 0 and 0 <= ahead <= 20_000 * killed, (ahead, killed)
 
 
 def _allocate_job(client: SyncClient) -> tuple[int, int, int]:
