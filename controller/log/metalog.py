@@ -32,7 +32,6 @@ from typing import Any
 
 import structlog
 import trio
-from trio.testing import wait_all_tasks_blocked
 
 from pidctl.controller.core.logformat import (
     SEGMENT_SUFFIX as SEGMENT_SUFFIX,
@@ -76,11 +75,6 @@ DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 #: Default for ``snapshot_interval_records``: a snapshot after this many records bounds the
 #: replay at start-up (about 10 ms per 10,000 grant records here) whatever the history length.
 DEFAULT_SNAPSHOT_INTERVAL_RECORDS = 10_000
-#: How long a commit may wait for the tasks that can still run (each may append a record
-#: that then joins it) before it starts. Once every task waits, it starts at once: an idle
-#: server adds no delay; a busy one makes fewer, larger commits (twice as large at 16
-#: durable requests in flight here), each of which holds the event loop for its sync.
-GATHER_MAX_S = 0.002
 #: Default for ``inline_sync_max_s``. A local disk syncs a commit in well under a millisecond
 #: (p99 0.4 ms on the development machine); a network volume or a failing disk takes longer.
 DEFAULT_INLINE_SYNC_MAX_S = 0.010
@@ -589,10 +583,6 @@ class MetadataLog:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer task: commit batches until cancelled, then commit what is left.
 
-        A batch is committed once no other task can run (``wait_all_tasks_blocked``: trio's
-        own notion of an idle loop, which this borrows from ``trio.testing``), or after
-        ``GATHER_MAX_S``.
-
         Snapshots are written by a task of their own, so commits go on meanwhile."""
         self._disk = DiskThread("pidctl-log-commit")
         task_status.started()
@@ -601,8 +591,6 @@ class MetadataLog:
                 try:
                     while True:
                         await self._pending_event.wait()
-                        with trio.move_on_after(GATHER_MAX_S):
-                            await wait_all_tasks_blocked()
                         await self._commit_batch(snapshots)
                 finally:
                     with trio.CancelScope(shield=True):
