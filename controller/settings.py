@@ -405,9 +405,9 @@ class Settings:
     )
     log_inline_sync_max_ms: int = _setting(
         round(DEFAULT_INLINE_SYNC_MAX_S * 1000),
-        "a group commit's write and fdatasync run on the event loop while the last one took "
-        "less than this, and in the log's own thread after a slower one (until one there is "
-        "quick again), so a slow disk does not hold up what does not wait for it; 0: always "
+        "a group commit's write and fdatasync run on the event loop while they take less "
+        "than this, and in the log's own thread after a slower one (until 64 in a row there "
+        "are quick), so a slow disk does not hold up what does not wait for it; 0: always "
         "in the thread",
         "ms",
     )

@@ -78,6 +78,10 @@ DEFAULT_SNAPSHOT_INTERVAL_RECORDS = 10_000
 #: Default for ``inline_sync_max_s``. A local disk syncs a commit in well under a millisecond
 #: (p99 0.4 ms on the development machine); a network volume or a failing disk takes longer.
 DEFAULT_INLINE_SYNC_MAX_S = 0.010
+#: After a slow sync, commits stay in the log's thread until this many in a row there were
+#: quick: a disk slow now and then (one sync in five, say) keeps them in the thread, rather
+#: than holding the loop up for every other slow sync.
+QUICK_SYNCS_BEFORE_THE_LOOP = 64
 
 _SNAPSHOT_MAGIC = b"PIDSNAP2"
 #: Snapshots written before the binary sections (JSON only); still read.
@@ -484,6 +488,30 @@ def recover(data_dir: Path) -> Recovery:
     return Recovery(state, replayed, snapshot_offset, walked.torn_tail_bytes)
 
 
+@dataclass(slots=True)
+class SyncPlace:
+    """Where the next commit's ``write`` and ``fdatasync`` run: on the event loop while they
+    take less than ``max_s``; after a slower one in the log's thread, until
+    ``QUICK_SYNCS_BEFORE_THE_LOOP`` in a row there were quick. ``max_s`` 0: always in the
+    thread."""
+
+    max_s: float
+    in_thread: bool = False
+    quick_in_thread: int = 0
+
+    def __post_init__(self) -> None:
+        self.in_thread = self.max_s <= 0
+
+    def after(self, took: float) -> None:
+        """The commit just made (where ``in_thread`` said) took ``took`` seconds."""
+        slow = self.max_s <= 0 or took >= self.max_s
+        if not self.in_thread:
+            self.in_thread, self.quick_in_thread = slow, 0
+            return
+        self.quick_in_thread = 0 if slow else self.quick_in_thread + 1
+        self.in_thread = self.quick_in_thread < QUICK_SYNCS_BEFORE_THE_LOOP
+
+
 class MetadataLog:
     """Append records, wait for them to be durable; one writer task does all disk I/O.
 
@@ -492,15 +520,16 @@ class MetadataLog:
     :class:`StorageFailed`; waiters are never woken, so nothing more is answered.
     ``on_durable`` is told the new durable end after each commit.
 
-    Where a commit's ``write`` and ``fdatasync`` run: on the event loop, while the last
-    commit took less than ``inline_sync_max_s``, and otherwise in the log's thread until one
-    there is that quick again (0: always in the thread). Handing a commit to a thread and
+    Where a commit's ``write`` and ``fdatasync`` run (:class:`SyncPlace`): on the event
+    loop while syncs take less than ``inline_sync_max_s``, and after a slower one in the
+    log's thread until ``QUICK_SYNCS_BEFORE_THE_LOOP`` in a row there were quick (0: always
+    in the thread). Handing a commit to a thread and
     back costs more than a quick sync: the thread must be woken on another core and win the
     GIL from a busy loop, and the loop woken in turn (about 1.5 ms per commit under load,
     where the disk takes 0.2-0.4 ms, and more of the loop's time per request than the sync
     itself). On a slow disk the thread keeps the loop serving everything that does not wait
     for the disk (ApiVersions, Metadata, InitProducerId from a durable block, /healthz) and
-    the loop is held up by at most one slow sync in a row. ``on_batch(records, seconds,
+    the loop is held up by one slow sync at a time, and rarely. ``on_batch(records, seconds,
     in_thread)`` is told of each commit."""
 
     def __init__(
@@ -526,8 +555,7 @@ class MetadataLog:
         self.segment_max_bytes = segment_max_bytes
         self.snapshot_interval_records = snapshot_interval_records
         self.retention_bytes = retention_bytes
-        self.inline_sync_max_s = inline_sync_max_s
-        self._sync_in_thread = inline_sync_max_s <= 0
+        self._sync_place = SyncPlace(inline_sync_max_s)
         self.failed: StorageFailed | None = None
         self._snapshot_source = snapshot_source
         self._on_batch = on_batch
@@ -619,7 +647,7 @@ class MetadataLog:
             # append); the source returns a cheap copy, turned into the snapshot in a thread.
             snapshot = self._snapshot_source()
         data = b"".join(batch)
-        in_thread = self._sync_in_thread
+        in_thread = self._sync_place.in_thread
         started = trio.current_time()
         disk = self._disk
         assert disk is not None
@@ -630,7 +658,7 @@ class MetadataLog:
             else:
                 size = self._write_and_sync(data)
             took = trio.current_time() - started
-            self._sync_in_thread = self.inline_sync_max_s <= 0 or took >= self.inline_sync_max_s
+            self._sync_place.after(took)
             self._after_batch(len(batch), took, in_thread, batch_end)
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
@@ -670,11 +698,7 @@ class MetadataLog:
 
     def _write_and_sync(self, data: bytes) -> int:
         """Append ``data`` and make it durable; the segment's size after it."""
-        view = memoryview(data)
-        while view:
-            written = _storage_call(self._path, "write", os.write, self._fd, view)
-            self._size += written
-            view = view[written:]
+        self._size += _write_all(self._path, self._fd, data)
         _storage_call(self._path, "fdatasync", os.fdatasync, self._fd)
         return self._size
 
@@ -730,6 +754,19 @@ class MetadataLog:
         return size
 
 
+def _write_all(path: Path, fd: int, data: bytes) -> int:
+    """Write all of ``data``; its length. A write that takes no byte (never, for a regular
+    file) is a failure rather than a loop for ever."""
+    view = memoryview(data)
+    while view:
+        written = _storage_call(path, "write", os.write, fd, view)
+        if written == 0:
+            error = OSError(errno.EIO, "write took no byte")
+            raise StorageFailed(path, "write", error)
+        view = view[written:]
+    return len(data)
+
+
 _APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
@@ -753,9 +790,7 @@ def write_snapshot_file(data_dir: Path, offset: int, state: dict[str, Any]) -> P
     data = encode_snapshot(offset, state)
     fd = _storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[_storage_call(tmp, "write", os.write, fd, view) :]
+        _write_all(tmp, fd, data)
         _storage_call(tmp, "fsync", os.fsync, fd)
     finally:
         os.close(fd)

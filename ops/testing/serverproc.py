@@ -62,6 +62,20 @@ async def wait_until_async(
 def strace_prefix(syscall: str, error: str, when: str, path: Path | None = None) -> list[str]:
     """A command prefix running the server under ``strace``, failing the ``when``-th
     ``syscall`` (only those on ``path``, if given) with ``error``: a real failed system call."""
+    return strace_inject_prefix(syscall, f"error={error}", when, path)
+
+
+def strace_delay_prefix(syscall: str, seconds: float, when: str, path: Path) -> list[str]:
+    """A command prefix running the server under ``strace``, delaying the ``when``-th
+    ``syscall`` on ``path`` (counted per thread) by ``seconds`` after it returns: a slow
+    disk, for real."""
+    return strace_inject_prefix(syscall, f"delay_exit={round(seconds * 1_000_000)}", when, path)
+
+
+def strace_inject_prefix(syscall: str, action: str, when: str, path: Path | None) -> list[str]:
+    """A command prefix running the server under ``strace`` with ``inject=SYSCALL:ACTION``
+    (``error=EIO``, ``retval=0``, ``delay_exit=MICROSECONDS``) on the ``when``-th call
+    (strace's ``when=`` syntax, counted per thread), only on ``path`` if given."""
     only = ["-P", str(path)] if path is not None else []
     return [
         "strace",
@@ -73,26 +87,7 @@ def strace_prefix(syscall: str, error: str, when: str, path: Path | None = None)
         "-e",
         f"trace={syscall}",
         "-e",
-        f"inject={syscall}:error={error}:when={when}",
-    ]
-
-
-def strace_delay_prefix(syscall: str, seconds: float, when: str, path: Path) -> list[str]:
-    """A command prefix running the server under ``strace``, delaying the ``when``-th
-    ``syscall`` on ``path`` (counted per thread) by ``seconds`` after it returns: a slow
-    disk, for real."""
-    return [
-        "strace",
-        "-f",
-        "-qq",
-        "-o",
-        "/dev/null",
-        "-P",
-        str(path),
-        "-e",
-        f"trace={syscall}",
-        "-e",
-        f"inject={syscall}:delay_exit={round(seconds * 1_000_000)}:when={when}",
+        f"inject={syscall}:{action}:when={when}",
     ]
 
 

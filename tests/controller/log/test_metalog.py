@@ -24,9 +24,11 @@ from pidctl.controller.core.records import (
 )
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import (
+    QUICK_SYNCS_BEFORE_THE_LOOP,
     DataDirLocked,
     LogCorruption,
     MetadataLog,
+    SyncPlace,
     lock_data_dir,
     read_log,
     recover,
@@ -123,6 +125,31 @@ async def test_a_task_that_never_waits_does_not_hold_commits_back(tmp_path: Path
                 await metalog.wait_durable(offset)
         nursery.cancel_scope.cancel()
     assert recover(tmp_path).state == state
+
+
+def test_a_slow_sync_sends_commits_to_the_thread_until_enough_quick_ones_in_a_row() -> None:
+    place = SyncPlace(0.010)
+    assert not place.in_thread
+    place.after(0.001)
+    assert not place.in_thread
+    place.after(0.010)  # slow: the next in the thread
+    assert place.in_thread
+    for _ in range(QUICK_SYNCS_BEFORE_THE_LOOP - 1):
+        place.after(0.001)
+    place.after(0.050)  # slow again before enough quick ones: the count starts over
+    for _ in range(QUICK_SYNCS_BEFORE_THE_LOOP - 1):
+        place.after(0.001)
+        assert place.in_thread
+    place.after(0.001)
+    assert not place.in_thread
+
+
+def test_no_inline_bound_keeps_every_commit_in_the_thread() -> None:
+    place = SyncPlace(0.0)
+    for took in (0.0, 0.001, 1.0):
+        assert place.in_thread
+        place.after(took)
+    assert place.in_thread
 
 
 async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
