@@ -25,7 +25,7 @@ from pidctl.client import SyncClient
 from tests import wire
 
 BROKERS = 8
-ROUNDS = 15
+ROUNDS = 10
 
 
 def _broker_loop(
