@@ -496,8 +496,8 @@ class SyncPlace:
     thread."""
 
     max_s: float
-    in_thread: bool = False
-    quick_in_thread: int = 0
+    in_thread: bool = field(init=False)
+    quick_in_thread: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.in_thread = self.max_s <= 0

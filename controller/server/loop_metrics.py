@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+Child = TypeVar("Child")
 
 
 class CounterValue:
@@ -52,20 +55,37 @@ class HistogramValue:
         self.sum += value
 
 
-class _Labelled(Collector):
+class _Labelled(Collector, Generic[Child]):
     """A metric's children by label values; unlabelled metrics have the one child ()."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        new_child: Callable[[], Child],
+        registry: CollectorRegistry,
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self._new_child = new_child
+        self._children: dict[tuple[str, ...], Child] = {}
+        if not self.labelnames:
+            self._children[()] = new_child()  # exported (as 0) from the start
+        registry.register(self)
 
-    def _check(self, values: tuple[str, ...]) -> None:
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+    def labels(self, *values: str) -> Child:
+        """The child for these label values (created at its first use)."""
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self._children[values] = self._new_child()
+        return child
 
 
-class LoopCounter(_Labelled):
+class LoopCounter(_Labelled[CounterValue]):
     """A counter (with labels, or without), changed on the event loop only."""
 
     def __init__(
@@ -76,19 +96,7 @@ class LoopCounter(_Labelled):
         *,
         registry: CollectorRegistry,
     ) -> None:
-        super().__init__(name, documentation, labelnames)
-        self._children: dict[tuple[str, ...], CounterValue] = {}
-        if not self.labelnames:
-            self._children[()] = CounterValue()  # exported (as 0) from the start
-        registry.register(self)
-
-    def labels(self, *values: str) -> CounterValue:
-        """The child for these label values (created at its first use)."""
-        child = self._children.get(values)
-        if child is None:
-            self._check(values)
-            child = self._children[values] = CounterValue()
-        return child
+        super().__init__(name, documentation, labelnames, CounterValue, registry)
 
     def inc(self, amount: float = 1.0) -> None:
         """Add to an unlabelled counter."""
@@ -104,7 +112,7 @@ class LoopCounter(_Labelled):
         yield family
 
 
-class LoopHistogram(_Labelled):
+class LoopHistogram(_Labelled[HistogramValue]):
     """A histogram (with labels, or without), changed on the event loop only."""
 
     def __init__(
@@ -116,20 +124,9 @@ class LoopHistogram(_Labelled):
         buckets: Sequence[float],
         registry: CollectorRegistry,
     ) -> None:
-        super().__init__(name, documentation, labelnames)
         self.bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
-        self._children: dict[tuple[str, ...], HistogramValue] = {}
-        if not self.labelnames:
-            self._children[()] = HistogramValue(self.bounds)
-        registry.register(self)
-
-    def labels(self, *values: str) -> HistogramValue:
-        """The child for these label values (created at its first use)."""
-        child = self._children.get(values)
-        if child is None:
-            self._check(values)
-            child = self._children[values] = HistogramValue(self.bounds)
-        return child
+        bounds = self.bounds
+        super().__init__(name, documentation, labelnames, lambda: HistogramValue(bounds), registry)
 
     def observe(self, value: float) -> None:
         """Observe in an unlabelled histogram."""
