@@ -56,6 +56,7 @@ from typing import Any
 
 from ops.bench.common import ROOT, ceiling_process, ceiling_server, cpu_seconds, rss_kib, run_json
 from ops.bench.core import build_history, disk_rate, time_restart
+from ops.bench.stalls import stall_probe
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
 from ops.testing.serverproc import ServerProcess
 
@@ -202,7 +203,16 @@ class Run:
 
 
 def _latencies(r: dict[str, Any]) -> dict[str, Any]:
-    return {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "p999_ms": r["p999_ms"]}
+    keys = ("p50_ms", "p99_ms", "p999_ms", "stalled_ms_per_s", "longest_stall_ms")
+    return {key: r[key] for key in keys}
+
+
+def probed_loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
+    """:func:`loadgen` with the stall probe running beside it (``ops/bench/stalls.py``): the
+    machine's stops, which hold every request in flight, are reported with the latencies."""
+    with stall_probe() as stalls:
+        result = loadgen(bootstrap, *args)
+    return {**result, **stalls.summary()}
 
 
 def _storm_times(r: dict[str, Any]) -> dict[str, Any]:
@@ -235,10 +245,10 @@ def _curves(
                 "--seconds",
                 run.secs,
             )
-            base = loadgen(
+            base = probed_loadgen(
                 ceiling, *flags, "--scenario", ceiling_scenario, "--no-unique-check", *ceiling_flags
             )
-            mine = loadgen(
+            mine = probed_loadgen(
                 server.bootstrap, *flags, "--scenario", scenario, "--broker-base", run.broker_base()
             )
             return base, mine
@@ -382,7 +392,7 @@ def row_zookeeper(run: Run) -> None:
 def row_grants(run: Run) -> None:
     with ServerProcess(run.tmp / "grants") as server:
         for n in (1, 4, 16):
-            r = loadgen(
+            r = probed_loadgen(
                 server.bootstrap,
                 "--connections",
                 str(n),

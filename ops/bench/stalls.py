@@ -1,0 +1,119 @@
+"""A probe for the time the machine did not run anything of ours: a process that sleeps a
+millisecond at a time and records every wake-up late by more than 2 ms.
+
+On a virtual machine the host may stop all of the guest's CPUs at once: a host that caps
+the guest's CPU time per 100 ms period (a CFS quota) stops it for the rest of a period
+once the cap is reached. On the development machine (a Firecracker VM, 2 vCPUs) that
+happens when both vCPUs are busy and the disk is in use: the host's own work for each
+``fdatasync`` counts against the cap. A process spinning on one vCPU beside a loop of
+``write`` + ``fdatasync`` on the other is stopped for 10-20 ms in every 100 ms; neither
+alone is stopped at all. Every request in flight during such a stop waits for it, so the
+benchmark rows report the probe's count beside their latencies, for pidctl and for the
+baseline of the same run.
+
+    python -m ops.bench.stalls     # prints "probing", probes until its standard input
+                                   # closes, then prints one JSON object
+
+A late wake-up is also what a busy machine's scheduler gives a sleeper now and then (the
+probe is one more process on the same CPUs); the baseline's count shows that part.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from ops.bench.common import ROOT
+
+#: How long the probe sleeps between two looks at the clock.
+PERIOD_S = 0.001
+#: A wake-up later than this is a stall.
+STALL_S = 0.002
+#: The probe's first line: it is probing.
+READY = "probing\n"
+
+
+@dataclass
+class Stalls:
+    """What the probe saw: ``count`` late wake-ups, ``stalled_s`` of lateness in all, the
+    longest, over ``seconds`` of probing."""
+
+    count: int = 0
+    stalled_s: float = 0.0
+    longest_s: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, late_s: float) -> None:
+        """One wake-up, ``late_s`` seconds after it was due."""
+        if late_s > STALL_S:
+            self.count += 1
+            self.stalled_s += late_s
+            self.longest_s = max(self.longest_s, late_s)
+
+    def summary(self) -> dict[str, float]:
+        """Per second of probing: how many stalls, how many milliseconds stalled; the
+        longest stall in milliseconds."""
+        seconds = self.seconds or 1.0
+        return {
+            "stalls_per_s": self.count / seconds,
+            "stalled_ms_per_s": self.stalled_s * 1000 / seconds,
+            "longest_stall_ms": self.longest_s * 1000,
+        }
+
+
+def probe(stop: int, started: Callable[[], None]) -> Stalls:
+    """Sleep ``PERIOD_S`` at a time until the descriptor ``stop`` is readable (or at its
+    end); the late wake-ups. ``started`` is called once the clock runs."""
+    stalls = Stalls()
+    begun = due = time.perf_counter()
+    started()
+    while True:
+        due += PERIOD_S
+        stopping = select.select([stop], [], [], max(0.0, due - time.perf_counter()))[0]
+        now = time.perf_counter()
+        stalls.add(now - due)  # also when told to stop: the stall may have just ended
+        if stopping:
+            break
+        due = max(due, now)  # one stall is counted once, not once per period it spans
+    stalls.seconds = time.perf_counter() - begun
+    return stalls
+
+
+@contextmanager
+def stall_probe() -> Iterator[Stalls]:
+    """The probe in its own process while the block runs; the yielded :class:`Stalls` is
+    filled in when the block ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops.bench.stalls"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    result = Stalls()
+    try:
+        if proc.stdout.readline() != READY:
+            raise RuntimeError("the stall probe did not start")
+        yield result
+    finally:
+        out, _ = proc.communicate(timeout=30)  # closes its standard input: the probe stops
+    if proc.returncode != 0:
+        raise RuntimeError(f"the stall probe exited with {proc.returncode}")
+    for key, value in json.loads(out).items():
+        setattr(result, key, value)
+
+
+def main() -> None:
+    stalls = probe(sys.stdin.fileno(), lambda: print(READY, end="", flush=True))
+    json.dump(asdict(stalls), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

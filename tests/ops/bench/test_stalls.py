@@ -1,0 +1,56 @@
+"""The stall probe: a process stopped for a known time reports one stall that long."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ops.bench.common import ROOT
+from ops.bench.stalls import READY, STALL_S, Stalls, stall_probe
+
+
+def test_only_wake_ups_later_than_the_threshold_count() -> None:
+    stalls = Stalls(seconds=2.0)
+    for late in (0.0, STALL_S / 2, STALL_S, 0.003, 0.010):
+        stalls.add(late)
+    assert (stalls.count, stalls.longest_s) == (2, 0.010)
+    assert stalls.summary() == pytest.approx(
+        {"stalls_per_s": 1.0, "stalled_ms_per_s": 6.5, "longest_stall_ms": 10.0}
+    )
+
+
+def test_a_probe_stopped_for_200_ms_reports_a_stall_at_least_that_long() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops.bench.stalls"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == READY
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(0.2)  # the stall being made, not a wait for something
+    os.kill(proc.pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=30)
+    result = json.loads(out)
+    assert proc.returncode == 0
+    assert result["count"] >= 1
+    assert result["longest_s"] >= 0.19
+    assert result["seconds"] >= result["longest_s"]
+
+
+def test_the_context_fills_in_what_the_probe_saw_when_the_block_ends() -> None:
+    with stall_probe() as stalls:
+        assert stalls.seconds == 0.0  # not yet
+        deadline = time.monotonic() + 0.1
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert stalls.seconds >= 0.1
+    assert set(stalls.summary()) == {"stalls_per_s", "stalled_ms_per_s", "longest_stall_ms"}
