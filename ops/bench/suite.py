@@ -54,7 +54,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import ROOT, ceiling_process, ceiling_server, cpu_seconds, rss_kib, run_json
+from ops.bench.common import ROOT, ceiling_process, cpu_seconds, rss_kib, run_json
 from ops.bench.core import build_history, disk_rate, time_restart
 from ops.bench.stalls import stall_probe
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
@@ -204,15 +204,25 @@ class Run:
 
 def _latencies(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("p50_ms", "p99_ms", "p999_ms", "stalled_ms_per_s", "longest_stall_ms")
-    return {key: r[key] for key in keys}
+    measured = {key: r[key] for key in keys}
+    if "server_cpu_us_per_request" in r:
+        measured["server_cpu_us_per_request"] = r["server_cpu_us_per_request"]
+    return measured
 
 
-def probed_loadgen(bootstrap: str, *args: str) -> dict[str, Any]:
+def probed_loadgen(bootstrap: str, *args: str, server_pid: int | None = None) -> dict[str, Any]:
     """:func:`loadgen` with the stall probe running beside it (``ops/bench/stalls.py``): the
-    machine's stops, which hold every request in flight, are reported with the latencies."""
+    machine's stops, which hold every request in flight, are reported with the latencies;
+    and with ``server_pid``, the server's CPU time per request (its efficiency, steadier
+    than a rate on a machine whose speed varies from hour to hour)."""
+    cpu_before = cpu_seconds(server_pid) if server_pid is not None else 0.0
     with stall_probe() as stalls:
         result = loadgen(bootstrap, *args)
-    return {**result, **stalls.summary()}
+    result.update(stalls.summary())
+    if server_pid is not None:
+        cpu = cpu_seconds(server_pid) - cpu_before
+        result["server_cpu_us_per_request"] = cpu * 1e6 / max(1, result["requests"])
+    return result
 
 
 def _storm_times(r: dict[str, Any]) -> dict[str, Any]:
@@ -234,7 +244,9 @@ def _curves(
     median ratio is the row's figure."""
     points: dict[str, list[dict[str, Any]]] = {"pidctl": [], "ceiling": []}
     rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    with ceiling_server() as ceiling, ServerProcess(run.tmp / key) as server:
+    with ceiling_process() as (ceiling, ceiling_pid), ServerProcess(run.tmp / key) as server:
+        assert server.proc is not None
+        server_pid = server.proc.pid
 
         def measure(conns: int) -> tuple[dict[str, Any], dict[str, Any]]:
             flags = (
@@ -246,10 +258,22 @@ def _curves(
                 run.secs,
             )
             base = probed_loadgen(
-                ceiling, *flags, "--scenario", ceiling_scenario, "--no-unique-check", *ceiling_flags
+                ceiling,
+                *flags,
+                "--scenario",
+                ceiling_scenario,
+                "--no-unique-check",
+                *ceiling_flags,
+                server_pid=ceiling_pid,
             )
             mine = probed_loadgen(
-                server.bootstrap, *flags, "--scenario", scenario, "--broker-base", run.broker_base()
+                server.bootstrap,
+                *flags,
+                "--scenario",
+                scenario,
+                "--broker-base",
+                run.broker_base(),
+                server_pid=server_pid,
             )
             return base, mine
 
@@ -274,6 +298,7 @@ def _curves(
         title,
         mine["per_second"],
         **_latencies(mine),
+        cpu_per_request_ratio=mine["server_cpu_us_per_request"] / base["server_cpu_us_per_request"],
         ratio=mine["per_second"] / base["per_second"],
         baseline="framing ceiling",
         rounds=" ".join(f"{r:.2f}" for r in ratios),

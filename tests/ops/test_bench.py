@@ -72,6 +72,8 @@ def test_suite_short_mode_reports_every_ratio_row(tmp_path: Path) -> None:
         assert len(rounds) == 3 and round(by_group[name]["ratio"], 2) == rounds[1], name
         # Beside the latencies: how long the machine stopped everything (the stall probe).
         assert by_group[name]["stalled_ms_per_s"] >= 0, name
+        assert by_group[name]["server_cpu_us_per_request"] > 0, name
+        assert by_group[name]["cpu_per_request_ratio"] > 0, name
     fixed_answers = [r for r in written["rows"] if r["name"].startswith("fixed ")]
     assert len(fixed_answers) == 4
     assert all(r["longest_stall_ms"] >= 0 for r in fixed_answers)
