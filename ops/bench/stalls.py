@@ -13,6 +13,9 @@ baseline of the same run.
 
     python -m ops.bench.stalls     # prints "probing", probes until its standard input
                                    # closes, then prints one JSON object
+    python -m ops.bench.stalls --host-check 3 [--dir D]
+        # the probe beside a spinning process, beside a write + fdatasync loop (in D), and
+        # beside both: does this machine stop its guest when the disk is used?
 
 A late wake-up is also what a busy machine's scheduler gives a sleeper now and then (the
 probe is one more process on the same CPUs); the baseline's count shows that part.
@@ -20,10 +23,14 @@ probe is one more process on the same CPUs); the baseline's count shows that par
 
 from __future__ import annotations
 
+import argparse
 import json
+import multiprocessing
+import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -110,7 +117,53 @@ def stall_probe() -> Iterator[Stalls]:
         setattr(result, key, value)
 
 
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def _sync_loop(seconds: float, directory: str) -> None:
+    """Grant-sized appends, each made durable, as the log's commits are."""
+    fd = os.open(os.path.join(directory, "sync-loop"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        os.write(fd, b"x" * 600)
+        os.fdatasync(fd)
+    os.close(fd)
+
+
+def host_check(seconds: float, directory: str) -> dict[str, dict[str, float]]:
+    """The probe's summary beside a spinning process, beside a ``write`` + ``fdatasync``
+    loop, and beside both at once, ``seconds`` each."""
+    loads: dict[str, list[Callable[[], None]]] = {
+        "spin": [lambda: _spin(seconds)],
+        "fdatasync": [lambda: _sync_loop(seconds, directory)],
+        "spin+fdatasync": [lambda: _spin(seconds), lambda: _sync_loop(seconds, directory)],
+    }
+    results = {}
+    context = multiprocessing.get_context("fork")
+    for name, targets in loads.items():
+        with stall_probe() as stalls:
+            workers = [context.Process(target=target) for target in targets]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        results[name] = stalls.summary()
+    return results
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host-check", type=float, metavar="SECONDS")
+    parser.add_argument("--dir", default=".", help="where --host-check syncs (default: here)")
+    args = parser.parse_args()
+    if args.host_check:
+        with tempfile.TemporaryDirectory(dir=args.dir) as directory:
+            json.dump(host_check(args.host_check, directory), sys.stdout, indent=1)
+        print()
+        return
     stalls = probe(sys.stdin.fileno(), lambda: print(READY, end="", flush=True))
     json.dump(asdict(stalls), sys.stdout)
 

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from ops.bench.common import ROOT
-from ops.bench.stalls import READY, STALL_S, Stalls, stall_probe
+from ops.bench.stalls import READY, STALL_S, Stalls, host_check, stall_probe
 
 
 def test_only_wake_ups_later_than_the_threshold_count() -> None:
@@ -54,3 +55,13 @@ def test_the_context_fills_in_what_the_probe_saw_when_the_block_ends() -> None:
             time.sleep(0.01)
     assert stalls.seconds >= 0.1
     assert set(stalls.summary()) == {"stalls_per_s", "stalled_ms_per_s", "longest_stall_ms"}
+
+
+def test_the_host_check_probes_beside_each_load_and_really_syncs(tmp_path: Path) -> None:
+    results = host_check(0.3, str(tmp_path))
+    assert list(results) == ["spin", "fdatasync", "spin+fdatasync"]
+    for summary in results.values():
+        assert summary["stalled_ms_per_s"] >= 0 and summary["longest_stall_ms"] >= 0
+    # Both loads that sync appended to the same file: 600 bytes at a time.
+    size = (tmp_path / "sync-loop").stat().st_size
+    assert size > 0 and size % 600 == 0
