@@ -92,10 +92,8 @@ def probe(stop: int, started: Callable[[], None]) -> Stalls:
     return stalls
 
 
-@contextmanager
-def stall_probe() -> Iterator[Stalls]:
-    """The probe in its own process while the block runs; the yielded :class:`Stalls` is
-    filled in when the block ends."""
+def start_probe() -> subprocess.Popen[str]:
+    """The probe in its own process, once it is probing; :func:`finish_probe` stops it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ops.bench.stalls"],
         stdin=subprocess.PIPE,
@@ -104,16 +102,33 @@ def stall_probe() -> Iterator[Stalls]:
         cwd=ROOT,
     )
     assert proc.stdout is not None
-    result = Stalls()
-    try:
-        if proc.stdout.readline() != READY:
-            raise RuntimeError("the stall probe did not start")
-        yield result
-    finally:
-        out, _ = proc.communicate(timeout=30)  # closes its standard input: the probe stops
+    if proc.stdout.readline() != READY:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError("the stall probe did not start")
+    return proc
+
+
+def finish_probe(proc: subprocess.Popen[str]) -> Stalls:
+    """Stop a probe from :func:`start_probe` (its standard input closes) and read what it
+    saw."""
+    out, _ = proc.communicate(timeout=30)
     if proc.returncode != 0:
         raise RuntimeError(f"the stall probe exited with {proc.returncode}")
-    for key, value in json.loads(out).items():
+    return Stalls(**json.loads(out))
+
+
+@contextmanager
+def stall_probe() -> Iterator[Stalls]:
+    """The probe in its own process while the block runs; the yielded :class:`Stalls` is
+    filled in when the block ends."""
+    proc = start_probe()
+    result = Stalls()
+    try:
+        yield result
+    finally:
+        seen = finish_probe(proc)
+    for key, value in asdict(seen).items():
         setattr(result, key, value)
 
 

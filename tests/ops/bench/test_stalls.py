@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from ops.bench.common import ROOT
-from ops.bench.stalls import READY, STALL_S, Stalls, host_check, stall_probe
+from ops.bench.stalls import (
+    STALL_S,
+    Stalls,
+    finish_probe,
+    host_check,
+    stall_probe,
+    start_probe,
+)
 
 
 def test_only_wake_ups_later_than_the_threshold_count() -> None:
@@ -27,24 +30,14 @@ def test_only_wake_ups_later_than_the_threshold_count() -> None:
 
 
 def test_a_probe_stopped_for_200_ms_reports_a_stall_at_least_that_long() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ops.bench.stalls"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == READY
+    proc = start_probe()
     os.kill(proc.pid, signal.SIGSTOP)
     time.sleep(0.2)  # the stall being made, not a wait for something
     os.kill(proc.pid, signal.SIGCONT)
-    out, _ = proc.communicate(timeout=30)
-    result = json.loads(out)
-    assert proc.returncode == 0
-    assert result["count"] >= 1
-    assert result["longest_s"] >= 0.19
-    assert result["seconds"] >= result["longest_s"]
+    stalls = finish_probe(proc)
+    assert stalls.count >= 1
+    assert stalls.longest_s >= 0.19
+    assert stalls.seconds >= stalls.longest_s
 
 
 def test_the_context_fills_in_what_the_probe_saw_when_the_block_ends() -> None:
