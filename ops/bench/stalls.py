@@ -4,8 +4,9 @@ millisecond at a time and records every wake-up late by more than 2 ms.
 On a virtual machine the host may stop all of the guest's CPUs at once: a host that caps
 the guest's CPU time per 100 ms period (a CFS quota) stops it for the rest of a period
 once the cap is reached. On the development machine (a Firecracker VM, 2 vCPUs) that
-happens when both vCPUs are busy and the disk is in use: the host's own work for each
-``fdatasync`` counts against the cap. A process spinning on one vCPU beside a loop of
+happens when both vCPUs are busy and the disk is in use, most likely because the host's
+own work for each ``fdatasync`` counts against the cap (seen from inside: the stops come
+at one phase of every 100 ms, a CFS quota's period). A process spinning on one vCPU beside a loop of
 ``write`` + ``fdatasync`` on the other is stopped for 10-20 ms in every 100 ms; neither
 alone is stopped at all. Every request in flight during such a stop waits for it, so the
 benchmark rows report the probe's count beside their latencies, for pidctl and for the
