@@ -204,24 +204,18 @@ class Run:
 
 def _latencies(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("p50_ms", "p99_ms", "p999_ms", "stalled_ms_per_s", "longest_stall_ms")
-    measured = {key: r[key] for key in keys}
-    if "server_cpu_us_per_request" in r:
-        measured["server_cpu_us_per_request"] = r["server_cpu_us_per_request"]
-    return measured
+    return {key: r[key] for key in (*keys, "server_cpu_us_per_request")}
 
 
-def probed_loadgen(bootstrap: str, *args: str, server_pid: int | None = None) -> dict[str, Any]:
+def probed_loadgen(bootstrap: str, server_pid: int, *args: str) -> dict[str, Any]:
     """:func:`loadgen` with the stall probe running beside it (``ops/bench/stalls.py``): the
     machine's stops, which hold every request in flight, are reported with the latencies;
-    and with ``server_pid``, the server's CPU time per request (its efficiency, steadier
-    than a rate on a machine whose speed varies from hour to hour)."""
-    cpu_before = cpu_seconds(server_pid) if server_pid is not None else 0.0
+    and the server's CPU time per request (its efficiency, steadier than a rate on a
+    machine whose speed varies from hour to hour)."""
     with stall_probe() as stalls:
-        result = loadgen(bootstrap, *args)
+        result, cpu = _loadgen_costing(server_pid, bootstrap, *args)
     result.update(stalls.summary())
-    if server_pid is not None:
-        cpu = cpu_seconds(server_pid) - cpu_before
-        result["server_cpu_us_per_request"] = cpu * 1e6 / max(1, result["requests"])
+    result["server_cpu_us_per_request"] = cpu * 1e6 / max(1, result["requests"])
     return result
 
 
@@ -259,21 +253,21 @@ def _curves(
             )
             base = probed_loadgen(
                 ceiling,
+                ceiling_pid,
                 *flags,
                 "--scenario",
                 ceiling_scenario,
                 "--no-unique-check",
                 *ceiling_flags,
-                server_pid=ceiling_pid,
             )
             mine = probed_loadgen(
                 server.bootstrap,
+                server_pid,
                 *flags,
                 "--scenario",
                 scenario,
                 "--broker-base",
                 run.broker_base(),
-                server_pid=server_pid,
             )
             return base, mine
 
@@ -416,9 +410,11 @@ def row_zookeeper(run: Run) -> None:
 
 def row_grants(run: Run) -> None:
     with ServerProcess(run.tmp / "grants") as server:
+        assert server.proc is not None
         for n in (1, 4, 16):
             r = probed_loadgen(
                 server.bootstrap,
+                server.proc.pid,
                 "--connections",
                 str(n),
                 "--seconds",
