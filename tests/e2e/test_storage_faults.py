@@ -116,8 +116,6 @@ def test_failed_write_leaves_no_hole(tmp_path: Path) -> None:
     _restart_and_check(data_dir, acked)
 
 
-# fsync serves rolls and snapshots only (records use fdatasync), two per roll: the new
-# segment's, then the directory's. 3 and 4 fail the second roll at each of them.
 def test_a_write_that_takes_no_byte_stops_the_server(tmp_path: Path) -> None:
     """A segment write returning 0 (never, for a regular file) is a storage failure, not a
     loop that writes for ever."""
@@ -129,6 +127,8 @@ def test_a_write_that_takes_no_byte_stops_the_server(tmp_path: Path) -> None:
     _restart_and_check(data_dir, acked)
 
 
+# fsync serves rolls and snapshots only (records use fdatasync), two per roll: the new
+# segment's, then the directory's. 3 and 4 fail the second roll at each of them.
 @pytest.mark.parametrize("when", ["3", "4"])
 def test_a_roll_that_fails_half_way_leaves_a_startable_directory(tmp_path: Path, when: str) -> None:
     data_dir = tmp_path / "d"
