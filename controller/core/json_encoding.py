@@ -4,13 +4,15 @@
 objects seen, against cycles) on every call; for a ten-field dict that is 40 % of the time.
 An encoder from :func:`json_encoder` is built once and gives the same text as
 ``json.dumps(value, separators=..., default=...)`` for the acyclic data pidctl writes.
+An encoder from :func:`object_encoder` writes objects whose keys and value types are known
+in advance (a record's fields, an audit line's) from a template, three times as fast.
 """
 
 from __future__ import annotations
 
 import json
 import json.encoder
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -42,3 +44,49 @@ def json_encoder(
         True,  # allow_nan, as json.dumps
     )
     return lambda value: "".join(encode(value, 0))
+
+
+def _optional_string(value: str | None) -> str:
+    return "null" if value is None else json.encoder.encode_basestring_ascii(value)
+
+
+#: The conversion of a field's value to JSON text, by the field's annotated type ("int"
+#: fields are formatted by ``%d`` in the object's template itself).
+_CONVERSIONS: dict[str, Callable[[Any], str]] = {
+    "str": json.encoder.encode_basestring_ascii,
+    "str | None": _optional_string,
+}
+
+
+def object_encoder(
+    fields: Sequence[tuple[str, str]],
+    separators: tuple[str, str] = (", ", ": "),
+    default: Callable[[Any], Any] | None = None,
+) -> Callable[[Sequence[Any]], str]:
+    """An encoder of JSON objects with these keys in this order, from their values in the
+    same order: the text ``json.dumps(dict(zip(keys, values)), separators=separators,
+    default=default)`` gives, made by one %-format of a template built once.
+
+    Each field comes with its annotated type. An ``int`` field is formatted with ``%d``; it
+    must hold an int (``%d`` would write 1 for True, and 1 for 1.5). ``str`` and
+    ``str | None`` fields are escaped as JSON strings; any other type goes through
+    :func:`json_encoder`. For the lines written on every request, where the generic encoder
+    spends most of its time on each value's type and each key's escaping."""
+    item_separator, key_separator = separators
+    generic = json_encoder(separators, default)
+    parts: list[str] = []
+    conversions: list[tuple[int, Callable[[Any], str]]] = []
+    for index, (key, kind) in enumerate(fields):
+        key_text = json.encoder.encode_basestring_ascii(key).replace("%", "%%")
+        parts.append(key_text + key_separator + ("%d" if kind == "int" else "%s"))
+        if kind != "int":
+            conversions.append((index, _CONVERSIONS.get(kind, generic)))
+    template = "{" + item_separator.join(parts) + "}"
+
+    def encode(values: Sequence[Any]) -> str:
+        texts = list(values)
+        for index, convert in conversions:
+            texts[index] = convert(texts[index])
+        return template % tuple(texts)
+
+    return encode

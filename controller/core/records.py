@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pidctl.controller.core.json_encoding import json_encoder
+from pidctl.controller.core.json_encoding import object_encoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,20 +173,26 @@ def record_name(record: Record) -> str:
     return type(record).__name__
 
 
-#: Each record type's field names in declaration order (``dataclasses.fields`` rebuilds
-#: them on every call, and every request that changes state encodes a record).
-_FIELD_NAMES: dict[type[Record], tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in RECORD_TYPES.values()
-}
-#: Same output as ``json.dumps(fields, separators=(",", ":"))``, without building an encoder
-#: per record.
-_compact_json = json_encoder(separators=(",", ":"))
+_Values = Callable[[Any], tuple[Any, ...]]
+
+
+def _payload_encoder(cls: type[Record]) -> tuple[_Values, Callable[[tuple[Any, ...]], str]]:
+    """The record type's field values in declaration order (one ``attrgetter`` call), and
+    their compact JSON object through a template built from the fields' annotated types."""
+    fields = [(f.name, str(f.type)) for f in dataclasses.fields(cls)]
+    get = operator.attrgetter(*(name for name, _ in fields))
+    values: _Values = get if len(fields) > 1 else lambda record: (get(record),)
+    return values, object_encoder(fields, separators=(",", ":"))
+
+
+#: Built once: every request that changes state encodes a record.
+_PAYLOAD_ENCODERS = {cls: _payload_encoder(cls) for cls in RECORD_TYPES.values()}
 
 
 def encode_payload(record: Record) -> bytes:
     """The record's fields as compact JSON (the type id travels in the record header)."""
-    fields = {name: getattr(record, name) for name in _FIELD_NAMES[type(record)]}
-    return _compact_json(fields).encode()
+    values, encode = _PAYLOAD_ENCODERS[type(record)]
+    return encode(values(record)).encode()
 
 
 def decode_payload(record_type: int, payload: bytes) -> Record:
