@@ -341,8 +341,8 @@ class PidctlServer:
         if pending and pending[0][0] < durable_end:
             grants = []
             while pending and pending[0][0] < durable_end:
-                grants.append(_grant_fields(pending.popleft()[1]))
-            log_each("producer ids granted", grants)
+                grants.append(_grant_values(pending.popleft()[1]))
+            log_each("producer ids granted", _GRANT_FIELDS, grants)
 
     async def _expire_transactional_ids(self, controller: Controller) -> None:
         interval = self.settings.transactional_id_cleanup_interval_ms / 1000
@@ -391,17 +391,29 @@ def load_credentials(settings: Settings) -> CredentialStore:
     return CredentialStore.load(Path(settings.credentials_file))
 
 
-def _grant_fields(record: ProducerIdsGranted) -> dict[str, Any]:
-    """A grant's audit line."""
-    return {
-        "holder": record.holder,
-        "broker_id": record.broker_id,
-        "broker_epoch": record.broker_epoch,
-        "first_producer_id": record.first_producer_id,
-        "last_producer_id": record.next_producer_id - 1,
-        "principal": record.principal,
-        "client_id": record.client_id,
-    }
+#: A grant's audit line: its fields, with their types.
+_GRANT_FIELDS = (
+    ("holder", "str"),
+    ("broker_id", "int"),
+    ("broker_epoch", "int"),
+    ("first_producer_id", "int"),
+    ("last_producer_id", "int"),
+    ("principal", "str | None"),
+    ("client_id", "str | None"),
+)
+
+
+def _grant_values(record: ProducerIdsGranted) -> tuple[Any, ...]:
+    """A grant's audit line: the values of :data:`_GRANT_FIELDS`."""
+    return (
+        record.holder,
+        record.broker_id,
+        record.broker_epoch,
+        record.first_producer_id,
+        record.next_producer_id - 1,
+        record.principal,
+        record.client_id,
+    )
 
 
 async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
