@@ -74,6 +74,11 @@ class ProducerIdsGranted:
     client_id: str | None = None
     holder: str = "broker"
 
+    @property
+    def last_producer_id(self) -> int:
+        """The block's last id (the audit trail's field; not stored)."""
+        return self.next_producer_id - 1
+
 
 @dataclass(frozen=True, slots=True)
 class TransactionalIdUpdated:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import operator
 import os
 import resource
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import structlog
 import trio
@@ -391,7 +391,7 @@ def load_credentials(settings: Settings) -> CredentialStore:
     return CredentialStore.load(Path(settings.credentials_file))
 
 
-#: A grant's audit line: its fields, with their types.
+#: A grant's audit line: attributes of its record, with their types.
 _GRANT_FIELDS = (
     ("holder", "str"),
     ("broker_id", "int"),
@@ -401,19 +401,8 @@ _GRANT_FIELDS = (
     ("principal", "str | None"),
     ("client_id", "str | None"),
 )
-
-
-def _grant_values(record: ProducerIdsGranted) -> tuple[Any, ...]:
-    """A grant's audit line: the values of :data:`_GRANT_FIELDS`."""
-    return (
-        record.holder,
-        record.broker_id,
-        record.broker_epoch,
-        record.first_producer_id,
-        record.next_producer_id - 1,
-        record.principal,
-        record.client_id,
-    )
+#: A grant record's values of :data:`_GRANT_FIELDS`, in their order.
+_grant_values = operator.attrgetter(*(name for name, _ in _GRANT_FIELDS))
 
 
 async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
