@@ -202,9 +202,19 @@ class Run:
             }
 
 
+#: What a throughput row reports beside its rate (from :func:`probed_loadgen`).
+_LATENCY_KEYS = (
+    "p50_ms",
+    "p99_ms",
+    "p999_ms",
+    "stalled_ms_per_s",
+    "longest_stall_ms",
+    "server_cpu_us_per_request",
+)
+
+
 def _latencies(r: dict[str, Any]) -> dict[str, Any]:
-    keys = ("p50_ms", "p99_ms", "p999_ms", "stalled_ms_per_s", "longest_stall_ms")
-    return {key: r[key] for key in (*keys, "server_cpu_us_per_request")}
+    return {key: r[key] for key in _LATENCY_KEYS}
 
 
 def probed_loadgen(bootstrap: str, server_pid: int, *args: str) -> dict[str, Any]:
