@@ -261,6 +261,13 @@ class PidctlServer:
                     await connections.watch()
 
             nursery.start_soon(watch)
+            polling = trio.CancelScope()
+
+            async def poll() -> None:
+                with polling:
+                    await connections.poll()
+
+            nursery.start_soon(poll)
             self.http.ready = True
             task_status.started()
             await self._stopping.wait()
@@ -272,6 +279,7 @@ class PidctlServer:
                 for sock in listener.sockets:
                     await sock.aclose()
             connections.stop_all()
+            polling.cancel()  # after stop_all: no connection parks any more
             # In-flight responses get a grace period; whatever is still stuck after it (a
             # client that never reads) is cut off.
             grace = self.settings.shutdown_grace_ms / 1000

@@ -7,6 +7,10 @@ connection's outbox, which the commit making them durable writes, and reads on m
 most ``max_in_flight`` requests wait for their answers before it stops reading, and a client
 that stops reading our answers is pushed back by TCP. A TLS connection waits for the log and
 writes its answers itself before it reads again.
+While a plain TCP connection has nothing but its next request to wait for, its task parks
+in the :class:`Poller`, which runs its rounds (read, decide, post) with every other parked
+connection's in one task; the connection's task wakes for what a round cannot do without it
+(a SASL exchange, a throttle, a full outbox, the connection's end).
 Deadlines (idle, half-sent frame) are data on the connection object, enforced by one
 watchdog task for all connections rather than a cancel scope per read.
 """
@@ -28,15 +32,16 @@ from pidctl.controller.api.handlers import NO_WAIT, ConnectionInfo, Controller, 
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.metrics import Metrics, api_name
 from pidctl.controller.server.outbox import Durability, Outbox, Outboxes, Timings
+from pidctl.controller.server.poller import Poller, available
 from pidctl.controller.server.sasl import CredentialStore
 from pidctl.controller.server.sasl_session import SaslSession
 from pidctl.controller.server.socket_io import SocketIO
 from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.codec import Request
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
     Phase,
-    RequestReceived,
     ServerConnection,
 )
 
@@ -116,6 +121,19 @@ class ConnectionServer:
         self._answered: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self.outboxes = Outboxes(log, self._sent)
+        #: Runs the rounds of idle plain-TCP connections (see poller.py), once :meth:`poll`
+        #: runs; None where there is no epoll (every connection then reads in its own task).
+        self.poller = Poller() if available() else None
+        poller = self.poller
+        metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
+
+    async def poll(self) -> None:
+        """Run the poller until cancelled (cancel it after :meth:`stop_all`: it then wakes
+        the connections still parked)."""
+        if self.poller is None:
+            await trio.sleep_forever()
+        else:
+            await self.poller.run()
 
     def stop_all(self) -> None:
         for live in list(self.live):
@@ -176,8 +194,8 @@ class ConnectionServer:
         connection = live.connection
         io: _Duplex = stream if outbox is None else outbox.io
         sasl = SaslSession(connection, self.limits.sasl_mechanisms, self.credentials)
-        metrics = self.metrics
         max_in_flight = self.limits.max_in_flight
+        poller = self.poller if outbox is not None else None
         while True:
             if outbox is not None:
                 if outbox.requests >= max_in_flight:
@@ -186,37 +204,44 @@ class ConnectionServer:
                     await outbox.wait_empty()
                 if outbox.broken:
                     return "broken"
+            decided: _Round | None = None
             if not connection.has_pending_requests:
                 if live.stopping:
                     return "shutdown"
                 live.reading = True
                 try:
-                    data = await io.receive_some(RECEIVE_BYTES)
+                    if poller is not None and outbox is not None and self._may_park(live):
+                        decided = await self._park(poller, live, outbox, info)
+                        if decided is None:
+                            continue  # the outbox is full or broke, or the poller stopped
+                    else:
+                        self._received(connection, await io.receive_some(RECEIVE_BYTES))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return "broken"
                 finally:
                     live.reading = False
-                if data:
-                    metrics.bytes_received.inc(len(data))
-                connection.receive_data(data, trio.current_time())
             else:
                 # More requests from one read than a round takes: the other connections run
                 # between this one's rounds (a read would have been the wait; an answer sent
                 # on a plain socket is none).
                 await trio.lowlevel.checkpoint()
             room = max_in_flight - (0 if outbox is None else outbox.requests)
-            answers, closed, throttle, info = await self._answer(connection, sasl, info, room)
-            data = b"".join(answers.data)
-            if data and outbox is not None:
-                self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
-            elif data:
+            if decided is None:
+                decided = self._decide(connection, info, room)
+            info = await self._authenticate_and_go_on(connection, sasl, info, room, decided)
+            answers = decided.answers
+            if outbox is not None:
+                self._post(outbox, answers)
+            elif answers.data:
                 try:
                     if answers.durable_offset != NO_WAIT:  # (ApiVersions and the like: no call)
                         await self.log.wait_durable(answers.durable_offset)
+                    data = b"".join(answers.data)
                     await io.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return "broken"
                 self._sent(len(data), answers.timings)
+            closed = decided.closed
             if closed is not None:
                 if closed.reason != "client":
                     log.warning(
@@ -226,54 +251,90 @@ class ConnectionServer:
                         detail=closed.detail,
                     )
                 return closed.reason
-            if throttle:
+            if decided.throttle:
                 # KIP-219: answer at once, then read nothing more from this client until the
                 # throttle time has passed, whether or not it honours the field.
-                await trio.sleep(throttle)
+                await trio.sleep(decided.throttle)
 
-    async def _answer(
-        self, connection: ServerConnection, sasl: SaslSession, info: ConnectionInfo, room: int
-    ) -> tuple[_Answers, ConnectionClosed | None, float, ConnectionInfo]:
-        """Decide up to ``room`` requests received so far, in order."""
-        answers = _Answers()
-        throttle = 0.0
-        for _ in range(room):
+    def _may_park(self, live: LiveConnection) -> bool:
+        """Whether the connection's reads may be left to the poller: authenticated (or no
+        SASL), not closing, not stopping, and the poller still running."""
+        return (
+            live.connection.phase is Phase.READY
+            and not live.stopping
+            and self.poller is not None
+            and not self.poller.closed
+        )
+
+    async def _park(
+        self, poller: Poller, live: LiveConnection, outbox: Outbox, info: ConnectionInfo
+    ) -> _Round | None:
+        """Leave the connection's rounds to the poller until one needs this task (a SASL
+        request, a throttle, the end of the connection, more requests than a round takes):
+        that round, its answers not yet posted. None if the poller handed the connection
+        back with nothing decided (a full or broken outbox, a shutdown, the poller's end).
+        Raises ``trio.BrokenResourceError`` if a read failed."""
+        connection = live.connection
+        max_in_flight = self.limits.max_in_flight
+        handed_back: list[_Round] = []
+
+        def read_and_decide() -> bool:
+            if not self._may_park(live):
+                return False  # the watchdog closed it, or the shutdown began: the task sees
+            data = outbox.io.receive_now(RECEIVE_BYTES)
+            if data is None:
+                return True  # readable, then not
+            self._received(connection, data)
+            decided = self._decide(connection, info, max_in_flight - outbox.requests)
+            if decided.needs_task or connection.has_pending_requests:
+                handed_back.append(decided)
+                return False
+            self._post(outbox, decided.answers)
+            return outbox.requests < max_in_flight and not outbox.broken
+
+        await poller.park(outbox.io.fileno, read_and_decide)
+        return handed_back[0] if handed_back else None
+
+    def _received(self, connection: ServerConnection, data: bytes | bytearray) -> None:
+        if data:
+            self.metrics.bytes_received.inc(len(data))
+        connection.receive_data(data, trio.current_time())
+
+    def _post(self, outbox: Outbox, answers: _Answers) -> None:
+        if answers.data:
+            data = b"".join(answers.data)
+            self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
+
+    def _decide(self, connection: ServerConnection, info: ConnectionInfo, room: int) -> _Round:
+        """Decide up to ``room`` requests received so far, in order: see :meth:`_go_on`."""
+        decided = _Round(_Answers())
+        self._go_on(connection, info, room, decided)
+        return decided
+
+    def _go_on(
+        self, connection: ServerConnection, info: ConnectionInfo, room: int, decided: _Round
+    ) -> None:
+        """Decide more requests into ``decided``, until it holds ``room`` answers; stop early
+        at a SASL request (left for :meth:`_authenticate_and_go_on`: the exchange awaits),
+        the connection's end, or a throttle."""
+        answers = decided.answers
+        while len(answers.data) < room:
             event = connection.next_event()
             if event is None:
                 break
             if isinstance(event, ConnectionClosed):
-                return answers, event, throttle, info
+                decided.closed = event
+                return
             if isinstance(event, AnswerReady):
                 self._count("api_versions", event.header.api_version, event.body)
                 answers.data.append(connection.send(event.header, event.body))
                 continue
-            assert isinstance(event, RequestReceived)
             request = event.request
+            if request.api_key in _SASL_APIS:
+                decided.sasl = request
+                return
             received = time.perf_counter()
             api = api_name(request.api_key)
-            if request.api_key in _SASL_APIS:
-                outcome = await sasl.handle(request)
-                # Account for the outcome before the answer can reach the client.
-                self._count(api, request.api_version, outcome.body)
-                if outcome.principal is not None:
-                    info = dataclasses.replace(info, principal=outcome.principal)
-                    log.info(
-                        "authenticated",
-                        peer=info.peer,
-                        principal=info.principal,
-                        mechanism=outcome.mechanism,
-                    )
-                if outcome.failure is not None:
-                    log.warning(
-                        "authentication failed",
-                        peer=info.peer,
-                        mechanism=outcome.mechanism,
-                        reason=outcome.failure,
-                    )
-                    mechanism = outcome.mechanism or "unknown"
-                    self.metrics.authentication_failures.labels(mechanism).inc()
-                answers.add(connection.send(request.header, outcome.body), NO_WAIT, api, received)
-                continue
             reply = self.controller.handle(request, now(), info)
             body = reply.body
             delay = self.quotas.request(
@@ -283,7 +344,6 @@ class ConnectionServer:
                 millis = datetime.timedelta(milliseconds=round(delay * 1000))
                 body = dataclasses.replace(body, throttle_time=millis)
                 self._throttled(api, delay)
-                throttle = max(throttle, delay)
             self._count(api, request.api_version, body)
             if self.log_requests:
                 log.debug(
@@ -297,12 +357,50 @@ class ConnectionServer:
                 )
             answers.add(connection.send(request.header, body), reply.durable_offset, api, received)
             if delay:
-                break  # muted: the rest waits until the throttle time has passed
-        closed = None
+                decided.throttle = delay
+                return  # muted: the rest waits until the throttle time has passed
         if connection.phase is Phase.CLOSED and not connection.has_pending_requests:
             event = connection.next_event()
-            closed = event if isinstance(event, ConnectionClosed) else None
-        return answers, closed, throttle, info
+            decided.closed = event if isinstance(event, ConnectionClosed) else None
+
+    async def _authenticate_and_go_on(
+        self,
+        connection: ServerConnection,
+        sasl: SaslSession,
+        info: ConnectionInfo,
+        room: int,
+        decided: _Round,
+    ) -> ConnectionInfo:
+        """Answer the SASL request a round stopped at, and decide on; the connection's info
+        afterwards (its principal once authenticated)."""
+        while decided.sasl is not None:
+            request, decided.sasl = decided.sasl, None
+            received = time.perf_counter()
+            api = api_name(request.api_key)
+            outcome = await sasl.handle(request)
+            # Account for the outcome before the answer can reach the client.
+            self._count(api, request.api_version, outcome.body)
+            if outcome.principal is not None:
+                info = dataclasses.replace(info, principal=outcome.principal)
+                log.info(
+                    "authenticated",
+                    peer=info.peer,
+                    principal=info.principal,
+                    mechanism=outcome.mechanism,
+                )
+            if outcome.failure is not None:
+                log.warning(
+                    "authentication failed",
+                    peer=info.peer,
+                    mechanism=outcome.mechanism,
+                    reason=outcome.failure,
+                )
+                mechanism = outcome.mechanism or "unknown"
+                self.metrics.authentication_failures.labels(mechanism).inc()
+            answer = connection.send(request.header, outcome.body)
+            decided.answers.add(answer, NO_WAIT, api, received)
+            self._go_on(connection, info, room, decided)
+        return info
 
     def _sent(self, size: int, timings: Timings) -> None:
         self.metrics.bytes_sent.inc(size)
@@ -329,6 +427,22 @@ class ConnectionServer:
         error = getattr(body, "error_code", ErrorCode.none)
         if error:
             self.metrics.errors.labels(api, str(version), ErrorCode(error).name.upper()).inc()
+
+
+@dataclass(slots=True)
+class _Round:
+    """What deciding the requests received so far gave, and why it stopped early."""
+
+    answers: _Answers
+    closed: ConnectionClosed | None = None
+    throttle: float = 0.0
+    #: A SASL request, for the connection's task to answer (the exchange awaits).
+    sasl: Request | None = None
+
+    @property
+    def needs_task(self) -> bool:
+        """Whether what comes next needs the connection's own task."""
+        return self.closed is not None or self.throttle > 0 or self.sasl is not None
 
 
 @dataclass(slots=True)

@@ -153,6 +153,12 @@ class Metrics:
             registry=r,
         )
         self.connections = Gauge("pidctl_connections", "Open client connections.", registry=r)
+        self.connections_polled = Gauge(
+            "pidctl_connections_polled",
+            "Open client connections read by the shared poller now; the others wait in their "
+            "own task (TLS, a SASL exchange, a throttle, a full outbox).",
+            registry=r,
+        )
         self.connections_accepted = LoopCounter(
             "pidctl_connections_accepted", "Client connections accepted.", registry=r
         )

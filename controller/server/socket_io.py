@@ -46,17 +46,32 @@ class SocketIO:
             raise trio.ClosedResourceError("the connection is closed")
         return self._fd
 
+    @property
+    def fileno(self) -> int:
+        """The descriptor (for a poller); raises ``trio.ClosedResourceError`` after
+        :meth:`close`."""
+        return self._descriptor()
+
     async def receive_some(self, max_bytes: int) -> bytes:
         """Wait until the socket is readable, then read up to ``max_bytes``; ``b""`` at the
         end of the stream. Raises ``trio.BrokenResourceError`` if the connection broke."""
         while True:
             await trio.lowlevel.wait_readable(self._descriptor())
-            try:
-                return os.read(self._descriptor(), max_bytes)
-            except BlockingIOError:
-                continue  # readable, then not: wait again
-            except OSError as e:
-                raise trio.BrokenResourceError(f"read failed: {e}") from e
+            data = self.receive_now(max_bytes)
+            if data is not None:
+                return data
+            # readable, then not: wait again
+
+    def receive_now(self, max_bytes: int) -> bytes | None:
+        """Read up to ``max_bytes`` without waiting: None if there is nothing yet, ``b""`` at
+        the end of the stream. Raises ``trio.BrokenResourceError`` if the connection broke,
+        and ``trio.ClosedResourceError`` after :meth:`close`."""
+        try:
+            return os.read(self._descriptor(), max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as e:
+            raise trio.BrokenResourceError(f"read failed: {e}") from e
 
     def send_now(self, data: bytes | memoryview) -> int:
         """Write what the kernel takes of ``data`` now, without waiting; how many bytes.

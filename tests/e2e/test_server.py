@@ -13,11 +13,12 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsV0
 from kio.schema.api_versions.v4 import ApiVersionsRequest as ApiVersionsV4
 from kio.schema.errors import ErrorCode
 
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, wait_until
 from pidctl.client import SyncClient
 from pidctl.protocol.codec import decode_response, encode_request
 from pidctl.protocol.framing import FrameDecoder
 from tests import wire
+from tests.e2e.test_operations import scrape
 
 
 def _raw(server: ServerProcess) -> socket.socket:
@@ -189,6 +190,20 @@ def test_a_client_that_does_not_read_stalls_only_itself(server: ServerProcess) -
             assert data, "connection closed before every request was answered"
             answered += len(decoder.feed(data))
         assert answered == expected
+
+
+def test_connections_waiting_only_for_a_request_are_read_by_the_shared_poller(
+    server: ServerProcess,
+) -> None:
+    def polled() -> float:
+        return scrape(server.metrics_url)["pidctl_connections_polled"]
+
+    with SyncClient(server.bootstrap) as first, SyncClient(server.bootstrap) as second:
+        for client in (first, second):
+            assert client.request(ApiVersionsV0()).error_code == ErrorCode.none
+        wait_until(lambda: polled() == 2, "both connections in the poller", 30)
+        assert first.request(ApiVersionsV0()).error_code == ErrorCode.none  # served there
+    wait_until(lambda: polled() == 0, "closed connections out of the poller", 30)
 
 
 def test_state_survives_a_kill(tmp_path: Path) -> None:
