@@ -27,6 +27,12 @@ import trio
 Round = Callable[[], bool]
 
 
+#: Readable connections served in one pass before the poller lets the other tasks run (the
+#: commit among them): a pass over thousands of busy connections would hold the loop for
+#: as long. The kernel reports the rest (and these again, after them) on the next pass.
+EVENTS_PER_PASS = 256
+
+
 def available() -> bool:
     """Whether this platform has what the poller needs (epoll)."""
     return hasattr(select, "epoll")
@@ -44,8 +50,9 @@ class _Parked:
 class Poller:
     """Runs the rounds of parked connections from one task (:meth:`run`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events_per_pass: int = EVENTS_PER_PASS) -> None:
         self._epoll = select.epoll()
+        self._events_per_pass = events_per_pass
         self._parked: dict[int, _Parked] = {}
         self._closed = False
 
@@ -78,10 +85,11 @@ class Poller:
         """Call the round of every parked connection that is readable, until cancelled; then
         wake every parked connection and close the epoll set."""
         epoll = self._epoll
+        per_pass = self._events_per_pass
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
-                for fd, _ in epoll.poll(0):
+                for fd, _ in epoll.poll(0, per_pass):
                     parked = self._parked.get(fd)
                     if parked is None or parked.woken.is_set():
                         continue  # unparked in this pass (a round may end another's)
@@ -98,6 +106,7 @@ class Poller:
             for fd, parked in list(self._parked.items()):
                 self._unpark(fd, parked)
                 parked.woken.set()
+            trio.lowlevel.notify_closing(epoll.fileno())
             epoll.close()
 
     def _unpark(self, fd: int, parked: _Parked) -> None:

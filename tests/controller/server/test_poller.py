@@ -66,7 +66,10 @@ async def test_rounds_run_as_data_comes_until_one_hands_back(
     assert len(poller) == 0
 
 
-async def test_every_ready_connection_is_served(poller: Poller) -> None:
+@pytest.mark.parametrize("events_per_pass", [1, 7, 256])
+async def test_every_ready_connection_is_served(events_per_pass: int) -> None:
+    """Also when more are ready than one pass takes: the next passes take the rest."""
+    poller = Poller(events_per_pass)
     pairs = [socket.socketpair() for _ in range(20)]
     calls: list[int] = []
 
@@ -79,6 +82,7 @@ async def test_every_ready_connection_is_served(poller: Poller) -> None:
         return round
 
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(poller.run)
         for index, (ours, _) in enumerate(pairs):
             nursery.start_soon(poller.park, ours.fileno(), counting(index, ours.fileno()))
         await trio.testing.wait_all_tasks_blocked()
