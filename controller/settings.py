@@ -40,6 +40,7 @@ from pidctl.controller.log.metalog import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
 )
+from pidctl.controller.server.connection import DEFAULT_MAX_ENTRIES_PER_ROUND
 from pidctl.controller.server.etcd import EtcdLocation
 from pidctl.controller.server.sasl import MECHANISMS
 from pidctl.protocol import addresses
@@ -307,6 +308,14 @@ class Settings:
         DEFAULT_MAX_REGISTRATION_ENTRIES,
         "listeners, features and log dirs (each) one BrokerRegistration may carry; more is "
         "answered INVALID_REQUEST",
+        "entries",
+        parse=POSITIVE,
+    )
+    max_entries_per_round: int = _setting(
+        DEFAULT_MAX_ENTRIES_PER_ROUND,
+        "work one connection may have decided before the other connections run, in entries "
+        "(a FindCoordinator's keys, a Metadata's topics; a request without them counts 1); "
+        "its further requests wait for its next round",
         "entries",
         parse=POSITIVE,
     )

@@ -13,10 +13,11 @@ import datetime
 import io
 import operator
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kio._kio_native import read_compact_array_length, read_legacy_array_length
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 from kio.static.protocol import RequestPayload, ResponsePayload
@@ -58,6 +59,21 @@ class MalformedRequest(ProtocolViolation):
     them (none of the request versions pidctl serves defines any the clients send)."""
 
 
+class TooManyEntries(Exception):
+    """A request's array (FindCoordinator's keys, Metadata's topics) is longer than its
+    limit: found from the array's length prefix, before any of it is decoded. Kafka has no
+    such limit; pidctl answers it with the error the API defines for a bad request
+    (``INVALID_REQUEST``), built from the header alone."""
+
+    def __init__(self, header: RequestHeader, entries: int, limit: int) -> None:
+        super().__init__(
+            f"API key {header.api_key} v{header.api_version}: {entries} entries, at most {limit}"
+        )
+        self.header = header
+        self.entries = entries
+        self.limit = limit
+
+
 class UnsupportedApiVersionsVersion(Exception):
     """An ApiVersions request at a version we do not know: answer with UNSUPPORTED_VERSION
     in the v0 layout so the client can retry at a version we list."""
@@ -73,6 +89,9 @@ class Request:
 
     header: RequestHeader
     body: Any  # a kio RequestPayload; Any so handlers can narrow it with isinstance
+    #: Entries of the array the request's work grows with (:data:`ENTRY_ARRAYS`), 0 for
+    #: requests without one: what the request costs beyond its own, in a round's budget.
+    entries: int = 0
 
     @property
     def api_key(self) -> int:
@@ -83,11 +102,43 @@ class Request:
         return self.header.api_version
 
 
-def decode_request(frame: bytes, supported: SupportedApis) -> Request:
+#: The requests whose work grows with one array, and where that array begins: API key →
+#: (first version that has it, bytes of the body before it). Metadata's topics are its first
+#: field in every version; FindCoordinator's keys (v4+) follow its key type (an int8).
+ENTRY_ARRAYS: dict[int, tuple[int, int]] = {
+    ApiKey.METADATA: (0, 0),
+    ApiKey.FIND_COORDINATOR: (4, 1),
+}
+
+
+def count_entries(frame: bytes, body_offset: int, api_key: int, api_version: int) -> int:
+    """The length prefix of the request's array in :data:`ENTRY_ARRAYS`, read without
+    decoding the array: 0 for other requests, a null array, or a frame too short to say
+    (its decoding then fails as it would anyway)."""
+    where = ENTRY_ARRAYS.get(api_key)
+    if where is None or api_version < where[0]:
+        return 0
+    offset = body_offset + where[1]
+    if request_class(api_key, api_version).__flexible__:
+        read = read_compact_array_length
+    else:
+        read = read_legacy_array_length
+    try:
+        length, _ = read(frame, offset)
+    except Exception:  # a truncated prefix: decoding says what is wrong
+        return 0
+    return 0 if length is None or length < 0 else int(length)
+
+
+def decode_request(
+    frame: bytes, supported: SupportedApis, max_entries: Mapping[int, int] | None = None
+) -> Request:
     """Decode one request frame (without its length prefix).
 
     Raises :class:`UnsupportedApiVersionsVersion` for an ApiVersions request at an unknown
-    version, and a :class:`ProtocolViolation` for anything the server must close on.
+    version, :class:`TooManyEntries` for a request whose array (:data:`ENTRY_ARRAYS`) is
+    longer than ``max_entries`` allows its API (checked before the array is decoded), and a
+    :class:`ProtocolViolation` for anything the server must close on.
     """
     try:
         api_key, api_version = peek_api(frame)
@@ -104,6 +155,11 @@ def decode_request(frame: bytes, supported: SupportedApis) -> Request:
             f"(supported {versions.min}-{versions.max})"
         )
     header, offset = _parse_header(frame, api_key, api_version)
+    entries = count_entries(frame, offset, api_key, api_version)
+    if entries and max_entries is not None:
+        limit = max_entries.get(api_key)
+        if limit is not None and entries > limit:
+            raise TooManyEntries(header, entries, limit)
     try:
         body, size = entity_reader(request_class(api_key, api_version))(frame, offset)
     except Exception as e:
@@ -115,7 +171,7 @@ def decode_request(frame: bytes, supported: SupportedApis) -> Request:
         raise MalformedRequest(
             f"API key {api_key} v{api_version}: {len(frame) - offset - size} bytes after the body"
         )
-    return Request(header, body)
+    return Request(header, body, entries)
 
 
 def _parse_header(frame: bytes, api_key: int, api_version: int) -> tuple[RequestHeader, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from pidctl.protocol.apis import ApiKey, SupportedApis
 from pidctl.protocol.codec import (
     ProtocolViolation,
     Request,
+    TooManyEntries,
     UnsupportedApiVersionsVersion,
     decode_request,
     encode_response,
@@ -72,6 +74,17 @@ class AnswerReady:
 
 
 @dataclass(frozen=True, slots=True)
+class OversizedRequest:
+    """A request whose array (FindCoordinator's keys, Metadata's topics) holds more than
+    its API's limit: its length prefix said so, and nothing of it was decoded. The server
+    answers it with the API's error from the header alone."""
+
+    header: RequestHeader
+    entries: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     """The connection must be closed once what came before is answered; ``reason`` is a
     short label (for logs and metrics), ``detail`` says what happened."""
@@ -80,7 +93,7 @@ class ConnectionClosed:
     detail: str = ""
 
 
-Event = RequestReceived | AnswerReady | ConnectionClosed
+Event = RequestReceived | AnswerReady | OversizedRequest | ConnectionClosed
 
 
 class ServerConnection:
@@ -95,6 +108,7 @@ class ServerConnection:
         "closed_because",
         "frame_timeout_s",
         "idle_timeout_s",
+        "max_entries",
         "phase",
         "supported",
     )
@@ -107,9 +121,14 @@ class ServerConnection:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S,
+        max_entries: Mapping[int, int] | None = None,
         now: float = 0.0,
     ) -> None:
+        """``max_entries``: per API key, the most entries its array may hold
+        (:data:`protocol.codec.ENTRY_ARRAYS`); a longer one is an :class:`OversizedRequest`,
+        found before the array is decoded."""
         self.supported = supported
+        self.max_entries = max_entries
         self.phase = Phase.HANDSHAKE if sasl else Phase.READY
         self._authenticated = not sasl
         self.idle_timeout_s = idle_timeout_s
@@ -167,9 +186,16 @@ class ServerConnection:
 
     def _decode(self, frame: bytes) -> Event:
         try:
-            request = decode_request(frame, self.supported)
+            request = decode_request(frame, self.supported, self.max_entries)
         except UnsupportedApiVersionsVersion as e:
             return AnswerReady(e.header, unsupported_version_response(self.supported))
+        except TooManyEntries as e:
+            if not self._authenticated:
+                return ConnectionClosed(
+                    "unauthenticated_request",
+                    f"API key {e.header.api_key} before SASL authentication",
+                )
+            return OversizedRequest(e.header, e.entries, e.limit)
         except ProtocolViolation as e:
             return ConnectionClosed("protocol_error", str(e))
         if not self._authenticated and request.api_key not in ALLOWED_BEFORE_AUTHENTICATION:

@@ -34,6 +34,7 @@ from pidctl.protocol.addresses import parse_listener
 from pidctl.protocol.api_versions import build_api_versions_response, has_valid_client_software
 from pidctl.protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
 from pidctl.protocol.codec import Request
+from pidctl.protocol.headers import RequestHeader
 
 #: Versions served, per API: what Kafka 4.x serves, as far as kio has the schemas.
 #: InitProducerId stops at v5: v6 is KIP-939's two-phase commit, which pidctl does not do.
@@ -164,6 +165,26 @@ class Controller:
         except RecordTooLarge:
             refusal = _REFUSALS[request.api_key]
             return Reply(_response(request, error_code=ErrorCode.invalid_request, **refusal))
+
+    @property
+    def entry_limits(self) -> dict[int, int]:
+        """Per API key, the most entries its array may hold (``protocol.codec.ENTRY_ARRAYS``):
+        for the connections, which refuse a longer one before decoding it."""
+        limits = self.limits
+        return {
+            ApiKey.FIND_COORDINATOR: limits.max_coordinator_keys,
+            ApiKey.METADATA: limits.max_metadata_topics,
+        }
+
+    def refuse_oversized(self, header: RequestHeader, entries: int, limit: int) -> Reply:
+        """The answer to a request whose array holds more than ``limit`` entries, built from
+        its header alone (the array was never decoded): INVALID_REQUEST as that API says it."""
+        request = Request(header, None)
+        if header.api_key == ApiKey.METADATA:
+            return Reply(_too_many_topics(request, entries, limit))
+        if header.api_key == ApiKey.FIND_COORDINATOR:
+            return Reply(_too_many_keys(request, entries, limit))
+        raise ValueError(f"API key {header.api_key} has no array limit")
 
     def apply(self, result: ControllerResult[T], now: Now) -> tuple[T, int]:
         """Replay a result's records and append them; return its response and the offset
@@ -489,17 +510,7 @@ class Controller:
             entry = sys.modules[cls.__module__].Coordinator
             keys, most = body.coordinator_keys, self.limits.max_coordinator_keys
             if len(keys) > most:
-                # One entry says why, whatever was asked: the answer stays small.
-                message = f"{len(keys)} keys in one request; at most {most} (max_coordinator_keys)"
-                refusal = entry(
-                    key="",
-                    error_code=ErrorCode.invalid_request,
-                    error_message=message,
-                    node_id=i32(-1),
-                    host="",
-                    port=i32(-1),
-                )
-                return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=(refusal,)))
+                return Reply(_too_many_keys(request, len(keys), most))
             coordinators = tuple(entry(key=key, **answer(key)) for key in keys)
             return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=coordinators))
         return Reply(_build(cls, throttle_time=_NO_THROTTLE, **answer(body.key)))
@@ -530,6 +541,21 @@ def _init_reply(
     cls: Any = response_class(request.api_key, request.api_version)
     body = cls(throttle_time=_NO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
     return Reply(body, durable_offset)
+
+
+def _too_many_keys(request: Request, asked: int, most: int) -> Any:
+    """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
+    was asked, so the answer stays small."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    refusal = sys.modules[cls.__module__].Coordinator(
+        key="",
+        error_code=ErrorCode.invalid_request,
+        error_message=f"{asked} keys in one request; at most {most} (max_coordinator_keys)",
+        node_id=i32(-1),
+        host="",
+        port=i32(-1),
+    )
+    return _build(cls, throttle_time=_NO_THROTTLE, coordinators=(refusal,))
 
 
 def _too_many_topics(request: Request, asked: int, most: int) -> Any:

@@ -207,6 +207,7 @@ class PidctlServer:
                 frame_timeout_s=settings.frame_timeout_ms / 1000,
                 max_in_flight=settings.max_in_flight_per_connection,
                 sasl_mechanisms=tuple(settings.sasl_enabled_mechanisms.split(",")),
+                max_entries_per_round=settings.max_entries_per_round,
             ),
             log_requests=settings.log_level == "debug",
         )

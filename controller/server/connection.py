@@ -41,6 +41,7 @@ from pidctl.protocol.codec import Request
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
+    OversizedRequest,
     Phase,
     ServerConnection,
 )
@@ -53,6 +54,12 @@ RECEIVE_BYTES = 64 * 1024
 #: How often the watchdog looks at the connections' deadlines at most; a deadline is met
 #: within this (or a quarter of the shortest timeout, whichever is less).
 WATCHDOG_PERIOD_S = 1.0
+#: Default of the ``max_entries_per_round`` setting: the work one connection's round may
+#: decide before the other connections run, in entries (a FindCoordinator's keys, a
+#: Metadata's topics; a request without an array counts 1). A key costs ~12 µs to decide and
+#: encode here, so a round holds the event loop ~12 ms at most beyond its last request; the
+#: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
+DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
@@ -76,6 +83,7 @@ class ConnectionLimits:
     frame_timeout_s: float
     max_in_flight: int
     sasl_mechanisms: tuple[str, ...]
+    max_entries_per_round: int = DEFAULT_MAX_ENTRIES_PER_ROUND
 
 
 @dataclass(eq=False, slots=True)
@@ -159,6 +167,7 @@ class ConnectionServer:
             max_frame_bytes=limits.max_frame_bytes,
             idle_timeout_s=limits.idle_timeout_s,
             frame_timeout_s=limits.frame_timeout_s,
+            max_entries=self.controller.entry_limits,
             now=trio.current_time(),
         )
         # Plain TCP on its descriptor, answers waiting for the log in an outbox (see
@@ -314,22 +323,33 @@ class ConnectionServer:
     def _go_on(
         self, connection: ServerConnection, info: ConnectionInfo, room: int, decided: _Round
     ) -> None:
-        """Decide more requests into ``decided``, until it holds ``room`` answers; stop early
-        at a SASL request (left for :meth:`_authenticate_and_go_on`: the exchange awaits),
-        the connection's end, or a throttle."""
+        """Decide more requests into ``decided``, until it holds ``room`` answers or has
+        spent the round's budget of entries (``max_entries_per_round``: the rest waits for
+        the next round, after the other connections'); stop early at a SASL request (left for
+        :meth:`_authenticate_and_go_on`: the exchange awaits), the connection's end, or a
+        throttle."""
         answers = decided.answers
-        while len(answers.data) < room:
+        budget = self.limits.max_entries_per_round
+        while len(answers.data) < room and decided.work < budget:
             event = connection.next_event()
             if event is None:
                 break
             if isinstance(event, ConnectionClosed):
                 decided.closed = event
                 return
+            decided.work += 1
             if isinstance(event, AnswerReady):
                 self._count("api_versions", event.header.api_version, event.body)
                 answers.data.append(connection.send(event.header, event.body))
                 continue
+            if isinstance(event, OversizedRequest):
+                header = event.header
+                body = self.controller.refuse_oversized(header, event.entries, event.limit).body
+                self._count(api_name(header.api_key), header.api_version, body)
+                answers.data.append(connection.send(header, body))
+                continue
             request = event.request
+            decided.work += request.entries
             if request.api_key in _SASL_APIS:
                 decided.sasl = request
                 return
@@ -436,6 +456,8 @@ class _Round:
     answers: _Answers
     closed: ConnectionClosed | None = None
     throttle: float = 0.0
+    #: Entries decided so far (a request without an array counts 1): the round's budget.
+    work: int = 0
     #: A SASL request, for the connection's task to answer (the exchange awaits).
     sasl: Request | None = None
 

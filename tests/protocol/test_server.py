@@ -14,6 +14,7 @@ from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
     Event,
+    OversizedRequest,
     Phase,
     RequestReceived,
     ServerConnection,
@@ -152,3 +153,45 @@ def test_frame_deadline_counts_from_the_start_of_the_frame() -> None:
     assert connection.deadline == 3.0
     assert connection.check_deadline(3.0)
     assert connection.next_event() == ConnectionClosed("frame_timeout", "no whole request in time")
+
+
+def _metadata_v0_claiming(entries: int) -> bytes:
+    """A Metadata v0 request whose topics' length prefix claims ``entries`` and no topic
+    follows: a request that cannot be decoded, whose array is still counted."""
+    frame = _frame(requests.metadata([], version=0))
+    body = frame[4:-4] + struct.pack(">i", entries)  # v0's body is the topics array alone
+    return struct.pack(">i", len(body)) + body
+
+
+def test_an_array_over_its_limit_is_refused_before_it_is_decoded() -> None:
+    limits = {ApiKey.METADATA: 10, ApiKey.FIND_COORDINATOR: 3}
+    connection = _connection(max_entries=limits)
+    # The length prefix claims 2**31-1 topics and no topic follows: were it decoded, it
+    # would fail as malformed; counted first, it is an OversizedRequest.
+    connection.receive_data(_metadata_v0_claiming(2**31 - 1), now=0.0)
+    events = _events(connection)
+    assert len(events) == 1 and isinstance(events[0], OversizedRequest), events
+    assert (events[0].entries, events[0].limit) == (2**31 - 1, 10)
+    assert events[0].header.api_key == ApiKey.METADATA
+    keys = requests.find_coordinator("a", version=4)
+    over = type(keys)(key_type=keys.key_type, coordinator_keys=("a", "b", "c", "d"))
+    within = type(keys)(key_type=keys.key_type, coordinator_keys=("a", "b", "c"))
+    connection.receive_data(_frame(over, 2) + _frame(within, 3), now=0.1)
+    refused, served = _events(connection)
+    assert isinstance(refused, OversizedRequest) and refused.entries == 4
+    assert isinstance(served, RequestReceived) and served.request.entries == 3
+    assert connection.phase is Phase.READY  # answered, not closed
+
+
+def test_arrays_are_not_limited_without_limits() -> None:
+    connection = _connection()
+    connection.receive_data(_frame(requests.metadata(["a"] * 50, version=4)), now=0.0)
+    (event,) = _events(connection)
+    assert isinstance(event, RequestReceived) and event.request.entries == 50
+
+
+def test_an_oversized_request_before_authentication_closes() -> None:
+    connection = _connection(sasl=True, max_entries={ApiKey.METADATA: 1})
+    connection.receive_data(_frame(requests.metadata(["a", "b"], version=4)), now=0.0)
+    (event,) = _events(connection)
+    assert isinstance(event, ConnectionClosed) and event.reason == "unauthenticated_request"

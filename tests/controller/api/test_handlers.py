@@ -13,7 +13,7 @@ from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now, Requ
 from pidctl.controller.core.acl import Acl, Authorizer
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol import requests
-from pidctl.protocol.codec import Request, decode_request, encode_request
+from pidctl.protocol.codec import Request, TooManyEntries, decode_request, encode_request
 
 NOW = Now(1_000, 1_000)
 
@@ -121,3 +121,22 @@ def test_metadata_topics_are_bounded(version: int) -> None:
         assert [t.error_code for t in answer.topics] == [42]
     within = _handle(controller, requests.metadata(["a", "b"], version=version))
     assert [t.error_code for t in within.topics] == [3, 3]  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        FindCoordinatorRequest(key_type=i8(1), coordinator_keys=("a",) * 3),
+        *(requests.metadata(["a", "b", "c"], version=v) for v in (0, 9, 12, 13)),
+    ],
+    ids=["find_coordinator", "metadata-v0", "metadata-v9", "metadata-v12", "metadata-v13"],
+)
+def test_an_array_refused_before_decoding_gets_the_answer_of_one_refused_after(body: Any) -> None:
+    controller = _controller(max_coordinator_keys=2, max_metadata_topics=2)
+    frame = encode_request(body, 7, "t")[4:]
+    with pytest.raises(TooManyEntries) as refused:
+        decode_request(frame, controller.supported, controller.entry_limits)
+    error = refused.value
+    assert (error.entries, error.limit) == (3, 2)
+    early = controller.refuse_oversized(error.header, error.entries, error.limit).body
+    assert early == _handle(controller, body)  # the same answer as the handler's own check

@@ -1,0 +1,61 @@
+"""A well-behaved client's latency, with and without an attacker in the same run.
+
+A fixed bound alone (p99 < 250 ms) fails on a busy machine for reasons of its own, and a
+bound relative to a baseline alone passes an attack that slows everything evenly; so the
+attacked p99 must stay under the issue's 250 ms or, on a machine so busy that even the
+baseline is slow, under a multiple of the baseline measured just before in the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: The issue's bound on a well-behaved client's p99 while another client attacks.
+LATENCY_BOUND_S = 0.25
+#: On a machine so busy that the baseline itself is slow: the attacked p99 may be this many
+#: times the baseline's. An attack that holds the event loop for seconds exceeds both.
+BASELINE_FACTOR = 10
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Sorted latencies of one series, in seconds."""
+
+    values: list[float]
+
+    @property
+    def p99(self) -> float:
+        return self.values[min(len(self.values) - 1, int(len(self.values) * 0.99))]
+
+    @property
+    def worst(self) -> float:
+        return self.values[-1]
+
+
+def measure(request: Callable[[], None], count: int) -> Latencies:
+    """``count`` calls of ``request``, each timed."""
+    values: list[float] = []
+    for _ in range(count):
+        started = time.monotonic()
+        request()
+        values.append(time.monotonic() - started)
+    return Latencies(sorted(values))
+
+
+def measure_while(
+    request: Callable[[], None], minimum: int, until: Callable[[], bool]
+) -> Latencies:
+    """Timed calls of ``request``: at least ``minimum``, and until ``until()`` holds."""
+    values: list[float] = []
+    while len(values) < minimum or not until():
+        started = time.monotonic()
+        request()
+        values.append(time.monotonic() - started)
+    return Latencies(sorted(values))
+
+
+def bound(baseline: Latencies) -> float:
+    """The most the attacked p99 may be, given the baseline of the same run."""
+    return max(LATENCY_BOUND_S, BASELINE_FACTOR * baseline.p99)
