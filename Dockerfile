@@ -1,6 +1,9 @@
 # pidctl: a Kafka producer-ID controller, as a sidecar image.
 #   docker build -t pidctl .
+#   docker run --rm -v pidctl-data:/data pidctl format      # once: a new cluster in the volume
 #   docker run -p 9093:9093 -p 9464:9464 -v pidctl-data:/data pidctl
+# `serve` starts only on a formatted /data: without the volume (or before `format`) it exits
+# 2 saying so, rather than begin a new cluster that grants producer ids from 0 again.
 FROM python:3.11-slim
 
 # No .pyc files in the image, unbuffered logs straight to the container runtime.

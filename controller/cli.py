@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 EXAMPLES = """\
 examples:
+  pidctl format --data-dir ./pidctl-data         # once: a new data dir (a new cluster)
   pidctl serve                                   # 127.0.0.1:9093, data in ./pidctl-data
   pidctl serve --listen 0.0.0.0:9093 --advertised-listener pidctl.internal:9093
   pidctl status --bootstrap 127.0.0.1:9093
@@ -57,6 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_setting_flags(serve)
+    serve.add_argument(
+        "--format-if-missing",
+        action="store_true",
+        help="format the data dir first if it does not exist (what `ops/dev.sh serve` does "
+        "for ./pidctl-data); a start that then fails removes it again",
+    )
+    format_cmd = commands.add_parser(
+        "format",
+        help="create a data dir: a new, empty metadata log for a new cluster (serve starts "
+        "only on a formatted data dir)",
+        description="Create the data dir (settings as for serve: --data-dir, --cluster-id, "
+        "--node-id, --config, PIDCTL_*) with a new metadata log. Refuses a formatted one.",
+    )
+    _add_setting_flags(format_cmd)
+    format_cmd.add_argument(
+        "--ignore-formatted",
+        action="store_true",
+        help="exit 0, changing nothing, when the data dir is already formatted",
+    )
     import_zk = commands.add_parser(
         "import-zk",
         help="raise the high-water mark above ZooKeeper's /latest_producer_id_block (KIP-730 "
@@ -183,10 +205,11 @@ def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
     """Settings from flags, environment and file; raises SettingsError naming each problem."""
     from pidctl.controller.settings import SETTING_NAMES, load_settings_with_sources
 
-    env_config = os.environ.get("PIDCTL_CONFIG")
+    environ: Mapping[str, str] = args.environ
+    env_config = environ.get("PIDCTL_CONFIG")
     config = args.config or (Path(env_config) if env_config else None)
     flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
-    return load_settings_with_sources(flags, os.environ, config)
+    return load_settings_with_sources(flags, environ, config)
 
 
 def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | None:
@@ -206,11 +229,16 @@ def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | Non
 EXIT_STORAGE_FAILED = 74
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run one ``pidctl`` command; ``environ`` (default ``os.environ``) is where PIDCTL_*
+    settings are read from."""
     args = build_parser().parse_args(argv)
+    args.environ = os.environ if environ is None else environ
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "format":
+            return _format(args)
         if args.command == "log":
             return _log(args)
         if args.command == "config":
@@ -244,8 +272,31 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    loaded = _settings_from(args)
+    if loaded is None:
+        return 2
+    settings = loaded[0]
+    formatted_here = False
+    if args.format_if_missing and not settings.data_dir.exists():
+        status = _format_new(settings, why=" (it did not exist; --format-if-missing)")
+        if status:
+            return status
+        formatted_here = True
+    status = 1
+    try:
+        status = _run_server(args, settings)
+    finally:
+        if formatted_here and status != 0:
+            _remove_if_unused(settings.data_dir)
+    return status
+
+
+def _run_server(args: argparse.Namespace, settings: Any) -> int:
+    """``pidctl serve`` on loaded settings: its exit status."""
+    import structlog
     import trio
 
+    from pidctl.controller.log.formatting import NotFormatted
     from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, StorageFailed
     from pidctl.controller.server.admission import ListenFailed
     from pidctl.controller.server.app import (
@@ -255,12 +306,16 @@ def _serve(args: argparse.Namespace) -> int:
         serve,
     )
     from pidctl.controller.server.logs import configure_logging
+    from pidctl.controller.settings import service_link_variables
 
-    loaded = _settings_from(args)
-    if loaded is None:
-        return 2
-    settings = loaded[0]
     configure_logging(settings.log_format, settings.log_level)
+    ignored = service_link_variables(args.environ)
+    if ignored:
+        structlog.get_logger("pidctl.settings").warning(
+            "ignored Kubernetes service-link variables (not settings; enableServiceLinks: "
+            "false in the pod spec drops them)",
+            variables=ignored,
+        )
 
     def reload() -> Any:
         """SIGHUP: the same flags, the environment and the config file read again (a
@@ -271,6 +326,9 @@ def _serve(args: argparse.Namespace) -> int:
         trio.run(serve, settings, reload)
     except BaseException as e:
         error = _single(e)
+        if isinstance(error, NotFormatted):
+            print(f"pidctl: {error}", file=sys.stderr)
+            return 2
         if isinstance(error, StorageFailed):
             print(f"pidctl: storage failed, stopping: {error}", file=sys.stderr)
             return EXIT_STORAGE_FAILED
@@ -285,6 +343,56 @@ def _serve(args: argparse.Namespace) -> int:
             return 1
         raise
     return 0
+
+
+def _format(args: argparse.Namespace) -> int:
+    loaded = _settings_from(args)
+    if loaded is None:
+        return 2
+    return _format_new(loaded[0], ignore_formatted=args.ignore_formatted)
+
+
+def _format_new(settings: Any, *, ignore_formatted: bool = False, why: str = "") -> int:
+    """Format ``settings.data_dir``, saying so (and ``why``); the exit status (an already
+    formatted data dir: 1, or 0 with ``ignore_formatted``)."""
+    from pidctl.controller.core.records import new_cluster_id
+    from pidctl.controller.log.formatting import AlreadyFormatted, FormatRefused, format_data_dir
+    from pidctl.controller.log.metalog import DataDirLocked
+
+    cluster_id = settings.cluster_id or new_cluster_id()
+    try:
+        format_data_dir(settings.data_dir, cluster_id, settings.node_id, time.time_ns() // 10**6)
+    except AlreadyFormatted as e:
+        if ignore_formatted:
+            print(f"{e}; nothing done")
+            return 0
+        print(f"pidctl: {e}; nothing done", file=sys.stderr)
+        return 1
+    except (DataDirLocked, FormatRefused) as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"formatted {settings.data_dir}{why}: cluster id {cluster_id}, node id {settings.node_id}",
+        flush=True,
+    )
+    return 0
+
+
+def _remove_if_unused(data_dir: Path) -> None:
+    """After a failed start, remove the data dir this start formatted, if it holds nothing
+    but its creation (the cluster and the start records): a failed start leaves nothing."""
+    import shutil
+
+    from pidctl.controller.core.records import ClusterCreated, ControllerStarted
+    from pidctl.controller.log.metalog import read_log
+
+    try:
+        entries = read_log(data_dir).entries()
+    except Exception:  # whatever is there, it is not ours to remove
+        return
+    if all(isinstance(e.record, ClusterCreated | ControllerStarted) for e in entries):
+        shutil.rmtree(data_dir, ignore_errors=True)
+        print(f"pidctl: the start failed: removed {data_dir}, formatted for it", file=sys.stderr)
 
 
 def _import_zk(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,49 @@ from pidctl.protocol.addresses import HostPort
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 ENV_PREFIX = "PIDCTL_"
+
+#: The variables Kubernetes puts into every pod of a namespace with a Service named
+#: ``pidctl`` (or ``pidctl-<x>``) while service links are on (the default), Docker-link
+#: style: ``PIDCTL_SERVICE_HOST=10.0.0.11``, ``PIDCTL_SERVICE_PORT=9093``,
+#: ``PIDCTL_SERVICE_PORT_METRICS=9464`` (a named port), ``PIDCTL_PORT=tcp://10.0.0.11:9093``,
+#: ``PIDCTL_PORT_9093_TCP=tcp://10.0.0.11:9093`` and its ``_PROTO``, ``_PORT`` and ``_ADDR``.
+#: Each is matched by name and by the shape of its value, so that anything else starting
+#: with PIDCTL_ is still a setting, or an unknown one that stops start-up.
+_HOST = r"[0-9A-Fa-f.:\[\]]+"
+_PROTOCOLS = "tcp|udp|sctp"
+_SERVICE_LINK_SHAPES = tuple(
+    (re.compile(name), re.compile(value))
+    for name, value in (
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?SERVICE_HOST", _HOST),
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?SERVICE_PORT(?:_[A-Z0-9_]+)?", r"\d+"),
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?PORT", rf"(?:{_PROTOCOLS})://{_HOST}:\d+"),
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?PORT_\d+_(?:TCP|UDP|SCTP)", rf"(?:{_PROTOCOLS})://{_HOST}:\d+"),
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?PORT_\d+_(?:TCP|UDP|SCTP)_PROTO", _PROTOCOLS),
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?PORT_\d+_(?:TCP|UDP|SCTP)_PORT", r"\d+"),
+        (r"PIDCTL_(?:[A-Z0-9_]+_)?PORT_\d+_(?:TCP|UDP|SCTP)_ADDR", _HOST),
+    )
+)
+
+
+def is_service_link_variable(name: str, value: str) -> bool:
+    """Whether ``name=value`` is one of the variables Kubernetes' service links inject for a
+    Service named ``pidctl`` (or ``pidctl-<x>``), rather than a setting."""
+    return any(
+        shape.fullmatch(name) is not None and values.fullmatch(value) is not None
+        for shape, values in _SERVICE_LINK_SHAPES
+    )
+
+
+def service_link_variables(environ: Mapping[str, str]) -> list[str]:
+    """The names in ``environ`` that settings ignore as Kubernetes service-link variables
+    (``pidctl serve`` logs them in a warning)."""
+    return sorted(
+        key
+        for key, value in environ.items()
+        if key.startswith(ENV_PREFIX)
+        and key[len(ENV_PREFIX) :].lower() not in SETTING_NAMES
+        and is_service_link_variable(key, value)
+    )
 
 
 class SettingsError(ValueError):
@@ -534,8 +578,9 @@ def load_settings_with_sources(
             raise SettingsError(f"config file {config_file}: {e}") from e
         for name, value in data.items():
             merged[name.replace("-", "_")] = (f"{config_file}: {name}", value)
+    ignored = set(service_link_variables(environ))
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG":
+        if key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG" and key not in ignored:
             merged[key[len(ENV_PREFIX) :].lower()] = (key, value)
     for name, value in flags.items():
         if value is not None:

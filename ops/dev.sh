@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine; it installs what it needs into .venv first.
-#   ops/dev.sh serve [FLAGS]   start `pidctl serve` on its embedded defaults (or FLAGS)
+#   ops/dev.sh serve [FLAGS]   start `pidctl serve` on its embedded defaults (or FLAGS); the
+#                              default data dir ./pidctl-data is formatted on first use
 #   ops/dev.sh test [ARGS]     lint, type-check and run the whole test suite (ARGS go to pytest),
 #                              in TEST_WORKERS processes (default 2; pytest-xdist; 0: one)
 #   ops/dev.sh bench [ARGS]    the benchmark suite against its baselines (ARGS go to the suite)
@@ -55,12 +56,31 @@ type_check() {
     MYPYPATH="$venv/mypy-src" "$venv/bin/mypy" "$tree" ops/bench ops/testing tests
 }
 
+# Whether the arguments or the environment choose the data dir (or a config file that may):
+# then it is the user's to format (pidctl format), not ours.
+names_data_dir() {
+    [[ -n "${PIDCTL_DATA_DIR:-}" || -n "${PIDCTL_CONFIG:-}" ]] && return 0
+    local arg
+    for arg in "$@"; do
+        case "$arg" in
+            --data-dir | --data-dir=* | --config | --config=*) return 0 ;;
+        esac
+    done
+    return 1
+}
+
 command="${1:-}"
 shift || true
 case "$command" in
     serve)
         ensure_venv ""
-        exec "$venv/bin/pidctl" serve "$@"
+        # The embedded default data dir, ./pidctl-data, is formatted on first use (pidctl
+        # says so, and removes it again if that start fails); a data dir chosen otherwise
+        # must be made with `pidctl format` first, so a wrong path stops the start instead
+        # of beginning a new cluster.
+        first_use=()
+        names_data_dir "$@" || first_use=(--format-if-missing)
+        exec "$venv/bin/pidctl" serve "${first_use[@]}" "$@"
         ;;
     test)
         ensure_debian_packages

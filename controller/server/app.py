@@ -24,8 +24,9 @@ import trio
 from pidctl.controller.api.handlers import Controller, RequestLimits
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.quotas import Quotas
-from pidctl.controller.core.records import ProducerIdsGranted, Record, new_cluster_id
+from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.formatting import NotFormatted, check_formatted
 from pidctl.controller.log.metalog import MetadataLog, StorageFailed, lock_data_dir, recover
 from pidctl.controller.server.admission import Admission, bind_listeners
 from pidctl.controller.server.allocator import pin_mmap_threshold
@@ -122,6 +123,7 @@ class PidctlServer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         data_dir = Path(self.settings.data_dir)
+        check_formatted(data_dir)  # before anything is created: a wrong path stops here
         log.info("allocator", mmap_threshold_pinned=pin_mmap_threshold())
         limit = raise_file_limit(self.settings.max_connections)
         log.info("file descriptors", limit=limit)
@@ -363,11 +365,12 @@ class PidctlServer:
 
     def _initialise_cluster(self, controller: Controller) -> None:
         cluster, wanted = controller.state.cluster, self.settings.cluster_id
-        if cluster.cluster_id is None:
-            cluster_id = wanted or new_cluster_id()
-            controller.apply(cluster.create_cluster(cluster_id, self.settings.node_id), now())
-            log.info("cluster created", cluster_id=cluster_id)
-        elif wanted is not None and wanted != cluster.cluster_id:
+        if cluster.cluster_id is None:  # a log without its first record: made by hand
+            raise NotFormatted(
+                f"data dir {self.settings.data_dir} holds no ClusterCreated record: it was not "
+                "made by `pidctl format`"
+            )
+        if wanted is not None and wanted != cluster.cluster_id:
             raise ClusterIdMismatch(
                 f"cluster_id {wanted!r} does not match {cluster.cluster_id!r} stored in the log"
             )

@@ -5,6 +5,7 @@ Used by the end-to-end tests and the benchmarks."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -113,11 +114,23 @@ def add_sasl_user(credentials_file: Path, user: str, password: str) -> None:
     )
 
 
+def format_data_dir(data_dir: Path, *settings: str, env: dict[str, str] | None = None) -> None:
+    """``pidctl format`` of ``data_dir`` with these setting flags (``--cluster-id``, a
+    ``--config``...) and environment, as an operator runs it before the first ``serve`` (in
+    this process: a new interpreter per server would cost a second each)."""
+    from pidctl.controller.cli import main
+
+    environ = {**os.environ, **(env or {})}
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        status = main(["format", *settings, "--data-dir", str(data_dir)], environ)
+    assert status == 0, f"pidctl format {data_dir}: exit {status}; {said.getvalue()}"
+
+
 def stored_cluster_id(data_dir: Path) -> str:
     """The cluster id stored in a data dir (read-only; safe while a server runs)."""
-    from pidctl.controller.log.metalog import read_log, rebuild_state
+    from pidctl.controller.log import formatting
 
-    return str(rebuild_state(read_log(data_dir))[0].cluster_id)
+    return str(formatting.stored_cluster_id(data_dir))
 
 
 class ServerProcess:
@@ -129,12 +142,16 @@ class ServerProcess:
         *extra: str,
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
+        format: bool = True,
     ) -> None:
         """``prefix`` runs the server under another command (``strace --inject`` for the
-        fault tests); the whole process group is then killed together."""
+        fault tests); the whole process group is then killed together. A data dir without
+        a metadata log is formatted first (with the same settings), as an operator does,
+        unless ``format`` is false."""
         self.data_dir = data_dir
         self.extra = list(extra)
         self.prefix = list(prefix or [])
+        self.format = format
         self.env = {**os.environ, **(env or {})}
         self.events: list[dict[str, Any]] = []
         self.stderr_lines: list[str] = []
@@ -167,6 +184,10 @@ class ServerProcess:
         ]
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
+        from pidctl.controller.log.formatting import is_formatted
+
+        if self.format and not is_formatted(self.data_dir):
+            format_data_dir(self.data_dir, *self.extra, env=self.env)
         self.events.clear()
         self.stderr_lines.clear()
         self.proc = subprocess.Popen(

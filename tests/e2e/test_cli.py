@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, format_data_dir
 from pidctl.client import SyncClient
 from tests import wire
 
@@ -139,6 +139,9 @@ def test_corruption_in_the_middle_stops_start_up_and_touches_nothing(tmp_path: P
         (["--node-id", "x"], {}, "--node-id: invalid node_id"),
         (["--listen", "nohost"], {}, "--listen: invalid listen"),
         ([], {"PIDCTL_NO_SUCH_THING": "1"}, "PIDCTL_NO_SUCH_THING: unknown setting"),
+        # Named like a Kubernetes service link, but not shaped like one: a mistaken setting.
+        ([], {"PIDCTL_PORT": "9093"}, "PIDCTL_PORT: unknown setting"),
+        ([], {"PIDCTL_SERVICE_HOST": "pidctl.svc"}, "PIDCTL_SERVICE_HOST: unknown setting"),
         ([], {"PIDCTL_MAX_FRAME_BYTES": "0"}, "PIDCTL_MAX_FRAME_BYTES: invalid max_frame_bytes"),
         (["--first-producer-id", "10", "--last-producer-id", "5"], {}, "first_producer_id"),
         (["--pid-source", "http://127.0.0.1:2379/p"], {}, "--pid-source: invalid pid_source"),
@@ -244,6 +247,8 @@ def test_connection_refused_is_one_line(tmp_path: Path) -> None:
 
 
 def test_port_in_use_is_one_line(tmp_path: Path) -> None:
+    format_data_dir(tmp_path / "d")
+    before = _digest(tmp_path / "d")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -263,6 +268,13 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
         .splitlines()[-1]
         .startswith(f"pidctl: cannot listen on 127.0.0.1:{port}")
     )
+    # The failed start wrote its ControllerStarted record and nothing else.
+    records = pidctl("log", "dump", "--data-dir", str(tmp_path / "d"), "--json").stdout
+    assert [json.loads(line)["type"] for line in records.splitlines()] == [
+        "ClusterCreated",
+        "ControllerStarted",
+    ]
+    assert set(_digest(tmp_path / "d")) == set(before)
 
 
 def test_every_bad_setting_is_named_on_its_own_line(tmp_path: Path) -> None:

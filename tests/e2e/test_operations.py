@@ -22,13 +22,16 @@ from pathlib import Path
 import yaml
 
 from ops.bench.core import build_history
-from ops.testing.serverproc import ServerProcess
+from ops.testing.coordination import free_port
+from ops.testing.serverproc import ServerProcess, stored_cluster_id
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
 from tests import wire
 
 ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 VENV_BIN = Path(sys.executable).parent
+PIDCTL = [sys.executable, "-m", "pidctl.controller.cli"]
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -109,38 +112,164 @@ def check_metrics_follow_traffic(bootstrap: str, metrics_url: str) -> None:
     assert after["pidctl_log_fsync_duration_seconds_count"] > 0
 
 
+def check_answered_by(bootstrap: str, data_dir: Path) -> None:
+    """The server on these ports is the one on ``data_dir`` (its cluster id over the wire),
+    not some other server on the machine."""
+    with SyncClient(bootstrap) as client:
+        assert client.request(requests.metadata([])).cluster_id == stored_cluster_id(data_dir)
+
+
 def test_readme_command_serves_metrics_and_readiness(tmp_path: Path) -> None:
-    """`ops/dev.sh serve`, as the README says, on its embedded defaults (9093 and 9464)."""
+    """`ops/dev.sh serve`, as the README says, on its embedded defaults except the ports
+    (free ones: the user's own server may hold 9093 and 9464): it formats ./pidctl-data on
+    first use and says so, and serves from it."""
+    port, metrics_port = free_port(), free_port()
     env = {**os.environ, "VENV": str(VENV_BIN.parent)}
+    env.pop("PIDCTL_DATA_DIR", None)
+    ports = ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
     proc = subprocess.Popen(
-        [str(ROOT / "ops" / "dev.sh"), "serve"],
+        [str(ROOT / "ops" / "dev.sh"), "serve", *ports],
         cwd=tmp_path,
         env=env,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
     )
+    bootstrap, metrics_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
     try:
-        wait_for("http://127.0.0.1:9464/readyz")
-        check_metrics_follow_traffic("127.0.0.1:9093", "http://127.0.0.1:9464")
-        assert (tmp_path / "pidctl-data").is_dir()  # the embedded default data dir
+        wait_for(metrics_url + "/readyz")
+        check_answered_by(bootstrap, tmp_path / "pidctl-data")
+        check_metrics_follow_traffic(bootstrap, metrics_url)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+    assert proc.stdout is not None
+    said = proc.stdout.read()
+    assert said.startswith("formatted pidctl-data (it did not exist"), said
+
+
+def test_serve_refuses_a_data_dir_that_is_not_formatted(tmp_path: Path) -> None:
+    """A missing or empty data dir (a wrong working directory, a typo, a volume not
+    mounted) stops `pidctl serve` with exit 2 and one line saying how to create one; it
+    creates nothing."""
+    empty = tmp_path / "mounted"
+    empty.mkdir()
+    for data_dir in (tmp_path / "typo", empty):
+        result = subprocess.run(
+            [
+                *PIDCTL,
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith(f"pidctl: data dir {data_dir} ")
+        assert f"`pidctl format --data-dir {data_dir}`" in line
+    assert not (tmp_path / "typo").exists() and list(empty.iterdir()) == []
+
+
+def test_format_once_then_serve(tmp_path: Path) -> None:
+    """`pidctl format` makes a data dir (of a given cluster id) and refuses to make it twice
+    unless told to ignore it; a directory holding other files is refused."""
+    data_dir = tmp_path / "d"
+    made = subprocess.run(
+        [*PIDCTL, "format", "--data-dir", str(data_dir), "--cluster-id", "c0ffee"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == f"formatted {data_dir}: cluster id c0ffee, node id 1\n"
+    again = subprocess.run(
+        [*PIDCTL, "format", "--data-dir", str(data_dir)], capture_output=True, text=True
+    )
+    assert again.returncode == 1
+    assert again.stderr == (
+        f"pidctl: {data_dir} is already formatted (cluster id c0ffee); nothing done\n"
+    )
+    ignored = subprocess.run(
+        [*PIDCTL, "format", "--data-dir", str(data_dir), "--ignore-formatted"],
+        capture_output=True,
+        text=True,
+    )
+    assert ignored.returncode == 0 and "already formatted" in ignored.stdout
+    other = tmp_path / "home"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    refused = subprocess.run(
+        [*PIDCTL, "format", "--data-dir", str(other)], capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "not empty (notes.txt)" in refused.stderr
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    with ServerProcess(data_dir, format=False) as server:
+        assert server.cluster_id() == "c0ffee"
+        with SyncClient(server.bootstrap) as client:
+            assert wire.register(client, 1, "c0ffee") == 2  # offsets 0, 1: created, started
+
+
+def test_a_failed_first_start_leaves_no_data_dir(tmp_path: Path) -> None:
+    """`ops/dev.sh serve` formats ./pidctl-data on first use; if that start fails (its port
+    is taken) the data dir it made is removed again."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [
+                str(ROOT / "ops" / "dev.sh"),
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "VENV": str(VENV_BIN.parent)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert not (tmp_path / "pidctl-data").exists()
 
 
 def test_dockerfile_entrypoint_outside_docker(tmp_path: Path) -> None:
-    """The image's ENTRYPOINT + CMD with its ENV (only the data dir moved into a temporary
-    directory: there is no Docker engine here), then its HEALTHCHECK command."""
+    """The image's commands as the README gives them: `pidctl format` once, then its
+    ENTRYPOINT + CMD, with its ENV (the data dir moved into a temporary directory, as there
+    is no Docker engine here, and the listeners on free ports), then its HEALTHCHECK."""
     env, command, health = dockerfile()
     assert command == ["pidctl", "serve"] and env["PIDCTL_DATA_DIR"] == "/data"
+    assert "docker run --rm -v pidctl-data:/data pidctl format" in README.read_text()
+    port, metrics_port = free_port(), free_port()
+    assert env["PIDCTL_LISTEN"] == "0.0.0.0:9093"
+    assert env["PIDCTL_METRICS_LISTEN"] == "0.0.0.0:9464"
     env["PIDCTL_DATA_DIR"] = str(tmp_path / "data")
+    env["PIDCTL_LISTEN"] = f"127.0.0.1:{port}"
+    env["PIDCTL_METRICS_LISTEN"] = f"127.0.0.1:{metrics_port}"
+    health = [part.replace(":9464/", f":{metrics_port}/") for part in health]
     run_env = {**os.environ, **env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(command, env=run_env, stderr=subprocess.PIPE, text=True)
+    unformatted = subprocess.run(command, env=run_env, capture_output=True, text=True)
+    assert unformatted.returncode == 2 and "pidctl format" in unformatted.stderr
+    formatted = subprocess.run([command[0], "format"], env=run_env, capture_output=True)
+    assert formatted.returncode == 0, formatted.stderr
+    proc = subprocess.Popen(command, env=run_env, stderr=subprocess.DEVNULL, text=True)
+    bootstrap, metrics_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
     try:
-        wait_for("http://127.0.0.1:9464/readyz")
+        wait_for(metrics_url + "/readyz")
         assert health[0] == "python"
         assert subprocess.run([sys.executable, *health[1:]], timeout=10).returncode == 0
-        check_metrics_follow_traffic("127.0.0.1:9093", "http://127.0.0.1:9464")
+        check_answered_by(bootstrap, tmp_path / "data")
+        check_metrics_follow_traffic(bootstrap, metrics_url)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -293,10 +422,18 @@ def test_describe_cluster_lists_registered_brokers(server: ServerProcess) -> Non
 
 def test_deployment_examples_match_the_image() -> None:
     env, _, _ = dockerfile()
-    pod = yaml.safe_load((ROOT / "ops/deploy/kubernetes-sidecar.yaml").read_text())
+    manifest = (ROOT / "ops/deploy/kubernetes-sidecar.yaml").read_text()
+    pod = yaml.safe_load(manifest)
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     sidecar = containers["pidctl"]
-    assert {"kafka", "pidctl"} <= set(containers)
+    assert set(containers) == {"broker", "pidctl"}
+    # Apache Kafka's broker cannot use pidctl: the manifest says it shows placement only.
+    assert "PLACEMENT ONLY" in manifest and "apache/kafka" not in manifest
+    assert pod["spec"]["enableServiceLinks"] is False
+    [format_data_dir] = pod["spec"]["initContainers"]
+    assert format_data_dir["args"] == ["format", "--ignore-formatted"]
+    assert format_data_dir["image"] == sidecar["image"]
+    assert format_data_dir["volumeMounts"] == sidecar["volumeMounts"]
     assert sidecar["args"] == ["serve"]
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert ports == {"pidctl": 9093, "metrics": 9464}
@@ -310,3 +447,45 @@ def test_deployment_examples_match_the_image() -> None:
     alerts = yaml.safe_load((ROOT / "ops/deploy/pidctl-alerts.yml").read_text())
     names = {rule["alert"] for group in alerts["groups"] for rule in group["rules"]}
     assert "PidctlProducerIdsRunningOut" in names
+
+
+#: What Kubernetes puts into every pod of a namespace with a Service named pidctl (service
+#: links on, the default), with a named port and a second Service, pidctl-metrics.
+SERVICE_LINKS = {
+    "PIDCTL_SERVICE_HOST": "10.96.0.11",
+    "PIDCTL_SERVICE_PORT": "9093",
+    "PIDCTL_SERVICE_PORT_PIDCTL": "9093",
+    "PIDCTL_PORT": "tcp://10.96.0.11:9093",
+    "PIDCTL_PORT_9093_TCP": "tcp://10.96.0.11:9093",
+    "PIDCTL_PORT_9093_TCP_PROTO": "tcp",
+    "PIDCTL_PORT_9093_TCP_PORT": "9093",
+    "PIDCTL_PORT_9093_TCP_ADDR": "10.96.0.11",
+    "PIDCTL_METRICS_SERVICE_HOST": "10.96.0.12",
+    "PIDCTL_METRICS_SERVICE_PORT": "9464",
+    "PIDCTL_METRICS_PORT": "tcp://10.96.0.12:9464",
+    "PIDCTL_METRICS_PORT_9464_TCP": "tcp://10.96.0.12:9464",
+    "PIDCTL_METRICS_PORT_9464_TCP_PROTO": "tcp",
+    "PIDCTL_METRICS_PORT_9464_TCP_PORT": "9464",
+    "PIDCTL_METRICS_PORT_9464_TCP_ADDR": "10.96.0.12",
+}
+
+
+def test_a_pod_with_kubernetes_service_links_starts(tmp_path: Path) -> None:
+    """The real server with every service-link variable set starts, serves, and names
+    what it ignored in one warning; the settings are untouched by them."""
+    with ServerProcess(tmp_path / "d", env=SERVICE_LINKS) as server:
+        warning = server.event(
+            "ignored Kubernetes service-link variables (not settings; enableServiceLinks: "
+            "false in the pod spec drops them)"
+        )
+        assert warning["level"] == "warning" and warning["variables"] == sorted(SERVICE_LINKS)
+        with SyncClient(server.bootstrap) as client:
+            assert client.request(requests.init_producer_id()).error_code == 0
+    shown = subprocess.run(
+        [*PIDCTL, "config", "show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **SERVICE_LINKS},
+    )
+    assert shown.returncode == 0 and "PIDCTL_PORT" not in shown.stdout

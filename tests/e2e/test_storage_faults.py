@@ -18,6 +18,7 @@ import pytest
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import (
     ServerProcess,
+    format_data_dir,
     strace_delay_prefix,
     strace_inject_prefix,
     strace_prefix,
@@ -37,7 +38,6 @@ pytestmark = pytest.mark.slow
 
 def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[Acknowledged, int]:
     """Start the server under ``prefix``, load it until it stops; its exit status."""
-    ServerProcess(data_dir).start().terminate()  # create the data dir and the cluster
     server = ServerProcess(data_dir, *extra, prefix=prefix).start()
     acked = Acknowledged()
     load = GrantLoad(server.bootstrap, server.cluster_id(), acked).start()
@@ -201,7 +201,6 @@ def test_a_slow_sync_moves_commits_off_the_event_loop_until_the_disk_is_quick_ag
     what does not wait for the disk; after 64 quick syncs in a row in the thread, commits
     are back on the loop."""
     data_dir = tmp_path / "d"
-    ServerProcess(data_dir).start().terminate()  # create the data dir and the cluster
     slow = strace_delay_prefix("fdatasync", 2.0, "1", data_dir / segment_name(0))
     in_thread = "pidctl_log_commits_in_thread_total"
     request = requests.init_producer_id("slow-disk")  # durable: each one is a commit
@@ -289,6 +288,7 @@ def test_an_unwritable_stderr_does_not_stop_the_server(tmp_path: Path) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
+    format_data_dir(tmp_path / "d")
     command = [
         sys.executable,
         "-m",
