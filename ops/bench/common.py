@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -41,13 +40,6 @@ def rss_kib(pid: int | str = "self") -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time a process has used so far, in seconds."""
-    # /proc/PID/stat: the command (field 2) may hold spaces; utime and stime are fields 14, 15.
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

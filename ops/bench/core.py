@@ -114,7 +114,7 @@ def grants_per_second(bootstrap: str, brokers: int, seconds: float) -> float:
     """Durable AllocateProducerIds per second from ``brokers`` brokers (the load generator's
     allocate scenario, in its own process; fresh broker ids for each run)."""
     result = run_json(
-        "ops.bench.loadgen",
+        "ops.bench.cloadgen",
         bootstrap,
         "--scenario",
         "allocate",

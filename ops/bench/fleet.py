@@ -46,7 +46,7 @@ def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[st
 
     def one(index: int) -> None:
         results[index] = run_json(
-            "ops.bench.loadgen",
+            "ops.bench.cloadgen",
             servers[index].bootstrap,
             "--scenario",
             "allocate",

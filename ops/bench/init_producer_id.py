@@ -3,7 +3,8 @@
     python -m ops.bench.init_producer_id [--seconds 5] [--connections 16]
 
 The ceiling is ops/bench/ceiling.py: the same port type answering every frame with a fixed
-pre-encoded response. The load generator runs in its own process (ops/bench/loadgen.py).
+pre-encoded response. The load generator is the compiled one (ops/bench/cloadgen.py), in its
+own process.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def load(
     bootstrap: str, scenario: str, connections: int, seconds: float, *extra: str
 ) -> dict[str, Any]:
     return run_json(
-        "ops.bench.loadgen",
+        "ops.bench.cloadgen",
         bootstrap,
         "--scenario",
         scenario,

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             text=True,
         )
         try:
-            result = run_json("ops.bench.loadgen", bootstrap, *load)
+            result = run_json("ops.bench.cloadgen", bootstrap, *load)
         finally:
             recorder.send_signal(signal.SIGINT)
             _, errors = recorder.communicate(timeout=120)
