@@ -5,6 +5,7 @@
 #   ops/dev.sh test [ARGS]     lint, type-check and run the whole test suite (ARGS go to pytest),
 #                              in TEST_WORKERS processes (default 2; pytest-xdist; 0: one)
 #   ops/dev.sh bench [ARGS]    the benchmark suite against its baselines (ARGS go to the suite)
+#   ops/dev.sh fetch           fetch Apache Kafka's jars from Maven Central (test and bench do it)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,14 +28,17 @@ ensure_venv() {
     fi
 }
 
-# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL), Java 17 for Spark and strace;
-# installed only when missing (needs root, as on CI machines).
+# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL), Java 17 with javac for Spark,
+# Kafka and the Java client's test program, Maven to fetch Kafka, and strace; installed only
+# when missing (needs root, as on CI machines).
 ensure_debian_packages() {
     local missing=()
     command -v etcd >/dev/null || missing+=(etcd-server)
     [[ -x /usr/share/zookeeper/bin/zkServer.sh ]] || missing+=(zookeeper)
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-    java -version 2>&1 | grep -q 'version "17' || missing+=(openjdk-17-jre-headless)
+    java -version 2>&1 | grep -q 'version "17' || missing+=(openjdk-17-jdk-headless)
+    command -v javac >/dev/null || missing+=(openjdk-17-jdk-headless)
+    command -v mvn >/dev/null || missing+=(maven)
     command -v strace >/dev/null || missing+=(strace)  # the storage-fault tests inject with it
     if (( ${#missing[@]} )); then
         echo "installing Debian packages: ${missing[*]}" >&2
@@ -69,6 +73,12 @@ names_data_dir() {
     return 1
 }
 
+# Apache Kafka (broker, controller, Java client) from Maven Central into Maven's cache
+# (~/.m2), its class path kept in ~/.cache/pidctl-dev: the tests run Kafka itself.
+fetch_jars() {
+    "$venv/bin/python" -m ops.testing.jars
+}
+
 command="${1:-}"
 shift || true
 case "$command" in
@@ -86,6 +96,7 @@ case "$command" in
         ensure_debian_packages
         ensure_venv "[test]"
         cd "$root"
+        fetch_jars
         "$venv/bin/ruff" check .
         "$venv/bin/ruff" format --check .
         type_check
@@ -103,10 +114,17 @@ case "$command" in
         ensure_debian_packages
         ensure_venv "[test]"
         cd "$root"
+        fetch_jars
         exec "$venv/bin/python" -m ops.bench.suite "$@"
         ;;
+    fetch)
+        ensure_debian_packages
+        ensure_venv "[test]"
+        cd "$root"
+        fetch_jars
+        ;;
     *)
-        echo "usage: ops/dev.sh serve [FLAGS] | test [PYTEST ARGS] | bench [ARGS]" >&2
+        echo "usage: ops/dev.sh serve [FLAGS] | test [PYTEST ARGS] | bench [ARGS] | fetch" >&2
         exit 2
         ;;
 esac

@@ -8,6 +8,7 @@ import trustme
 from hypothesis import settings
 
 from ops.testing.coordination import EtcdProcess
+from ops.testing.kafka import KafkaNode
 from ops.testing.serverproc import ServerProcess
 
 # Properties here are about records and bytes, not time: no per-example deadline, which
@@ -41,3 +42,11 @@ def tls_etcd(tmp_path: Path) -> Iterator[tuple[EtcdProcess, Path]]:
     ca.cert_pem.write_to_path(str(ca_file))
     with EtcdProcess(tmp_path / "tls-etcd", tls=(cert_file, key_file)) as proc:
         yield proc, ca_file
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaNode]:
+    """A real Apache Kafka node (broker and KRaft controller) shared by a test process's
+    tests; tests that change its state use their own topics and ids."""
+    with KafkaNode() as node:
+        yield node
