@@ -36,6 +36,7 @@ from pidctl.controller.core.producer_ids import (
     ProducerIdRange,
 )
 from pidctl.controller.core.quotas import QuotaOverride
+from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
     DEFAULT_INLINE_SYNC_MAX_S,
     DEFAULT_SEGMENT_MAX_BYTES,
@@ -417,6 +418,13 @@ class Settings:
         "how often expired transactional ids are removed (Kafka's "
         "transaction.remove.expired.transaction.cleanup.interval.ms)",
         "ms",
+        parse=POSITIVE,
+    )
+    transactional_id_expiry_batch: int = _setting(
+        DEFAULT_EXPIRY_BATCH,
+        "transactional ids expired in one step; the next step waits until it is durable, "
+        "other requests served between (a cleanup costs what expires, not what is held)",
+        "ids",
         parse=POSITIVE,
     )
     allocate_producer_ids_quota: float = _setting(

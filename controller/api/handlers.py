@@ -29,7 +29,11 @@ from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.core.transactions import ProducerIdAndEpoch, parse_expected
+from pidctl.controller.core.transactions import (
+    DEFAULT_EXPIRY_BATCH,
+    ProducerIdAndEpoch,
+    parse_expected,
+)
 from pidctl.protocol.addresses import parse_listener
 from pidctl.protocol.api_versions import build_api_versions_response, has_valid_client_software
 from pidctl.protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
@@ -225,9 +229,13 @@ class Controller:
         """What the log needs for a snapshot at this instant: taken at once, built later."""
         return self.state.copy().to_snapshot
 
-    def expire_transactional_ids(self, now: Now) -> int:
-        """Log an expiry for every transactional id unused past the setting; return how many."""
-        return self.apply(self.state.transactions.expire(now.wall_ms), now)[0]
+    def expire_transactional_ids(
+        self, now: Now, limit: int = DEFAULT_EXPIRY_BATCH
+    ) -> tuple[int, int]:
+        """Log an expiry for each of at most ``limit`` transactional ids unused past the
+        setting, longest unused first; return how many, and the offset to wait for (fewer
+        than ``limit``: none is left to expire)."""
+        return self.apply(self.state.transactions.expire(now.wall_ms, limit), now)
 
     def _may(
         self,

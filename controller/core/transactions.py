@@ -52,6 +52,12 @@ class TransactionalIdState:
 _PACKED = struct.Struct("<qhqhiHI")
 #: ``updated_ms`` must be below this (2**48 ms after 1970: the year 10889).
 MAX_UPDATED_MS = 1 << 48
+#: Where a row keeps ``updated_ms`` (high 16 bits, low 32), read without unpacking the rest.
+_UPDATED = struct.Struct("<HI")
+_UPDATED_AT = _PACKED.size - _UPDATED.size
+#: Default of the ``transactional_id_expiry_batch`` setting: expiry records decided (and
+#: written) in one step before other work runs; a step costs ~5 µs per id here.
+DEFAULT_EXPIRY_BATCH = 1000
 
 
 def _pack(state: TransactionalIdState) -> bytes:
@@ -74,13 +80,26 @@ def _unpack(row: bytes) -> TransactionalIdState:
     return TransactionalIdState(pid, epoch, previous, last, timeout_ms, high << 32 | low)
 
 
+def _updated_ms(row: bytes) -> int:
+    high, low = _UPDATED.unpack_from(row, _UPDATED_AT)
+    return int(high << 32 | low)
+
+
+_PRODUCER_ID = struct.Struct("<q")  # a row's first field
+
 #: Length of a transactional id in UTF-8 in :meth:`TransactionalIdTable.packed` (ids are at
 #: most ``MAX_TRANSACTIONAL_ID_BYTES``, 32767).
 _KEY_LENGTH = struct.Struct("<H")
 
 
 class TransactionalIdTable:
-    """transactional id → :class:`TransactionalIdState`, each state stored packed."""
+    """transactional id → :class:`TransactionalIdState`, each state stored packed.
+
+    The ids are kept in the order of their last update (an update moves its id to the end:
+    a dict keeps insertion order), which is the order of ``updated_ms`` as long as no update
+    is dated before the one made last (the manager dates them so). Expiry then reads the
+    oldest ids from the front (:meth:`oldest`) and stops at the first one still in use: it
+    costs what expires, not what is held, and needs no index beside the rows."""
 
     __slots__ = ("_rows",)
 
@@ -97,9 +116,35 @@ class TransactionalIdTable:
     def __setitem__(self, transactional_id: str, state: TransactionalIdState) -> None:
         """Store ``state``; ValueError if a field does not fit its packed width."""
         try:
-            self._rows[transactional_id] = _pack(state)
+            row = _pack(state)
         except struct.error as e:
             raise ValueError(f"transactional id {transactional_id!r}: {e}") from e
+        rows = self._rows
+        rows.pop(transactional_id, None)  # to the end: the order of last updates
+        rows[transactional_id] = row
+
+    def latest_updated_ms(self) -> int:
+        """``updated_ms`` of the id updated last (0 when there is none)."""
+        if not self._rows:
+            return 0
+        return _updated_ms(next(reversed(self._rows.values())))
+
+    def oldest(self, before_ms: int, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` ids last updated before ``before_ms``, oldest first, with their
+        producer ids: read from the front, up to the first id updated since. An id whose
+        update was dated before an earlier one's (a log written before updates were dated
+        in order) waits behind it: it expires late, never early."""
+        found: list[tuple[str, int]] = []
+        if limit <= 0:
+            return found
+        producer_id = _PRODUCER_ID.unpack_from
+        for transactional_id, row in self._rows.items():
+            if _updated_ms(row) >= before_ms:
+                break
+            found.append((transactional_id, producer_id(row)[0]))
+            if len(found) >= limit:
+                break
+        return found
 
     def __delitem__(self, transactional_id: str) -> None:
         del self._rows[transactional_id]
@@ -226,6 +271,7 @@ class TransactionControlManager:
             return answer(ProducerIdAndEpoch(ErrorCode.invalid_request))
         if not 0 < timeout_ms <= self.max_timeout_ms:
             return answer(ProducerIdAndEpoch(ErrorCode.invalid_transaction_timeout))
+        now_ms = self._update_time(now_ms)
         current = self.transactional_ids.get(transactional_id)
         refill: tuple[Record, ...] = ()
         if current is None:
@@ -268,14 +314,21 @@ class TransactionControlManager:
             refill, transactional_id, current, current.producer_id, epoch, last, timeout_ms, now_ms
         )
 
-    def expire(self, now_ms: int) -> ControllerResult[int]:
-        """An expiry for every transactional id unused past ``expiration_ms``."""
-        records = tuple(
-            TransactionalIdExpired(tid, state.producer_id)
-            for tid, state in self.transactional_ids.items()
-            if now_ms - state.updated_ms > self.expiration_ms
-        )
+    def expire(self, now_ms: int, limit: int = DEFAULT_EXPIRY_BATCH) -> ControllerResult[int]:
+        """An expiry for each of the (at most ``limit``) transactional ids unused longest,
+        if unused past ``expiration_ms``; fewer than ``limit`` means none is left to
+        expire. Costs what it expires (:meth:`TransactionalIdTable.oldest`)."""
+        # Unused past the expiration: now_ms - updated_ms > expiration_ms.
+        expired = self.transactional_ids.oldest(now_ms - self.expiration_ms, limit)
+        records = tuple(TransactionalIdExpired(tid, pid) for tid, pid in expired)
         return ControllerResult(records, len(records))
+
+    def _update_time(self, now_ms: int) -> int:
+        """The ``updated_ms`` of an update now: never before the last update's, so the
+        table stays in the order of ``updated_ms`` (a wall clock set back, even before
+        1970, dates updates at the last update's time instead: their ids expire late,
+        never early), and within what a row holds."""
+        return min(max(now_ms, self.transactional_ids.latest_updated_ms()), MAX_UPDATED_MS - 1)
 
     def _refill(self) -> tuple[Record, ...]:
         """A grant for the pool once it wants one (KIP-730's 90% rule). The pool holds the

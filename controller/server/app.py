@@ -218,7 +218,7 @@ class PidctlServer:
             await background.start(metalog.run)
             self._initialise_cluster(controller)
             await metalog.flush()
-            background.start_soon(self._expire_transactional_ids, controller)
+            background.start_soon(self._expire_transactional_ids, controller, metalog)
             if lease_keeper is not None:
                 await background.start(lease_keeper.run)
                 if state.producer_ids.lease_remaining() == 0:
@@ -355,13 +355,28 @@ class PidctlServer:
                 grants.append(_grant_values(pending.popleft()[1]))
             log_each("producer ids granted", _GRANT_FIELDS, grants)
 
-    async def _expire_transactional_ids(self, controller: Controller) -> None:
+    async def _expire_transactional_ids(self, controller: Controller, metalog: MetadataLog) -> None:
+        """Every cleanup interval, expire what is due in steps of at most
+        ``transactional_id_expiry_batch`` ids (Kafka's TransactionStateManager removes expired
+        ids in batches too): each step costs what it expires, and the next one waits until
+        it is durable, so the requests decided meanwhile share the log with it instead of
+        queueing behind every expiry at once."""
         interval = self.settings.transactional_id_cleanup_interval_ms / 1000
+        batch = self.settings.transactional_id_expiry_batch
         while True:
             await trio.sleep(interval)
-            expired = controller.expire_transactional_ids(now())
-            if expired:
-                log.info("transactional ids expired", count=expired)
+            total = steps = 0
+            while True:
+                expired, offset = controller.expire_transactional_ids(now(), batch)
+                total += expired
+                steps += 1
+                self.metrics.transactional_ids_expired.inc(expired)
+                if expired < batch:
+                    break
+                await metalog.wait_durable(offset)
+                await trio.lowlevel.checkpoint()  # (durable already: other work first all the same)
+            if total:
+                log.info("transactional ids expired", count=total, steps=steps)
 
     def _initialise_cluster(self, controller: Controller) -> None:
         cluster, wanted = controller.state.cluster, self.settings.cluster_id

@@ -190,6 +190,11 @@ class Metrics:
             ["mechanism"],
             registry=r,
         )
+        self.transactional_ids_expired = LoopCounter(
+            "pidctl_transactional_ids_expired",
+            "Transactional ids expired (unused past transactional_id_expiration_ms).",
+            registry=r,
+        )
         self.log_appends = LoopCounter(
             "pidctl_log_appended_records", "Records made durable.", registry=r
         )

@@ -70,7 +70,7 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
             clock += a
             continue
         if kind == "expire":
-            controller.expire_transactional_ids(now)
+            controller.expire_transactional_ids(now, limit=2)  # in steps of two
             continue
         producer_ids = controller.state.producer_ids
         if kind == "lease":

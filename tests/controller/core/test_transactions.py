@@ -183,6 +183,59 @@ def test_expiry_selects_ids_unused_for_too_long() -> None:
     assert list(state.transactions.transactional_ids) == ["new"]
 
 
+def test_ids_are_kept_in_the_order_of_their_last_update() -> None:
+    table = TransactionalIdTable()
+    for tid, updated in (("a", 10), ("b", 20), ("c", 30)):
+        table[tid] = TransactionalIdState(1, 0, -1, -1, 1, updated)
+    table["a"] = TransactionalIdState(1, 1, 1, -1, 1, 40)  # a re-init moves it to the end
+    assert list(table) == ["b", "c", "a"] and table.latest_updated_ms() == 40
+    assert table.oldest(before_ms=35, limit=10) == [("b", 1), ("c", 1)]
+    assert table.oldest(before_ms=35, limit=1) == [("b", 1)]
+    assert table.oldest(before_ms=20, limit=10) == []  # "b" itself is not before 20
+    assert TransactionalIdTable().latest_updated_ms() == 0
+
+
+def test_expiry_costs_what_expires_in_steps_of_the_limit() -> None:
+    state = _state().configure(transactional_id_expiration_ms=500)
+    ids = [f"t{i}" for i in range(10)]
+    replay(
+        state,
+        ProducerIdsGranted(1, -1, 0, 10, holder="controller"),
+        *(TransactionalIdUpdated(tid, i, 0, i, -1, 60_000, 100 * i) for i, tid in enumerate(ids)),
+    )
+    # Unused past 500 ms at 1000: updated before 500, t0..t4; in steps of two.
+    steps = []
+    while True:
+        result = state.transactions.expire(now_ms=1000, limit=2)
+        steps.append(
+            [r.transactional_id for r in result.records if isinstance(r, TransactionalIdExpired)]
+        )
+        if apply(state, result) < 2:
+            break
+    assert steps == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert list(state.transactions.transactional_ids) == ids[5:]
+
+
+def test_a_wall_clock_set_back_dates_updates_at_the_last_one() -> None:
+    state = _state()
+    for tid, now_ms in (("a", 5_000), ("b", 1_000), ("c", -86_400_000)):  # c: before 1970
+        result = state.transactions.init_transactional(
+            tid, timeout_ms=60_000, expected=None, now_ms=now_ms
+        )
+        assert apply(state, result).error == OK
+    table = state.transactions.transactional_ids
+    assert [table[tid].updated_ms for tid in "abc"] == [5_000, 5_000, 5_000]
+
+
+def test_a_wall_clock_before_1970_on_a_first_init_dates_it_at_0() -> None:
+    state = _state()
+    result = state.transactions.init_transactional(
+        "tx", timeout_ms=60_000, expected=None, now_ms=-1
+    )
+    assert apply(state, result) == ProducerIdAndEpoch(OK, 0, 0)
+    assert state.transactions.transactional_ids["tx"].updated_ms == 0
+
+
 def test_states_round_trip_packed_including_the_extremes() -> None:
     table = TransactionalIdTable()
     states = {

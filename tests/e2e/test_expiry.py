@@ -1,0 +1,77 @@
+"""Transactional-id expiry costs what expires, in bounded steps between other work: a real
+data dir of many ids, a real server expiring them, and a well-behaved client's durable
+InitProducerIds timed meanwhile against its own baseline of the same run."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ops.bench.suite import build_transactional_ids
+from ops.testing.serverproc import ServerProcess
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
+from tests import latency
+
+#: Transactional ids in the data dir: one scan of them took ~0.5 s of the event loop, and
+#: expiring them in one piece several seconds.
+IDS = 300_000
+#: A durable InitProducerId every this often (paced: see latency.measure_paced).
+INTERVAL_S = 0.01
+
+
+def _durable_inits(client: SyncClient, prefix: str) -> Callable[[], None]:
+    """A transactional InitProducerId for a new id each call: one durable record each."""
+    numbers = itertools.count()
+
+    def init() -> None:
+        answer = client.request(requests.init_producer_id(f"{prefix}-{next(numbers)}"))
+        assert answer.error_code == 0, answer
+
+    return init
+
+
+def _expired(server: ServerProcess) -> int:
+    return sum(e["count"] for e in server.events if e.get("event") == "transactional ids expired")
+
+
+@pytest.mark.slow
+def test_expiry_costs_what_expires_in_bounded_steps(tmp_path: Path) -> None:
+    data_dir = tmp_path / "ids"
+    build_transactional_ids(data_dir, IDS)
+    with ServerProcess(tmp_path / "fresh") as fresh, SyncClient(fresh.bootstrap) as client:
+        baseline = latency.measure_paced(
+            _durable_inits(client, "baseline"), INTERVAL_S, 300, lambda: True
+        )
+
+    # Nothing to expire, a cleanup every 100 ms: each scanned every id.
+    scanning = ServerProcess(data_dir, "--transactional-id-cleanup-interval-ms", "100")
+    with scanning as server, SyncClient(server.bootstrap) as client:
+        idle = latency.measure_paced(_durable_inits(client, "idle"), INTERVAL_S, 300, lambda: True)
+        assert _expired(server) == 0
+
+    # Every id expires at the first cleanup, half a second after the start.
+    expiring = ServerProcess(
+        data_dir,
+        "--transactional-id-expiration-ms",
+        "1",
+        "--transactional-id-cleanup-interval-ms",
+        "500",
+    )
+    with expiring as server, SyncClient(server.bootstrap) as client:
+        during = latency.measure_paced(
+            _durable_inits(client, "during"), INTERVAL_S, 300, lambda: _expired(server) >= IDS
+        )
+        steps = [e for e in server.events if e.get("event") == "transactional ids expired"]
+    print(
+        f"durable InitProducerId p99: {baseline.p99 * 1000:.1f} ms fresh, "
+        f"{idle.p99 * 1000:.1f} ms beside {IDS:,} ids with cleanups every 100 ms, "
+        f"{during.p99 * 1000:.1f} ms (worst {during.worst * 1000:.1f} ms) while they expire"
+    )
+    assert idle.p99 < latency.bound(baseline), (idle.p99, baseline.p99)
+    assert during.p99 < latency.bound(baseline), (during.p99, baseline.p99)
+    assert sum(step["count"] for step in steps) >= IDS
+    assert max(step["steps"] for step in steps) > 1  # in steps, not in one piece
