@@ -105,10 +105,33 @@ class PidctlServer:
             collections.deque()
         )
 
-    def reload(self, settings: Settings) -> None:
-        """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes."""
-        self.authorizer = build_authorizer(settings)
-        self.credentials = load_credentials(settings)
+    def reload(self, load: Callable[[], Settings]) -> str:
+        """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes.
+        Returns the outcome (the label of ``pidctl_config_reloads_total``):
+
+        - ``failed``: reading the configuration or the credentials failed, whatever the
+          error: the previous configuration stays;
+        - ``refused``: the new one would switch the authorizer off or remove every SASL
+          credential (:func:`reload_refusal`), which is what an empty or half-written file
+          looks like; a reload cannot tell an operator's intent from an editor's write in
+          progress, so these take a restart. The previous configuration stays;
+        - ``applied``."""
+        try:
+            settings = load()
+            authorizer = build_authorizer(settings)
+            credentials = load_credentials(settings)
+        except Exception as e:  # any error: a reload must not take the server down
+            log.error(
+                "reload failed; the previous configuration stays",
+                error=str(e) or type(e).__name__,
+            )
+            return self._reloaded("failed")
+        reason = reload_refusal(self.authorizer, self.credentials, authorizer, credentials)
+        if reason is not None:
+            log.error("reload refused; the previous configuration stays", reason=reason)
+            return self._reloaded("refused")
+        self.authorizer = authorizer
+        self.credentials = credentials
         if self._controller is not None:
             self._controller.authorizer = self.authorizer
         log.info(
@@ -116,6 +139,11 @@ class PidctlServer:
             acls=len(self.authorizer.acls),
             users=len(self.credentials.users),
         )
+        return self._reloaded("applied")
+
+    def _reloaded(self, outcome: str) -> str:
+        self.metrics.config_reloads.labels(outcome).inc()
+        return outcome
 
     def request_shutdown(self) -> None:
         """Stop accepting, stop reading, finish in-flight responses, flush, return."""
@@ -406,6 +434,29 @@ def _state_view(state: ControllerState) -> StateView:
     )
 
 
+def reload_refusal(
+    authorizer: Authorizer,
+    credentials: CredentialStore,
+    new_authorizer: Authorizer,
+    new_credentials: CredentialStore,
+) -> str | None:
+    """Why a reload from (``authorizer``, ``credentials``) to the new ones must be refused,
+    or None. An empty config file, or one cut before its ``authorizer`` line, reads as
+    ``authorizer = "none"``, and a missing or emptied credentials file as no users: a
+    reload cannot tell them from an operator's intent, so it never makes either change."""
+    if authorizer.enabled and not new_authorizer.enabled:
+        return (
+            'it would switch the authorizer off (authorizer = "none"): an empty or half-written '
+            "config file reads so; restart the server to do that"
+        )
+    if credentials.users and not new_credentials.users:
+        return (
+            "it would remove every SASL credential: a missing or emptied credentials file reads "
+            "so; restart the server to do that"
+        )
+    return None
+
+
 def build_authorizer(settings: Settings) -> Authorizer:
     # Separated by ";" as Kafka's super.users: a certificate's principal contains commas.
     super_users = [u.strip() for u in settings.super_users.split(";") if u.strip()]
@@ -447,12 +498,7 @@ async def serve(settings: Settings, reload: Callable[[], Settings] | None = None
                         server.request_shutdown()
                         return
                     if reload is not None:
-                        try:
-                            server.reload(reload())
-                        except (ValueError, OSError) as e:
-                            log.error(
-                                "reload failed; the previous configuration stays", error=str(e)
-                            )
+                        server.reload(reload)
 
         nursery.start_soon(watch_signals)
         await server.run()

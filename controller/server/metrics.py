@@ -190,6 +190,14 @@ class Metrics:
             ["mechanism"],
             registry=r,
         )
+        self.config_reloads = LoopCounter(
+            "pidctl_config_reloads",
+            "SIGHUP reloads by result: applied; refused (it would switch the authorizer off or "
+            "remove every SASL credential: the previous configuration stays); failed (an error "
+            "reading the configuration or the credentials: the previous one stays).",
+            ["result"],
+            registry=r,
+        )
         self.transactional_ids_expired = LoopCounter(
             "pidctl_transactional_ids_expired",
             "Transactional ids expired (unused past transactional_id_expiration_ms).",

@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SCRAM_MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
@@ -85,10 +86,14 @@ class CredentialStore:
             return cls()
         try:
             data = json.loads(path.read_text())
+            users = _object(data, "the file")["users"]
             return cls(
                 {
-                    user: {m: ScramCredential.from_json(c) for m, c in mechanisms.items()}
-                    for user, mechanisms in data["users"].items()
+                    str(user): {
+                        str(m): ScramCredential.from_json(_object(c, f"{user}'s {m}"))
+                        for m, c in _object(mechanisms, f"user {user!r}").items()
+                    }
+                    for user, mechanisms in _object(users, "users").items()
                 }
             )
         except (ValueError, KeyError, TypeError) as e:
@@ -120,6 +125,13 @@ class CredentialStore:
             )
             return hmac.compare_digest(derived.stored_key, credential.stored_key)
         return False
+
+
+def _object(value: object, what: str) -> dict[str, Any]:
+    """``value`` if it is a JSON object; ValueError naming ``what`` otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
 
 
 #: Kafka's PlainSaslServer and ScramSaslServer refuse an authorization id other than the

@@ -86,3 +86,14 @@ def test_store_round_trip_never_holds_the_password(store: CredentialStore, tmp_p
     assert path.stat().st_mode & 0o777 == 0o600
     loaded = CredentialStore.load(path)
     assert loaded.users == store.users
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"users": []}', '{"users": {"a": []}}', '{"users": {"a": {"PLAIN": 3}}}', "[]", "{"],
+)
+def test_a_credentials_file_of_the_wrong_shape_is_a_value_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "users.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="credentials file"):
+        CredentialStore.load(path)
