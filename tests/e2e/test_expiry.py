@@ -4,8 +4,9 @@ InitProducerIds timed meanwhile against its own baseline of the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,19 @@ def _durable_inits(client: SyncClient, prefix: str) -> Callable[[], None]:
     return init
 
 
+#: Recovering the ids takes a while on a busy machine: the server's start may take this long.
+START_TIMEOUT_S = 180.0
+
+
+@contextlib.contextmanager
+def _started(server: ServerProcess) -> Iterator[ServerProcess]:
+    server.start(timeout=START_TIMEOUT_S)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
 def _expired(server: ServerProcess) -> int:
     return sum(e["count"] for e in server.events if e.get("event") == "transactional ids expired")
 
@@ -49,7 +63,7 @@ def test_expiry_costs_what_expires_in_bounded_steps(tmp_path: Path) -> None:
 
     # Nothing to expire, a cleanup every 100 ms: each scanned every id.
     scanning = ServerProcess(data_dir, "--transactional-id-cleanup-interval-ms", "100")
-    with scanning as server, SyncClient(server.bootstrap) as client:
+    with _started(scanning) as server, SyncClient(server.bootstrap) as client:
         idle = latency.measure_paced(_durable_inits(client, "idle"), INTERVAL_S, 300, lambda: True)
         assert _expired(server) == 0
 
@@ -61,7 +75,7 @@ def test_expiry_costs_what_expires_in_bounded_steps(tmp_path: Path) -> None:
         "--transactional-id-cleanup-interval-ms",
         "500",
     )
-    with expiring as server, SyncClient(server.bootstrap) as client:
+    with _started(expiring) as server, SyncClient(server.bootstrap) as client:
         during = latency.measure_paced(
             _durable_inits(client, "during"), INTERVAL_S, 300, lambda: _expired(server) >= IDS
         )
