@@ -1,7 +1,10 @@
 """A throwaway Spark standalone cluster on loopback: one master and one worker.
 
 Started from the pyspark package's own ``SPARK_HOME`` (``bin/spark-class``), as a user starts
-one on a real machine, with its own free ports and its log files in a temporary directory.
+one on a real machine, with its log files in a temporary directory. Every port it opens is a
+free one chosen here (the master's RPC, web UI and REST submission ports, the worker's web
+UI; the rest are the kernel's choice) and never moves (``spark.port.maxRetries=0``): another
+Spark on the machine, on its default ports or not, is never touched.
 Used by the deployment tests (``tests/ops/spark/test_cluster.py``): jobs reach it with
 ``bin/spark-submit --master`` :attr:`SparkCluster.master_url`. Needs Java 17.
 
@@ -60,15 +63,24 @@ class SparkCluster:
     process group; ``stop()`` (or leaving the ``with`` block) kills both groups."""
 
     def __init__(
-        self, cores: int = 1, memory: str = "1g", env: dict[str, str] | None = None
+        self,
+        cores: int = 1,
+        memory: str = "1g",
+        env: dict[str, str] | None = None,
+        *,
+        worker: bool = True,
     ) -> None:
         """``env``: more environment for the daemons, which their executors inherit (e.g. a
-        ``PATH`` that decides what ``python3`` the executors run)."""
+        ``PATH`` that decides what ``python3`` the executors run); ``worker=False``: the
+        master alone."""
         self.home = spark_home()
         self.cores = cores
         self.memory = memory
+        self.worker = worker
         self.port = free_port()
         self.webui_port = free_port()
+        # Since Spark 4.1 the master serves REST submissions by default, on 6066 unless told.
+        self.rest_port = free_port()
         self.worker_webui_port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="pidctl-spark-"))
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -85,7 +97,10 @@ class SparkCluster:
         # A port taken meanwhile must stop the daemon, not make it move silently to the next
         # port (Spark's default: 16 retries), where the worker and spark-submit would not look.
         no_retries = "-Dspark.port.maxRetries=0"
-        daemons = {"SPARK_MASTER_OPTS": no_retries, "SPARK_WORKER_OPTS": no_retries}
+        daemons = {
+            "SPARK_MASTER_OPTS": f"{no_retries} -Dspark.master.rest.port={self.rest_port}",
+            "SPARK_WORKER_OPTS": no_retries,
+        }
         # The daemons' own environment must not hand a Python or a path to the executors.
         for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH"):
             self.env.pop(name, None)
@@ -169,7 +184,9 @@ class SparkCluster:
                 "--webui-port",
                 str(self.webui_port),
             )
-            self._wait(master, "master", self._answers, "spark master answering")
+            self._wait(master, "master", self._answers, "spark master answering and ALIVE")
+            if not self.worker:
+                return self
             work_dir = self.directory / "work"
             work_dir.mkdir()
             worker = self._spawn(
@@ -196,18 +213,25 @@ class SparkCluster:
         return self
 
     def _answers(self) -> bool:
+        """The master answers, as the one leader (ALIVE, not STANDBY)."""
         try:
-            self.status()
+            return self.status().get("status") == "ALIVE"
         except (OSError, ValueError):
             # While its web UI starts, the master can answer /json with its HTML front page
             # (seen once in CI): not answering yet.
             return False
-        return True
 
     def submit_command(self) -> list[str]:
-        """``bin/spark-submit --master spark://...`` of the same SPARK_HOME; append options,
-        the job's script and its arguments."""
-        return [str(self.home / "bin" / "spark-submit"), "--master", self.master_url]
+        """``bin/spark-submit --master spark://...`` of the same SPARK_HOME, without the
+        driver's web UI (it would take 4040 or the next port free); append options, the
+        job's script and its arguments."""
+        return [
+            str(self.home / "bin" / "spark-submit"),
+            "--master",
+            self.master_url,
+            "--conf",
+            "spark.ui.enabled=false",
+        ]
 
     def submit_env(self, **extra: str) -> dict[str, str]:
         """The environment for ``spark-submit``: this SPARK_HOME, loopback, plus ``extra``."""

@@ -25,9 +25,7 @@ def test_allocate_quota_throttles_and_mutes_the_connection(tmp_path: Path) -> No
         responses = client.pipeline([wire.allocate(1, epoch)] * 10)
         elapsed = time.monotonic() - started
         with SyncClient(server.bootstrap, client_id="polite") as other:
-            other_start = time.monotonic()
             polite = other.request(wire.allocate(1, epoch))
-            other_elapsed = time.monotonic() - other_start
         metrics = scrape(server.metrics_url)
     throttles = [r.throttle_time / datetime.timedelta(milliseconds=1) for r in responses]
     assert all(r.error_code == 0 for r in responses)  # throttled, still answered
@@ -37,19 +35,29 @@ def test_allocate_quota_throttles_and_mutes_the_connection(tmp_path: Path) -> No
     # for that long, so every answer after it came that much later (the last one's mute
     # follows the last answer).
     assert elapsed >= 0.95 * sum(throttles[5:-1]) / 1000 >= 0.7
-    # Quotas are per (principal, client id): another client id is not held back.
-    assert polite.throttle_time == datetime.timedelta(0) and other_elapsed < 0.5
+    # Quotas are per (principal, client id): another client id is not held back (not
+    # throttled, so not muted: the server counts only greedy's five).
+    assert polite.throttle_time == datetime.timedelta(0)
     assert metrics['pidctl_throttled_requests_total{api="allocate_producer_ids"}'] == 5
     assert metrics['pidctl_throttle_seconds_total{api="allocate_producer_ids"}'] > 0.8
 
 
 def test_init_producer_id_quota(tmp_path: Path) -> None:
-    server = ServerProcess(tmp_path / "d", "--init-producer-id-quota", "100")
+    rate = 100
+    server = ServerProcess(tmp_path / "d", "--init-producer-id-quota", str(rate))
     with server, SyncClient(server.bootstrap) as client:
+        started = time.monotonic()
         responses = client.pipeline([requests.init_producer_id()] * 150)
+        elapsed = time.monotonic() - started
+        metrics = scrape(server.metrics_url)
     throttled = [r.throttle_time > datetime.timedelta(0) for r in responses]
     assert not any(throttled[:100])  # the burst: rate x 1 s window
-    assert sum(throttled[100:]) >= 40  # refills while muted let a few through
+    # After it, the bucket refills at `rate` per second, and every answer the refill did not
+    # pay for is throttled: however slow the machine, no more were let through than the
+    # time the whole pipeline took can have refilled (one whole token of slack).
+    let_through = throttled[100:].count(False)
+    assert let_through <= rate * elapsed + 1, (let_through, elapsed)
+    assert metrics['pidctl_throttled_requests_total{api="init_producer_id"}'] == sum(throttled)
     assert all(r.error_code == 0 for r in responses)
 
 
