@@ -490,29 +490,34 @@ class Controller:
         cls = response_class(request.api_key, version)
         key_type = getattr(body, "key_type", 0)
 
+        # The answer for a key is one of a few, built once per request (a request may carry
+        # a thousand keys): this node, or one error.
+        found = {
+            "error_code": ErrorCode.none,
+            "error_message": None,
+            "node_id": i32(self.node_id),
+            "host": conn.advertised_host,
+            "port": i32(conn.advertised_port),
+        }
+        refused = {"error_message": None, "node_id": i32(-1), "host": "", "port": i32(-1)}
+        unknown_type = {
+            **refused,
+            "error_code": ErrorCode.invalid_request,
+            "error_message": f"unknown key type {key_type}",
+        }
+        resource, denied = (
+            ("TransactionalId", ErrorCode.transactional_id_authorization_failed)
+            if key_type == 1
+            else ("Group", ErrorCode.group_authorization_failed)
+        )
+        not_allowed = {**refused, "error_code": denied}
+
         def answer(key: str) -> dict[str, Any]:
-            error, message = ErrorCode.none, None
             if key_type not in _COORDINATOR_KEY_TYPES:
-                error, message = ErrorCode.invalid_request, f"unknown key type {key_type}"
-            elif key_type == 1 and not self._may(conn, "Describe", "TransactionalId", key):
-                error = ErrorCode.transactional_id_authorization_failed
-            elif key_type != 1 and not self._may(conn, "Describe", "Group", key):
-                error = ErrorCode.group_authorization_failed
-            if error:
-                return {
-                    "error_code": error,
-                    "error_message": message,
-                    "node_id": i32(-1),
-                    "host": "",
-                    "port": i32(-1),
-                }
-            return {
-                "error_code": error,
-                "error_message": None,
-                "node_id": i32(self.node_id),
-                "host": conn.advertised_host,
-                "port": i32(conn.advertised_port),
-            }
+                return unknown_type
+            if not self._may(conn, "Describe", resource, key):
+                return not_allowed
+            return found
 
         if version >= 4:
             entry = sys.modules[cls.__module__].Coordinator

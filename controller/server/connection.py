@@ -56,8 +56,8 @@ RECEIVE_BYTES = 64 * 1024
 WATCHDOG_PERIOD_S = 1.0
 #: Default of the ``max_entries_per_round`` setting: the work one connection's round may
 #: decide before the other connections run, in entries (a FindCoordinator's keys, a
-#: Metadata's topics; a request without an array counts 1). A key costs ~12 µs to decide and
-#: encode here, so a round holds the event loop ~12 ms at most beyond its last request; the
+#: Metadata's topics; a request without an array counts 1). A key costs ~3 µs to decide and
+#: encode here, so a round holds the event loop ~3 ms at most beyond its last request; the
 #: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
 DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import sys
 from typing import Any
 
 from hypothesis import given
@@ -125,4 +126,50 @@ def test_every_served_version_of_the_hot_apis_is_precompiled() -> None:
         *((ApiKey.INIT_PRODUCER_ID, v) for v in range(6)),
         (ApiKey.ALLOCATE_PRODUCER_IDS, 0),
         *((ApiKey.API_VERSIONS, v) for v in range(5)),
+        *((ApiKey.FIND_COORDINATOR, v) for v in range(4, 7)),
     }
+
+
+texts = st.text(max_size=20)
+
+
+@given(
+    version=st.integers(4, 6),
+    correlation_id=correlation_ids,
+    throttle=throttles,
+    entries=st.lists(
+        st.tuples(
+            texts,
+            st.integers(-(2**31), 2**31 - 1),
+            texts,
+            st.integers(-(2**31), 2**31 - 1),
+            errors,
+            st.none() | texts,
+        ),
+        max_size=200,
+    ),
+)
+def test_find_coordinator_v4(
+    version: int,
+    correlation_id: int,
+    throttle: datetime.timedelta,
+    entries: list[tuple[str, int, str, int, ErrorCode, str | None]],
+) -> None:
+    cls: Any = response_class(ApiKey.FIND_COORDINATOR, version)
+    coordinator = sys.modules[cls.__module__].Coordinator
+    body = cls(
+        throttle_time=throttle,
+        coordinators=tuple(
+            coordinator(
+                key=key,
+                node_id=i32(node),
+                host=host,
+                port=i32(port),
+                error_code=error,
+                error_message=message,
+            )
+            for key, node, host, port, error, message in entries
+        ),
+    )
+    header = _header(ApiKey.FIND_COORDINATOR, version, correlation_id)
+    assert encode_response(header, body) == encode_response_generic(header, body)
