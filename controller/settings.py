@@ -42,7 +42,10 @@ from pidctl.controller.log.metalog import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
 )
-from pidctl.controller.server.connection import DEFAULT_MAX_ENTRIES_PER_ROUND
+from pidctl.controller.server.connection import (
+    DEFAULT_MAX_ENTRIES_PER_ROUND,
+    DEFAULT_MAX_UNWRITTEN_BYTES,
+)
 from pidctl.controller.server.etcd import EtcdLocation
 from pidctl.controller.server.sasl import MECHANISMS
 from pidctl.protocol import addresses
@@ -368,6 +371,13 @@ class Settings:
         64,
         "requests per connection whose answers are not yet written before reading pauses",
         "requests",
+        parse=POSITIVE,
+    )
+    max_unwritten_bytes_per_connection: int = _setting(
+        DEFAULT_MAX_UNWRITTEN_BYTES,
+        "bytes of answers one connection may have waiting for a client that does not read "
+        "them; past it, reading pauses until they are written (Kafka mutes such a channel)",
+        "bytes",
         parse=POSITIVE,
     )
     max_connections: int = _setting(

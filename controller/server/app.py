@@ -238,6 +238,7 @@ class PidctlServer:
                 max_in_flight=settings.max_in_flight_per_connection,
                 sasl_mechanisms=tuple(settings.sasl_enabled_mechanisms.split(",")),
                 max_entries_per_round=settings.max_entries_per_round,
+                max_unwritten_bytes=settings.max_unwritten_bytes_per_connection,
             ),
             log_requests=settings.log_level == "debug",
         )

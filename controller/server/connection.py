@@ -60,6 +60,10 @@ WATCHDOG_PERIOD_S = 1.0
 #: encode here, so a round holds the event loop ~3 ms at most beyond its last request; the
 #: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
 DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
+#: Default of the ``max_unwritten_bytes_per_connection`` setting: answers of one connection
+#: held for a client that does not read them, before the connection is read no more. A
+#: thousand-key answer is ~30 KB; most answers are tens of bytes.
+DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
@@ -84,6 +88,7 @@ class ConnectionLimits:
     max_in_flight: int
     sasl_mechanisms: tuple[str, ...]
     max_entries_per_round: int = DEFAULT_MAX_ENTRIES_PER_ROUND
+    max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN_BYTES
 
 
 @dataclass(eq=False, slots=True)
@@ -204,12 +209,16 @@ class ConnectionServer:
         io: _Duplex = stream if outbox is None else outbox.io
         sasl = SaslSession(connection, self.limits.sasl_mechanisms, self.credentials)
         max_in_flight = self.limits.max_in_flight
+        max_unwritten = self.limits.max_unwritten_bytes
         poller = self.poller if outbox is not None else None
         while True:
             if outbox is not None:
-                if outbox.requests >= max_in_flight:
-                    # As many requests as a round takes wait for their answers: decide and
-                    # read no more until they are written.
+                if outbox.full(max_in_flight, max_unwritten):
+                    # As many requests as a round takes wait for their answers, or their
+                    # answers hold max_unwritten_bytes: decide and read no more until they
+                    # are written (a client that does not read is muted).
+                    if outbox.unwritten_bytes >= max_unwritten:
+                        self.metrics.connections_muted.labels("unwritten_bytes").inc()
                     await outbox.wait_empty()
                 if outbox.broken:
                     return "broken"
@@ -285,6 +294,7 @@ class ConnectionServer:
         Raises ``trio.BrokenResourceError`` if a read failed."""
         connection = live.connection
         max_in_flight = self.limits.max_in_flight
+        max_unwritten = self.limits.max_unwritten_bytes
         handed_back: list[_Round] = []
 
         def read_and_decide() -> bool:
@@ -299,7 +309,7 @@ class ConnectionServer:
                 handed_back.append(decided)
                 return False
             self._post(outbox, decided.answers)
-            return outbox.requests < max_in_flight and not outbox.broken
+            return not outbox.full(max_in_flight, max_unwritten) and not outbox.broken
 
         await poller.park(outbox.io.fileno, read_and_decide)
         return handed_back[0] if handed_back else None

@@ -168,6 +168,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.connections_muted = LoopCounter(
+            "pidctl_connections_muted",
+            "Times a connection was read no more until its answers were written, by reason "
+            "(unwritten_bytes: they held max_unwritten_bytes_per_connection).",
+            ["reason"],
+            registry=r,
+        )
         self.bytes_received = LoopCounter(
             "pidctl_received_bytes", "Bytes received from clients.", registry=r
         )

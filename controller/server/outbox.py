@@ -54,6 +54,21 @@ class Outbox:
         """Requests whose answers are held: the connection reads no more past its limit."""
         return sum(len(timings) for _, _, timings in self.held)
 
+    @property
+    def unwritten_bytes(self) -> int:
+        """Bytes of the answers held: the connection reads no more past its limit either."""
+        return sum(len(data) for _, data, _ in self.held)
+
+    def full(self, max_requests: int, max_bytes: int) -> bool:
+        """Whether the connection must read no more until its answers are written: as many
+        requests wait for their answers as it may have in flight, or their answers hold
+        ``max_bytes`` (a client that does not read its answers is muted, as Kafka mutes a
+        channel whose response is not yet sent)."""
+        held = self.held
+        if not held:
+            return False
+        return self.requests >= max_requests or self.unwritten_bytes >= max_bytes
+
     async def wait_empty(self) -> None:
         """Until every answer held has been written (or the connection broke)."""
         while self.held:

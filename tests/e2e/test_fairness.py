@@ -4,9 +4,11 @@ baseline of the same run (tests/latency.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,71 @@ def test_one_client_does_not_hold_the_event_loop(
         else:
             # Refused before its 500,000 entries were decoded: INVALID_REQUEST.
             assert [t.error_code for t in first.topics] == [42]
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _received_bytes(server: ServerProcess) -> float:
+    import httpx
+
+    text = httpx.get(server.metrics_url + "/metrics", timeout=10).text
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("pidctl_received_bytes_total")
+    )
+
+
+#: Connections that send and never read; each pipelines PIPELINED requests whose answers are
+#: ~250 KB each (1,000 topics named by 240 characters): 16 MB of answers per connection.
+SILENT = 4
+
+
+def test_a_client_that_never_reads_holds_a_bounded_number_of_bytes(tmp_path: Path) -> None:
+    names = [f"{i:04d}" + "t" * 236 for i in range(1000)]
+    write = b"".join(
+        encode_request(requests.metadata(names, version=12), n, "silent") for n in range(PIPELINED)
+    )
+    with ServerProcess(tmp_path / "d") as server:
+        assert server.proc is not None
+        before = _rss_bytes(server.proc.pid)
+        sockets = []
+        senders = []
+        try:
+            for _ in range(SILENT):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing
+                sock.connect(("127.0.0.1", server.port))
+                sockets.append(sock)
+                sender = threading.Thread(target=_send_quietly, args=(sock, write), daemon=True)
+                sender.start()
+                senders.append(sender)
+            # Until the server reads no more (it is muted, or it has read everything).
+            last = -1.0
+            while (received := _received_bytes(server)) != last:
+                last = received
+                time.sleep(1.0)
+            held = _rss_bytes(server.proc.pid) - before
+            print(f"RSS grew {held / 2**20:.1f} MiB for {SILENT} connections that never read")
+            # Without a bound in bytes each held 64 answers of ~250 KB (16 MiB); with the
+            # default 1 MiB, about that, plus the requests read before the mute.
+            assert held < SILENT * 6 * 2**20, held
+            with SyncClient(server.bootstrap) as client:  # the others are served meanwhile
+                assert client.request(requests.init_producer_id()).error_code == 0
+        finally:
+            for sock in sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes its sender, blocked in sendall
+                sock.close()
+            for sender in senders:
+                sender.join(30)
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        sock.sendall(data)
