@@ -16,12 +16,9 @@ import trio
 from pidctl.controller.api.handlers import ConnectionInfo
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.connection import ConnectionServer
-from pidctl.controller.server.listeners import (
-    ListenerSpec,
-    principal_from_certificate,
-    server_ssl_context,
-)
+from pidctl.controller.server.listeners import ListenerSpec, server_ssl_context
 from pidctl.controller.server.metrics import Metrics
+from pidctl.controller.server.x500 import BadCertificate, principal_from_certificate
 from pidctl.controller.settings import Settings
 from pidctl.protocol.addresses import HostPort
 
@@ -206,7 +203,13 @@ class Admission:
                 self.metrics.authentication_failures.labels("TLS").inc()
                 await trio.aclose_forcefully(tcp)
                 return
-            certified = principal_from_certificate(tls.getpeercert())
+            try:
+                certified = principal_from_certificate(tls.getpeercert(True))
+            except BadCertificate as e:  # verified by OpenSSL, so not expected: refuse
+                log.warning("client certificate unreadable", peer=info.peer, reason=str(e))
+                self.metrics.authentication_failures.labels("TLS").inc()
+                await trio.aclose_forcefully(tcp)
+                return
             if certified and not spec.sasl:
                 info = dataclasses.replace(info, principal=certified)
             stream = tls

@@ -1,26 +1,11 @@
-"""Listener security: TLS contexts and principals from client certificates."""
+"""Listener security: TLS contexts (the principals from client certificates: x500.py)."""
 
 from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Any
 
 from pidctl.controller.settings import Settings
-
-# Attribute names as Java's X500Principal prints them (Kafka's default principal builder).
-_SHORT_NAMES = {
-    "commonName": "CN",
-    "organizationName": "O",
-    "organizationalUnitName": "OU",
-    "countryName": "C",
-    "localityName": "L",
-    "stateOrProvinceName": "ST",
-    "streetAddress": "STREET",
-    "domainComponent": "DC",
-    "userId": "UID",
-    "emailAddress": "EMAILADDRESS",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,20 +36,3 @@ def server_ssl_context(settings: Settings) -> ssl.SSLContext:
             ssl.CERT_REQUIRED if settings.ssl_client_auth == "required" else ssl.CERT_OPTIONAL
         )
     return context
-
-
-def principal_from_certificate(certificate: dict[str, Any] | None) -> str | None:
-    """``User:<subject>`` in RFC 2253 order (most specific first), as Kafka names a TLS client,
-    or None without a certificate."""
-    if not certificate or not certificate.get("subject"):
-        return None
-    parts = []
-    for rdn in reversed(certificate["subject"]):
-        parts.append("+".join(f"{_SHORT_NAMES.get(k, k)}={_escape(v)}" for k, v in rdn))
-    return "User:" + ",".join(parts)
-
-
-def _escape(value: str) -> str:
-    for char in '\\,+"<>;=':
-        value = value.replace(char, "\\" + char)
-    return value

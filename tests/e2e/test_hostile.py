@@ -3,6 +3,7 @@ the real server, with real certificates (trustme) and real SASL exchanges."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import struct
@@ -266,3 +267,88 @@ def test_scram_authorization_id_other_than_the_user_is_refused(sasl_server: Serv
         assert "authorization id that is different from username" in message
         error, _ = _authenticate(server, "SCRAM-SHA-256", b"n,a=mallory," + bare)
         assert error == 0  # the same user named as authorization id is fine
+
+
+def _client_with_subject(
+    server: ServerProcess, ca: trustme.CA, tmp_path: Path, subject: list[Any]
+) -> tuple[SyncClient, str]:
+    """A TLS client whose certificate, signed by ``ca``, has this subject; and the name
+    Java gives that subject (what Kafka would call the client)."""
+    import datetime
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from tests.controller.server.test_x500 import java_names
+
+    ca_key: Any = serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(subject))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    (cert_file, key_file) = tmp_path / "client.pem", tmp_path / "client.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    (java_name,) = java_names(tmp_path, [cert.public_bytes(serialization.Encoding.DER)])
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    context.load_cert_chain(str(cert_file), str(key_file))
+    return SyncClient(server.bootstrap, ssl_context=context), java_name
+
+
+def test_mtls_principals_are_the_names_java_gives_them(tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    attribute = x509.NameAttribute
+    subject = [
+        x509.RelativeDistinguishedName([attribute(NameOID.ORGANIZATION_NAME, "acme")]),
+        x509.RelativeDistinguishedName([attribute(NameOID.EMAIL_ADDRESS, "ops@acme.example")]),
+        x509.RelativeDistinguishedName([attribute(NameOID.COMMON_NAME, "#broker 1 ")]),
+    ]
+    ca = trustme.CA()
+    # Everyone may act as a broker, except (a deny ACL copied from Kafka) this one client.
+    config = tmp_path / "pidctl.toml"
+    probe = _tls_server(tmp_path, ca)
+    with probe:
+        client, java_name = _client_with_subject(probe, ca, tmp_path, subject)
+        client.close()
+    principal = f"User:{java_name}"
+    config.write_text(
+        "[[acls]]\n"
+        'principal = "User:*"\noperation = "ClusterAction"\nresource_type = "Cluster"\n'
+        "[[acls]]\n"
+        f'principal = {json.dumps(principal)}\noperation = "ClusterAction"\n'
+        'resource_type = "Cluster"\npermission = "deny"\n'
+    )
+    with _tls_server(tmp_path, ca, "--config", str(config)) as server:
+        cluster = server.cluster_id()
+        client, _ = _client_with_subject(server, ca, tmp_path, subject)
+        with client:
+            # Denied: the deny ACL names the client as Kafka does (it used to fail open).
+            assert client.request(requests.registration(1, cluster)).error_code == 31
+        other = [x509.RelativeDistinguishedName([attribute(NameOID.COMMON_NAME, "broker 2")])]
+        client, _ = _client_with_subject(server, ca, tmp_path, other)
+        with client:
+            assert client.request(requests.registration(2, cluster)).error_code == 0
+    assert (
+        java_name
+        == "CN=\\#broker 1\\ ,1.2.840.113549.1.9.1=#16106f70734061636d652e6578616d706c65,O=acme"
+    )
