@@ -23,6 +23,8 @@ from pidctl.controller.api.handlers import (
     DEFAULT_MAX_REGISTRATION_ENTRIES,
 )
 from pidctl.controller.core.acl import Acl, AclError, parse_acl
+from pidctl.controller.core.jobs import DEFAULT_EXPIRATION_MS as DEFAULT_JOB_EXPIRATION_MS
+from pidctl.controller.core.jobs import DEFAULT_REUSE_MS as DEFAULT_JOB_REUSE_MS
 from pidctl.controller.core.kafka import (
     BLOCK_SIZE,
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
@@ -437,6 +439,22 @@ class Settings:
         "ids",
         parse=POSITIVE,
     )
+    job_allocation_reuse_ms: int = _setting(
+        DEFAULT_JOB_REUSE_MS,
+        "a re-run of a named job version (txnAppId/txnVersion, a stream's batch) gets its "
+        "blocks back for this long after its first block, and is refused "
+        "UNKNOWN_PRODUCER_ID after: at most the brokers' producer.id.expiration.ms",
+        "ms",
+        parse=POSITIVE,
+    )
+    job_allocation_expiration_ms: int = _setting(
+        DEFAULT_JOB_EXPIRATION_MS,
+        "a job app id whose latest version is this old is forgotten (with a logged record, "
+        "by the transactional-id cleanup, in steps of transactional_id_expiry_batch); at "
+        "least job_allocation_reuse_ms",
+        "ms",
+        parse=POSITIVE,
+    )
     allocate_producer_ids_quota: float = _setting(
         0.0,
         "AllocateProducerIds per second per (principal, client id) before responses carry "
@@ -572,6 +590,11 @@ def _check_together(settings: Settings) -> list[str]:
         path = getattr(settings, name)
         if path and not Path(path).is_file():
             problems.append(f"{name}: no such file {path!r}")
+    if settings.job_allocation_expiration_ms < settings.job_allocation_reuse_ms:
+        problems.append(
+            "job_allocation_expiration_ms: must be at least job_allocation_reuse_ms (a job "
+            "version is forgotten only once it can no longer be re-run)"
+        )
     try:
         settings.pid_range  # noqa: B018 - validates first/last together
     except ValueError as e:

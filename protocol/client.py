@@ -18,6 +18,13 @@ from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 _CORRELATION_LIMIT = 2**31
 
 
+class _Own:
+    """``send``'s default client id: the connection's own (None is a client id too: null)."""
+
+
+_OWN = _Own()
+
+
 class ResponseOrderError(Exception):
     """A response's correlation id is not the one of the oldest outstanding request."""
 
@@ -38,12 +45,15 @@ class ClientProtocol:
         """Requests sent whose responses have not arrived yet."""
         return len(self._outstanding)
 
-    def send(self, body: RequestPayload) -> tuple[int, bytes]:
-        """Encode a request; return its correlation id and the bytes to write."""
+    def send(self, body: RequestPayload, client_id: str | _Own | None = _OWN) -> tuple[int, bytes]:
+        """Encode a request; return its correlation id and the bytes to write. The header
+        carries the connection's client id, or ``client_id`` when given (a request that
+        names something in it, as a job's AllocateProducerIds does)."""
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (correlation_id + 1) % _CORRELATION_LIMIT
         self._outstanding.append((correlation_id, body.__api_key__, body.__version__))
-        return correlation_id, encode_request(body, correlation_id, self.client_id)
+        header_client_id = self.client_id if isinstance(client_id, _Own) else client_id
+        return correlation_id, encode_request(body, correlation_id, header_client_id)
 
     def receive(self, data: bytes) -> list[tuple[int, Any]]:
         """Feed received bytes; return ``(correlation_id, response)`` for each complete one."""

@@ -23,6 +23,8 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from pidctl.controller.core.acl import Authorizer
+from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPIRY_BATCH
+from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
 from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID
@@ -237,6 +239,14 @@ class Controller:
         than ``limit``: none is left to expire)."""
         return self.apply(self.state.transactions.expire(now.wall_ms, limit), now)
 
+    def expire_job_allocations(
+        self, now: Now, limit: int = DEFAULT_JOB_EXPIRY_BATCH
+    ) -> tuple[int, int]:
+        """Log an expiry for each of at most ``limit`` job app ids unused past
+        ``job_allocation_expiration_ms``, oldest first; return how many, and the offset to
+        wait for (fewer than ``limit``: none is left to expire)."""
+        return self.apply(self.state.jobs.expire(now.wall_ms, limit), now)
+
     def _may(
         self,
         conn: ConnectionInfo,
@@ -323,14 +333,20 @@ class Controller:
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
         job = (body.broker_id, body.broker_epoch) == (JOB_BROKER_ID, JOB_BROKER_EPOCH)
         if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
-            error = ErrorCode.cluster_authorization_failed
-            return Reply(
-                _response(
-                    request, error_code=error, producer_id_start=i64(0), producer_id_len=i32(0)
-                )
-            )
+            return Reply(_no_block(request, ErrorCode.cluster_authorization_failed))
         if job:
-            result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+            # A job that names itself (app id, version, block in the client id) gets the
+            # blocks recorded under that name back: controller/core/jobs.py.
+            try:
+                key = parse_job_key(client_id)
+            except ValueError:
+                return Reply(_no_block(request, ErrorCode.invalid_request))
+            if key is None:
+                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+            else:
+                result = self.state.jobs.allocate(
+                    key, now_ms=now.wall_ms, principal=conn.principal, client_id=client_id
+                )
         else:
             result = manager.allocate(
                 broker_id=body.broker_id,
@@ -554,6 +570,11 @@ def _init_reply(
     cls: Any = response_class(request.api_key, request.api_version)
     body = cls(throttle_time=_NO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
     return Reply(body, durable_offset)
+
+
+def _no_block(request: Request, error: ErrorCode) -> Any:
+    """AllocateProducerIds refused: the error, start 0 and length 0 (as Kafka answers)."""
+    return _response(request, error_code=error, producer_id_start=i64(0), producer_id_len=i32(0))
 
 
 def _too_many_keys(request: Request, asked: int, most: int) -> Any:

@@ -139,6 +139,30 @@ class ProducerIdFloorRaised:
     origin: str
 
 
+@dataclass(frozen=True, slots=True)
+class JobBlockRecorded:
+    """Block ``block`` of version ``version`` of a job named ``app_id`` is the block starting
+    at ``first_producer_id`` (granted by the :class:`ProducerIdsGranted` just before it): a
+    re-run of that version gets it back. ``allocated_ms`` dates the version's first block."""
+
+    TYPE: ClassVar[int] = 10
+    app_id: str
+    version: int
+    block: int
+    first_producer_id: int
+    allocated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobAllocationExpired:
+    """A job's app id unused for longer than ``job_allocation_expiration_ms`` is forgotten,
+    with its latest version ``version``."""
+
+    TYPE: ClassVar[int] = 11
+    app_id: str
+    version: int
+
+
 Record = (
     ClusterCreated
     | ControllerStarted
@@ -149,6 +173,8 @@ Record = (
     | TransactionalIdExpired
     | ProducerIdsLeased
     | ProducerIdFloorRaised
+    | JobBlockRecorded
+    | JobAllocationExpired
 )
 
 RECORD_TYPES: dict[int, type[Record]] = {
@@ -163,6 +189,8 @@ RECORD_TYPES: dict[int, type[Record]] = {
         TransactionalIdExpired,
         ProducerIdsLeased,
         ProducerIdFloorRaised,
+        JobBlockRecorded,
+        JobAllocationExpired,
     )
 }
 

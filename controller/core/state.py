@@ -14,12 +14,15 @@ from typing import Any
 
 from pidctl.controller.core.cluster import ClusterControlManager
 from pidctl.controller.core.errors import InvariantViolation
+from pidctl.controller.core.jobs import JobAllocationManager
 from pidctl.controller.core.producer_ids import ProducerIdControlManager, ProducerIdRange
 from pidctl.controller.core.records import (
     BrokerRegistered,
     BrokerUnregistered,
     ClusterCreated,
     ControllerStarted,
+    JobAllocationExpired,
+    JobBlockRecorded,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
@@ -39,16 +42,19 @@ class ControllerState:
     cluster: ClusterControlManager = field(default_factory=ClusterControlManager)
     producer_ids: ProducerIdControlManager = field(init=False)
     transactions: TransactionControlManager = field(init=False)
+    jobs: JobAllocationManager = field(init=False)
     next_offset: int = 0
     _owners: dict[type, Callable[[int, Any], None]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.producer_ids = ProducerIdControlManager(self.cluster)
         self.transactions = TransactionControlManager(self.producer_ids)
+        self.jobs = JobAllocationManager(self.producer_ids)
         self._dispatch()
 
     def _dispatch(self) -> None:
         cluster, producer_ids, transactions = self.cluster, self.producer_ids, self.transactions
+        jobs = self.jobs
         self._owners = {
             ClusterCreated: cluster.replay,
             ControllerStarted: cluster.replay,
@@ -59,6 +65,8 @@ class ControllerState:
             ProducerIdFloorRaised: producer_ids.replay,
             TransactionalIdUpdated: transactions.replay,
             TransactionalIdExpired: transactions.replay,
+            JobBlockRecorded: jobs.replay,
+            JobAllocationExpired: jobs.replay,
         }
 
     def configure(
@@ -69,6 +77,8 @@ class ControllerState:
         session_timeout_ms: int | None = None,
         max_transaction_timeout_ms: int | None = None,
         transactional_id_expiration_ms: int | None = None,
+        job_allocation_reuse_ms: int | None = None,
+        job_allocation_expiration_ms: int | None = None,
     ) -> ControllerState:
         """Set the managers' settings (not part of the durable state); returns self."""
         if pid_range is not None:
@@ -81,6 +91,10 @@ class ControllerState:
             self.transactions.max_timeout_ms = max_transaction_timeout_ms
         if transactional_id_expiration_ms is not None:
             self.transactions.expiration_ms = transactional_id_expiration_ms
+        if job_allocation_reuse_ms is not None:
+            self.jobs.reuse_ms = job_allocation_reuse_ms
+        if job_allocation_expiration_ms is not None:
+            self.jobs.expiration_ms = job_allocation_expiration_ms
         return self
 
     def replay(self, offset: int, record: Record) -> None:
@@ -109,6 +123,7 @@ class ControllerState:
         copied = ControllerState(self.cluster.copy(), next_offset=self.next_offset)
         copied.producer_ids = self.producer_ids.copy(copied.cluster)
         copied.transactions = self.transactions.copy(copied.producer_ids)
+        copied.jobs = self.jobs.copy(copied.producer_ids)
         copied._dispatch()
         return copied
 
@@ -119,6 +134,7 @@ class ControllerState:
             **self.producer_ids.snapshot_fields(),
             "next_offset": self.next_offset,
             **self.transactions.snapshot_fields(),
+            **self.jobs.snapshot_fields(),
         }
 
     @classmethod
@@ -126,4 +142,5 @@ class ControllerState:
         state = cls(ClusterControlManager.from_snapshot(data), next_offset=data["next_offset"])
         state.producer_ids.restore(data)
         state.transactions.restore(data)
+        state.jobs.restore(data)
         return state

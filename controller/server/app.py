@@ -181,6 +181,8 @@ class PidctlServer:
             session_timeout_ms=settings.broker_session_timeout_ms,
             max_transaction_timeout_ms=settings.transaction_max_timeout_ms,
             transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
+            job_allocation_reuse_ms=settings.job_allocation_reuse_ms,
+            job_allocation_expiration_ms=settings.job_allocation_expiration_ms,
         )
         state.cluster.restore_sessions(now().mono_ms)
         self.metrics.recovery_seconds.set(time.monotonic() - started)
@@ -406,6 +408,16 @@ class PidctlServer:
                 await trio.lowlevel.checkpoint()  # (durable already: other work first all the same)
             if total:
                 log.info("transactional ids expired", count=total, steps=steps)
+            # Job app ids past job_allocation_expiration_ms, the same way.
+            total = 0
+            while True:
+                expired, offset = controller.expire_job_allocations(now(), batch)
+                total += expired
+                if expired < batch:
+                    break
+                await metalog.wait_durable(offset)
+            if total:
+                log.info("job allocations expired", count=total)
 
     def _initialise_cluster(self, controller: Controller) -> None:
         cluster, wanted = controller.state.cluster, self.settings.cluster_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ class SyncClient:
             sock = ssl_context.wrap_socket(sock, server_hostname=host)
         self._sock = sock
         self._protocol = ClientProtocol(client_id)
+        self._received: deque[Any] = deque()
         if sasl is not None:
             try:
                 self._authenticate(*sasl)
@@ -97,17 +99,37 @@ class SyncClient:
         """Send one request and return its response entity."""
         return self.pipeline([body])[0]
 
-    def pipeline(self, bodies: Sequence[RequestPayload]) -> list[Any]:
-        """Send all requests at once, then return their responses in order."""
-        data = b"".join(self._protocol.send(body)[1] for body in bodies)
+    def pipeline(
+        self, bodies: Sequence[RequestPayload], client_ids: Sequence[str] | None = None
+    ) -> list[Any]:
+        """Send all requests at once, then return their responses in order; ``client_ids``
+        (one per request) replace the connection's client id in their headers."""
+        if client_ids is None:
+            data = b"".join(self._protocol.send(body)[1] for body in bodies)
+        else:
+            sent = zip(bodies, client_ids, strict=True)
+            data = b"".join(self._protocol.send(body, client_id)[1] for body, client_id in sent)
         self._sock.sendall(data)
-        responses: list[Any] = []
-        while len(responses) < len(bodies):
+        return [self.receive() for _ in bodies]
+
+    @property
+    def outstanding(self) -> int:
+        """Requests sent whose responses have not been returned by :meth:`receive` yet."""
+        return self._protocol.outstanding + len(self._received)
+
+    def send(self, body: RequestPayload) -> None:
+        """Send one request without waiting for its response (:meth:`receive` returns the
+        responses in the order of the requests): a producer keeps several in flight."""
+        self._sock.sendall(self._protocol.send(body)[1])
+
+    def receive(self) -> Any:
+        """The response to the oldest request sent and not yet received (waits for it)."""
+        while not self._received:
             chunk = self._sock.recv(_RECEIVE_BYTES)
             if not chunk:
                 raise ConnectionError("connection closed by the server")
-            responses.extend(r for _, r in self._protocol.receive(chunk))
-        return responses
+            self._received.extend(r for _, r in self._protocol.receive(chunk))
+        return self._received.popleft()
 
 
 class TrioClient:

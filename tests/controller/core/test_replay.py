@@ -11,12 +11,14 @@ from __future__ import annotations
 import tempfile
 import uuid
 from pathlib import Path
+from typing import cast
 
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now
+from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.logformat import scan_segment
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
@@ -41,6 +43,10 @@ operation = st.one_of(
     # A lease from etcd (a gap in the counter, a size in blocks), and an import's floor.
     st.tuples(st.just("lease"), st.integers(0, 5000), st.integers(1, 4)),
     st.tuples(st.just("floor"), st.integers(1, 5000), st.just(0)),
+    # A named job's block (app, version, block: in order, again, out of order, older) and
+    # the job allocations' expiry.
+    st.tuples(st.just("job"), st.integers(0, 2), st.tuples(st.integers(0, 3), st.integers(0, 2))),
+    st.tuples(st.just("expire_jobs"), st.just(0), st.just(0)),
 )
 
 
@@ -57,8 +63,9 @@ class ListSink:
         return decoded.offset
 
 
-def _request(body: object, supported: object) -> object:
-    return decode_request(encode_request(body, 1, "prop")[4:], supported)  # type: ignore[arg-type]
+def _request(body: object, supported: object, client_id: str = "prop") -> object:
+    encoded = encode_request(body, 1, client_id)  # type: ignore[arg-type]
+    return decode_request(encoded[4:], supported)  # type: ignore[arg-type]
 
 
 def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
@@ -71,6 +78,15 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
             continue
         if kind == "expire":
             controller.expire_transactional_ids(now, limit=2)  # in steps of two
+            continue
+        if kind == "expire_jobs":
+            controller.expire_job_allocations(now, limit=2)
+            continue
+        if kind == "job":
+            version, block = cast(tuple[int, int], b)
+            key = JobKey(f"app-{a}", version, block).client_id()
+            request = _request(wire.allocate(-1, -1), controller.supported, key)
+            controller.handle(request, now, conn)  # type: ignore[arg-type]
             continue
         producer_ids = controller.state.producer_ids
         if kind == "lease":
@@ -112,7 +128,11 @@ def _init_transactional(controller: Controller, transactional_id: str, mode: int
 
 
 def _fresh_controller(sink: object) -> Controller:
-    state = ControllerState().configure(transactional_id_expiration_ms=10_000)
+    state = ControllerState().configure(
+        transactional_id_expiration_ms=10_000,
+        job_allocation_reuse_ms=10_000,
+        job_allocation_expiration_ms=20_000,
+    )
     controller = Controller(state, sink)  # type: ignore[arg-type]
     controller.apply(state.cluster.create_cluster(CLUSTER, 1), Now(0, 0))
     return controller
