@@ -8,12 +8,20 @@ import sys
 from typing import Any
 
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i16
+from kio.static.primitive import i16, i64
 
 from pidctl.protocol.apis import ApiKey, SupportedApis, response_class
 
 # KIP-511: client software name and version must match this (Kafka's ApiVersionsRequest.isValid).
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+
+#: The finalized-features epoch of an answer that finalizes no feature (Kafka's "none": -1).
+#: pidctl advertises no features (v3+ answers list none, supported or finalized): a Kafka 4
+#: client turns on transactions v2 (KIP-890: an epoch bump per transaction, EndTxn v5) only
+#: when the finalized feature ``transaction.version`` is 2 or more, and that protocol needs
+#: transaction APIs pidctl does not serve. Without it the client keeps the classic protocol,
+#: whose InitProducerId pidctl serves (tests/e2e/test_java_client.py shows both paths).
+NO_FINALIZED_FEATURES_EPOCH = -1
 
 
 def build_api_versions_response(
@@ -22,7 +30,8 @@ def build_api_versions_response(
     error_code: ErrorCode = ErrorCode.none,
     throttle_ms: int = 0,
 ) -> Any:
-    """An ApiVersionsResponse at ``version`` listing every supported API range."""
+    """An ApiVersionsResponse at ``version`` listing every supported API range, and (v3+)
+    no features: see :data:`NO_FINALIZED_FEATURES_EPOCH`."""
     cls = response_class(ApiKey.API_VERSIONS, version)
     entry = sys.modules[cls.__module__].ApiVersion
     api_keys = tuple(
@@ -32,6 +41,10 @@ def build_api_versions_response(
     fields: dict[str, Any] = {"error_code": error_code, "api_keys": api_keys}
     if version >= 1:
         fields["throttle_time"] = datetime.timedelta(milliseconds=throttle_ms)
+    if version >= 3:
+        fields["supported_features"] = ()
+        fields["finalized_features_epoch"] = i64(NO_FINALIZED_FEATURES_EPOCH)
+        fields["finalized_features"] = ()
     return cls(**fields)
 
 

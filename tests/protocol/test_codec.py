@@ -171,6 +171,11 @@ def test_api_versions_response_every_version(version: int) -> None:
     decoded = decode_response(_body(out), ApiKey.API_VERSIONS, version)
     assert decoded.error_code == ErrorCode.none
     assert {k.api_key for k in decoded.api_keys} == set(SERVED_APIS)
+    if version >= 3:
+        # No features, above all no finalized transaction.version: a Kafka 4 client then
+        # keeps the classic transaction protocol, the one pidctl serves.
+        assert decoded.supported_features == decoded.finalized_features == ()
+        assert decoded.finalized_features_epoch == -1
 
 
 def test_client_software_validation() -> None:
