@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -10,11 +14,40 @@ from hypothesis import settings
 from ops.testing.coordination import EtcdProcess
 from ops.testing.kafka import KafkaNode
 from ops.testing.serverproc import ServerProcess
+from ops.testing.user_server import UserServerCheck
 
 # Properties here are about records and bytes, not time: no per-example deadline, which
 # only flakes on a busy 2-core CI machine.
 settings.register_profile("pidctl", deadline=None)
 settings.load_profile("pidctl")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One temporary directory for everything this session's processes write there, removed
+    at its end: Python's ``tempfile`` here and in every child (``TMPDIR``), and every JVM's
+    ``java.io.tmpdir`` (Spark's block managers, scratch and artifact dirs, native libraries
+    unpacked by each JVM), without the JVMs' hsperfdata files. A process killed by a test
+    (a crashed driver, a SIGKILLed broker) cannot clean after itself; this does. pytest's own
+    ``tmp_path`` dirs are kept only for failed tests (``tmp_path_retention_policy``)."""
+    tmp_path_factory.getbasetemp()  # pytest's own, chosen before TMPDIR changes
+    directory = Path(tempfile.mkdtemp(prefix="pidctl-tests-"))
+    directory.chmod(0o755)  # PostgreSQL's own user reaches its data dir in here
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "JAVA_TOOL_OPTIONS")}
+    java = f"-Djava.io.tmpdir={directory} -XX:-UsePerfData"
+    os.environ["TMPDIR"] = str(directory)
+    os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [saved["JAVA_TOOL_OPTIONS"], java]))
+    tempfile.tempdir = str(directory)
+    try:
+        yield directory
+    finally:
+        tempfile.tempdir = None
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -50,3 +83,43 @@ def kafka() -> Iterator[KafkaNode]:
     tests; tests that change its state use their own topics and ids."""
     with KafkaNode() as node:
         yield node
+
+
+USER_SERVER = pytest.StashKey[UserServerCheck]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The user's server beside the suite (ops/testing/user_server.py): once per run, in the
+    controlling process (xdist's workers have ``workerinput``); ``TEST_USER_SERVER=0`` skips
+    it, and the summary says so."""
+    config = session.config
+    if hasattr(config, "workerinput") or os.environ.get("TEST_USER_SERVER") == "0":
+        return
+    check = UserServerCheck()
+    config.stash[USER_SERVER] = check
+    try:
+        check.start()
+    except Exception as e:  # the verdict says it; the tests still run
+        check.failed = True
+        check.verdict = f"FAILED: the user's server could not be started: {e}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    check = session.config.stash.get(USER_SERVER, None)
+    if check is None:
+        return
+    check.finish()
+    if check.failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    check = config.stash.get(USER_SERVER, None)
+    terminalreporter.section("the user's server beside the suite")
+    if check is None:
+        terminalreporter.write_line("NOT CHECKED: TEST_USER_SERVER=0")
+    else:
+        terminalreporter.write_line(check.verdict, red=check.failed, green=not check.failed)

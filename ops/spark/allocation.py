@@ -127,5 +127,9 @@ def preallocate_producer_ids(
     """The driver hook: producer ids for ``count`` partitions of a job of ``spark``'s
     application, fetched once from pidctl at ``bootstrap``. The grant records carry the
     application id as client id (``pidctl log dump`` shows which job got which PIDs).
-    ``client`` may hold ``ssl_context``, ``sasl`` and ``timeout`` for the connection."""
+    ``client`` may hold ``ssl_context``, ``sasl`` and ``timeout`` for the connection. In a
+    local session the workers run this Python unless told otherwise (``session.py``)."""
+    from pidctl.spark.session import use_this_python_locally
+
+    use_this_python_locally(spark)
     return allocate_job_blocks(bootstrap, count, client_id or application_id(spark), **client)

@@ -19,6 +19,10 @@ def with_producer_columns(df: Any, allocation: JobAllocation) -> Any:
     import pyarrow as pa
     from pyspark.sql.types import IntegerType, LongType, ShortType, StructField, StructType
 
+    from pidctl.spark.session import use_this_python_locally
+
+    use_this_python_locally(df.sparkSession)
+
     schema = StructType(
         [
             *df.schema.fields,

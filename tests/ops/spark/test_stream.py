@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -124,20 +126,31 @@ def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
     assert superseded == [(1,)]
 
 
+def _readme_command() -> str:
+    """The README's command that runs the streaming example."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "stream_write" in b]
+    return block.replace("\\\n", " ").split("#")[0]
+
+
 @pytest.mark.slow
 def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: Path) -> None:
+    """The README's command, its addresses and folders moved into the test's (no
+    PYSPARK_PYTHON: the example's local session runs its workers with this Python)."""
     source, url = _source(tmp_path / "in"), f"sqlite://{tmp_path / 'events.db'}"
-    command = [sys.executable, "-m", "pidctl.spark.examples.stream_write"]
-    command += ["--bootstrap", pidctl.bootstrap, "--source", str(source)]
-    command += ["--checkpoint", str(tmp_path / "checkpoint"), "--url", url, "--table", "events"]
+    written = _readme_command()
+    command = shlex.split(
+        written.replace(".venv/bin/python", sys.executable)
+        .replace("127.0.0.1:9093", pidctl.bootstrap)
+        .replace("/tmp/incoming", str(source))
+        .replace("/tmp/checkpoints/events", str(tmp_path / "checkpoint"))
+        .replace("sqlite:///tmp/events.db", url)
+    )
+    assert "/tmp/" not in " ".join(command[1:]).replace(str(tmp_path), "")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYSPARK")}
+    env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
     for _ in range(2):  # the second run finds everything done
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
-        )
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "every file of" in done.stdout
     assert _select(url, "SELECT id, name FROM events") == EVERY_ROW
