@@ -19,7 +19,7 @@ examples:
   pidctl status --bootstrap 127.0.0.1:9093
   pidctl config show --config pidctl.toml
   pidctl register --bootstrap 127.0.0.1:9093 --broker-id 1 --listener PLAINTEXT://kafka-1:9092
-  pidctl allocate --bootstrap 127.0.0.1:9093 --broker-id 1 --broker-epoch 2   # what register printed
+  pidctl allocate --bootstrap 127.0.0.1:9093 --broker-id 1 --broker-epoch 2  # as registered
   pidctl log dump --data-dir ./pidctl-data --json
   pidctl log dump --data-dir ./pidctl-data --broker 1 --since 2026-11-01T00:00:00Z --summary
   pidctl log verify --data-dir ./pidctl-data
