@@ -129,7 +129,8 @@ def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
 def _readme_command() -> str:
     """The README's command that runs the streaming example."""
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "stream_write" in b]
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    [block] = [b for b in blocks if "stream_write" in b]
     return block.replace("\\\n", " ").split("#")[0]
 
 
