@@ -37,7 +37,7 @@ from pidctl.controller.core.producer_ids import (
     DEFAULT_PREFETCH_RATIO,
     ProducerIdRange,
 )
-from pidctl.controller.core.quotas import QuotaOverride
+from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
     DEFAULT_INLINE_SYNC_MAX_S,
@@ -224,7 +224,11 @@ def _acls(raw: Any) -> tuple[Acl, ...]:
         raise ValueError(str(e)) from None
 
 
-_QUOTA_APIS = {"allocate_producer_ids_quota": 67, "init_producer_id_quota": 22}
+_QUOTA_APIS = {
+    "allocate_producer_ids_quota": 67,
+    "init_producer_id_quota": 22,
+    "producer_ids_rate": NEW_PRODUCER_IDS,
+}
 
 
 def _quota_overrides(raw: Any) -> tuple[QuotaOverride, ...]:
@@ -233,6 +237,8 @@ def _quota_overrides(raw: Any) -> tuple[QuotaOverride, ...]:
         unknown = set(entry) - {"principal", "client_id", *_QUOTA_APIS}
         if unknown or not ({"principal", "client_id"} & set(entry)):
             raise ValueError(f"{entry}: needs principal and/or client_id, and known quotas only")
+        if "producer_ids_rate" in entry and "principal" not in entry:
+            raise ValueError(f"{entry}: producer_ids_rate is per principal: name one")
         for name, api_key in _QUOTA_APIS.items():
             if name in entry:
                 rate = float(entry[name])
@@ -464,6 +470,14 @@ class Settings:
     init_producer_id_quota: float = _setting(
         0.0, "InitProducerId per second per (principal, client id); 0: no quota", "requests/s"
     )
+    producer_ids_rate: float = _setting(
+        0.0,
+        "new producer ids per second per principal (idempotent InitProducerIds, and a "
+        "transactional id's first use or rotation to a new PID: KIP-936's quota, which Kafka "
+        "never shipped) before answers carry throttle_time_ms and the connection is muted "
+        "for it; 0: no quota",
+        "producer ids/s",
+    )
     connection_creation_rate: float = _setting(
         0.0,
         "new connections per second per source address; more are accepted only after a delay "
@@ -474,7 +488,8 @@ class Settings:
         (),
         "rates for given principals and/or client ids: an array of tables in the config "
         "file with principal and/or client_id, and allocate_producer_ids_quota and/or "
-        "init_producer_id_quota; the most specific applies, as in Kafka",
+        "init_producer_id_quota, or with principal and producer_ids_rate; the most specific "
+        "applies, as in Kafka",
         parse=_quota_overrides,
     )
     quota_window_ms: int = _setting(

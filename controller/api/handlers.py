@@ -90,6 +90,10 @@ class Reply:
 
     body: Any
     durable_offset: int = NO_WAIT
+    #: Producer ids this request created (for the quota on them): 1 for an idempotent
+    #: InitProducerId answered with a PID, and for a transactional id's first use or
+    #: rotation to a new PID; 0 otherwise.
+    new_producer_ids: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,10 +382,13 @@ class Controller:
         if isinstance(expected, ErrorCode):
             return _init_reply(request, expected)
         transactions = self.state.transactions
+        held: int | None = None  # the transactional id's producer id before
         if transactional_id is None:
             # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
             result = transactions.init_idempotent()
         else:
+            current = transactions.transactional_ids.get(transactional_id)
+            held = None if current is None else current.producer_id
             result = transactions.init_transactional(
                 transactional_id,
                 timeout_ms=int(body.transaction_timeout / datetime.timedelta(milliseconds=1)),
@@ -392,7 +399,8 @@ class Controller:
         error = answer.error
         if error == ErrorCode.producer_fenced and request.api_version < 4:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
-        return _init_reply(request, error, answer, offset)
+        created = 1 if error == ErrorCode.none and answer.producer_id != held else 0
+        return _init_reply(request, error, answer, offset, created)
 
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """This node is the only broker and the controller; it hosts no topics."""
@@ -560,6 +568,7 @@ def _init_reply(
     error: ErrorCode,
     answer: ProducerIdAndEpoch | None = None,
     durable_offset: int = NO_WAIT,
+    new_producer_ids: int = 0,
 ) -> Reply:
     pid, epoch = (
         (-1, -1) if error or answer is None else (answer.producer_id, answer.producer_epoch)
@@ -569,7 +578,7 @@ def _init_reply(
     # refuses an out-of-range value anyway); at runtime both are ints.
     cls: Any = response_class(request.api_key, request.api_version)
     body = cls(throttle_time=_NO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
-    return Reply(body, durable_offset)
+    return Reply(body, durable_offset, new_producer_ids)
 
 
 def _no_block(request: Request, error: ErrorCode) -> Any:

@@ -32,8 +32,10 @@ class TokenBuckets:
         self._buckets: dict[object, _Bucket] = {}
         self._last_sweep_s = 0.0
 
-    def take(self, key: object, now_s: float, rate: float | None = None) -> float:
-        """Count one event for ``key``; return how long (seconds) to throttle it, or 0."""
+    def take(
+        self, key: object, now_s: float, rate: float | None = None, count: float = 1.0
+    ) -> float:
+        """Count ``count`` events for ``key``; return how long (seconds) to throttle it, or 0."""
         rate = self.rate if rate is None else rate
         if rate <= 0:
             return 0.0
@@ -45,7 +47,7 @@ class TokenBuckets:
             elapsed = max(0.0, now_s - bucket.updated_s)
             bucket.tokens = min(burst, bucket.tokens + elapsed * rate)
             bucket.updated_s = now_s
-        bucket.tokens -= 1.0
+        bucket.tokens -= count
         self._sweep(now_s)
         return -bucket.tokens / rate if bucket.tokens < 0 else 0.0
 
@@ -63,12 +65,18 @@ class TokenBuckets:
 
 @dataclass(frozen=True, slots=True)
 class QuotaOverride:
-    """A rate for one principal and/or client id (None: any), for one API."""
+    """A rate for one principal and/or client id (None: any), for one API (or, with
+    :data:`NEW_PRODUCER_IDS`, for the producer ids a principal's requests create)."""
 
     api_key: int
     rate: float
     principal: str | None = None
     client_id: str | None = None
+
+
+#: The ``api_key`` of a :class:`QuotaOverride` of ``producer_ids_rate``: not an API, the
+#: producer ids created for a principal by whichever API.
+NEW_PRODUCER_IDS = -1
 
 
 class Quotas:
@@ -85,11 +93,23 @@ class Quotas:
         connection_rate: float = 0.0,
         window_s: float = 1.0,
         overrides: tuple[QuotaOverride, ...] = (),
+        producer_ids_rate: float = 0.0,
     ) -> None:
         self._defaults = dict(rates)
         self._overrides = {(o.api_key, o.principal, o.client_id): o.rate for o in overrides}
         self._requests = TokenBuckets(0.0, window_s)
         self._connections = TokenBuckets(connection_rate, window_s)
+        # KIP-936's producer_ids_rate (never shipped by Kafka): per principal only.
+        self._producer_ids = TokenBuckets(producer_ids_rate, window_s)
+        self._producer_ids_rates = {
+            o.principal: o.rate
+            for o in overrides
+            if o.api_key == NEW_PRODUCER_IDS and o.principal is not None
+        }
+        #: Whether any principal has a quota on new producer ids (else none is counted).
+        self.limits_producer_ids = producer_ids_rate > 0 or any(
+            rate > 0 for rate in self._producer_ids_rates.values()
+        )
 
     def rate(self, api_key: int, principal: str, client_id: str | None) -> float:
         for key in (
@@ -107,3 +127,10 @@ class Quotas:
 
     def connection(self, address: str, now_s: float) -> float:
         return self._connections.take(address, now_s)
+
+    def producer_ids(self, principal: str, count: int, now_s: float) -> float:
+        """Count ``count`` producer ids just created for ``principal`` (an idempotent
+        InitProducerId, a transactional id's first use or rotation); how long to throttle
+        the connection, or 0. The principal's override applies, else the default rate."""
+        rate = self._producer_ids_rates.get(principal, self._producer_ids.rate)
+        return self._producer_ids.take(principal, now_s, rate, count)

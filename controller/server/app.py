@@ -93,6 +93,7 @@ class PidctlServer:
             connection_rate=settings.connection_creation_rate,
             window_s=settings.quota_window_ms / 1000,
             overrides=settings.quota_overrides,
+            producer_ids_rate=settings.producer_ids_rate,
         )
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)

@@ -133,6 +133,7 @@ class ConnectionServer:
         # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
         self._answered: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
+        self._created: dict[str, Any] = {}  # pidctl_producer_ids_created_total by principal
         self.outboxes = Outboxes(log, self._sent)
         #: Runs the rounds of idle plain-TCP connections (see poller.py), once :meth:`poll`
         #: runs; None where there is no epoll (every connection then reads in its own task).
@@ -370,6 +371,8 @@ class ConnectionServer:
             delay = self.quotas.request(
                 request.api_key, info.principal, request.header.client_id, time.monotonic()
             )
+            if reply.new_producer_ids:
+                delay = max(delay, self._new_producer_ids(info.principal, reply.new_producer_ids))
             if delay:
                 millis = datetime.timedelta(milliseconds=round(delay * 1000))
                 body = dataclasses.replace(body, throttle_time=millis)
@@ -438,6 +441,21 @@ class ConnectionServer:
             sent = time.perf_counter()
             for api, received in timings:
                 self._latency_of(api).observe(sent - received)
+
+    def _new_producer_ids(self, principal: str, count: int) -> float:
+        """Count producer ids created for ``principal``; the throttle their quota asks for
+        (``producer_ids_rate``), or 0."""
+        child = self._created.get(principal)
+        if child is None:
+            child = self._created[principal] = self.metrics.producer_ids_created.labels(principal)
+        child.inc(count)
+        if not self.quotas.limits_producer_ids:
+            return 0.0
+        delay = self.quotas.producer_ids(principal, count, time.monotonic())
+        if delay:
+            self.metrics.producer_ids_throttled.labels(principal).inc()
+            self.metrics.producer_ids_throttle_seconds.labels(principal).inc(delay)
+        return delay
 
     def _throttled(self, api: str, seconds: float) -> None:
         self.metrics.throttled.labels(api).inc()

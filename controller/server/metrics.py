@@ -191,6 +191,26 @@ class Metrics:
             ["api"],
             registry=r,
         )
+        self.producer_ids_created = LoopCounter(
+            "pidctl_producer_ids_created",
+            "Producer ids created for InitProducerId (idempotent, or a transactional id's first "
+            "use or rotation), by principal.",
+            ["principal"],
+            registry=r,
+        )
+        self.producer_ids_throttled = LoopCounter(
+            "pidctl_producer_ids_throttled",
+            "Answers throttled by producer_ids_rate (new producer ids per principal), by "
+            "principal.",
+            ["principal"],
+            registry=r,
+        )
+        self.producer_ids_throttle_seconds = LoopCounter(
+            "pidctl_producer_ids_throttle_seconds",
+            "Time connections were muted by producer_ids_rate, by principal.",
+            ["principal"],
+            registry=r,
+        )
         self.authentication_failures = LoopCounter(
             "pidctl_authentication_failures",
             "Failed SASL authentications and TLS handshakes, by mechanism.",

@@ -85,3 +85,31 @@ def test_quota_override_for_one_client_id(tmp_path: Path) -> None:
             fast = free.pipeline([requests.init_producer_id()] * 50)
     assert [r.throttle_time > datetime.timedelta(0) for r in slow] == [False, False, True, True]
     assert not any(r.throttle_time > datetime.timedelta(0) for r in fast)
+
+
+def test_new_producer_ids_quota_per_principal(tmp_path: Path) -> None:
+    rate = 10
+    server = ServerProcess(tmp_path / "d", "--producer-ids-rate", str(rate))
+    with server, SyncClient(server.bootstrap) as client:
+        # Re-initialising one transactional id bumps its epoch and creates no producer id:
+        # only the first use counts.
+        bumps = client.pipeline([requests.init_producer_id("tx")] * 30)
+        assert [r.producer_epoch for r in bumps] == list(range(30))
+        assert all(r.throttle_time == datetime.timedelta(0) for r in bumps)
+        started = time.monotonic()
+        responses = client.pipeline([requests.init_producer_id()] * 40)
+        elapsed = time.monotonic() - started
+        metrics = scrape(server.metrics_url)
+    assert all(r.error_code == 0 for r in responses)  # throttled, still answered
+    throttles = [r.throttle_time / datetime.timedelta(milliseconds=1) for r in responses]
+    throttled = [t > 0 for t in throttles]
+    # The burst (rate x 1 s window) less the transactional id's one, then the refill.
+    assert not any(throttled[: rate - 1])
+    let_through = throttled[rate - 1 :].count(False)
+    assert let_through <= rate * elapsed + 1, (let_through, elapsed)
+    # Muted after each throttled answer, for that long, whatever the client does with it.
+    assert elapsed >= 0.9 * sum(throttles[:-1]) / 1000
+    principal = 'principal="User:ANONYMOUS"'
+    assert metrics[f"pidctl_producer_ids_created_total{{{principal}}}"] == 41
+    assert metrics[f"pidctl_producer_ids_throttled_total{{{principal}}}"] == sum(throttled)
+    assert metrics[f"pidctl_producer_ids_throttle_seconds_total{{{principal}}}"] > 0

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pidctl.controller.core.quotas import Quotas, TokenBuckets
+from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride, Quotas, TokenBuckets
 
 
 def test_burst_then_throttle_for_the_deficit() -> None:
@@ -58,3 +58,19 @@ def test_the_most_specific_override_applies() -> None:
     assert quotas.rate(67, "User:b", "other") == 10.0
     assert quotas.rate(67, "User:vip", "c") == 0.0  # no quota for this one
     assert all(quotas.request(67, "User:vip", "c", 0.0) == 0.0 for _ in range(100))
+
+
+def test_new_producer_ids_per_principal_with_overrides() -> None:
+    quotas = Quotas(
+        {},
+        window_s=1.0,
+        producer_ids_rate=2.0,
+        overrides=(QuotaOverride(NEW_PRODUCER_IDS, 0.0, principal="User:bulk"),),
+    )
+    assert quotas.limits_producer_ids
+    assert [quotas.producer_ids("User:a", 1, 0.0) for _ in range(2)] == [0.0, 0.0]
+    assert quotas.producer_ids("User:a", 1, 0.0) == 0.5  # one more than the burst: 1/rate
+    assert quotas.producer_ids("User:b", 1, 0.0) == 0.0  # per principal
+    assert all(quotas.producer_ids("User:bulk", 100, 0.0) == 0.0 for _ in range(3))
+    assert quotas.producer_ids("User:a", 1, 10.0) == 0.0  # refilled
+    assert not Quotas({}).limits_producer_ids
