@@ -40,6 +40,7 @@ ensure_debian_packages() {
     command -v javac >/dev/null || missing+=(openjdk-17-jdk-headless)
     command -v mvn >/dev/null || missing+=(maven)
     command -v strace >/dev/null || missing+=(strace)  # the storage-fault tests inject with it
+    command -v faketime >/dev/null || missing+=(faketime)  # a wall clock before 1970, for real
     if (( ${#missing[@]} )); then
         echo "installing Debian packages: ${missing[*]}" >&2
         apt-get update -qq

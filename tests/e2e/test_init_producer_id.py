@@ -298,3 +298,29 @@ def test_find_coordinator_every_version(server: ServerProcess, version: int) -> 
         assert (response.error_code, response.node_id, response.port) == (0, 1, server.port)
         if version >= 1:
             assert bad.error_code == ErrorCode.invalid_request
+
+
+def _libfaketime() -> str:
+    """libfaketime (Debian's faketime, which ops/dev.sh installs)."""
+    import glob
+
+    found = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+    assert found, "libfaketime missing: apt-get install faketime (ops/dev.sh does)"
+    return found[0]
+
+
+def test_a_wall_clock_before_1970_serves_transactional_ids(tmp_path: Path) -> None:
+    # The server's wall clock starts in June 1969 (libfaketime); its monotonic clock is real.
+    before_1970 = {
+        "LD_PRELOAD": _libfaketime(),
+        "FAKETIME": "@1969-06-01 00:00:00",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+    with ServerProcess(tmp_path / "d", env=before_1970) as server:
+        with SyncClient(server.bootstrap) as client:
+            first = client.request(requests.init_producer_id("tx"))
+            again = client.request(requests.init_producer_id("tx"))
+            assert (first.error_code, again.error_code) == (0, 0)  # it closed the connection
+            assert again.producer_id == first.producer_id
+            assert again.producer_epoch == first.producer_epoch + 1
+        assert not any(e.get("event") == "connection failed" for e in server.events)
