@@ -18,15 +18,18 @@ __all__ = [
 
 
 def register_data_sources(spark: Any) -> None:
-    """Make ``format("pidctl-sql")`` and ``format("pidctl-log")`` known to ``spark``; the
-    sink's job blocks then carry the application id as client id by default."""
+    """Make ``format("pidctl-sql")``, ``format("pidctl-kafka")`` and ``format("pidctl-log")``
+    known to ``spark``; the sinks' job blocks then carry the application id as client id by
+    default."""
     from pidctl.spark.allocation import application_id
+    from pidctl.spark.kafka_sink import PidctlKafkaSink
     from pidctl.spark.logsource import PidctlLogSource
     from pidctl.spark.session import use_this_python_locally
     from pidctl.spark.sink import PidctlSqlSink
 
     use_this_python_locally(spark)  # before the data sources carry a Python to the workers
     # A subclass made here travels to Spark's Python workers by value, with the id in it.
-    sink = type("PidctlSqlSink", (PidctlSqlSink,), {"application_id": application_id(spark)})
-    spark.dataSource.register(sink)
+    app = {"application_id": application_id(spark)}
+    spark.dataSource.register(type("PidctlSqlSink", (PidctlSqlSink,), app))
+    spark.dataSource.register(type("PidctlKafkaSink", (PidctlKafkaSink,), app))
     spark.dataSource.register(PidctlLogSource)

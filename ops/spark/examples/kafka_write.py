@@ -1,0 +1,88 @@
+"""Write rows 0..ROWS-1 to a Kafka topic, as a job submitted to a Spark cluster, through
+``pidctl-kafka`` or Spark's own Kafka sink (``--format kafka``, with spark-sql-kafka-0-10 on
+``--jars``): the same job for both, so their counts can be set side by side.
+
+    spark-submit --master spark://HOST:7077 kafka_write.py --kafka broker:9092 --topic t \\
+        --pidctl 127.0.0.1:9093 --rows 20000 [--format kafka] [--app-id nightly --version 7]
+
+Each row's value is ``<id>:<padding>`` and its key the id: a consumer counts duplicates and
+missing rows by the id. ``--slow-ms`` sleeps that long per ``--batch-rows`` rows (so a test
+can kill something mid-write); ``--straggler P`` makes partition P's first attempt 5x slower
+(so speculation copies it). Prints one line: the rows written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from pidctl.spark import register_data_sources
+
+
+def slowed(slow_ms: int, straggler: int) -> Any:
+    """A pass-through over Arrow batches that sleeps ``slow_ms`` per batch (5x as long in the
+    straggler partition's first attempt)."""
+
+    def passthrough(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        pause = slow_ms / 1000
+        if context.partitionId() == straggler and context.attemptNumber() == 0:
+            pause *= 5
+        for batch in batches:
+            time.sleep(pause)
+            yield batch
+
+    return passthrough
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kafka", required=True, help="kafka.bootstrap.servers")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--pidctl", help="pidctl's HOST:PORT (pidctl-kafka)")
+    parser.add_argument("--format", default="pidctl-kafka", choices=["pidctl-kafka", "kafka"])
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--app-id", help="txnAppId (pidctl-kafka)")
+    parser.add_argument("--version", help="txnVersion (pidctl-kafka)")
+    parser.add_argument("--slow-ms", type=int, default=0)
+    parser.add_argument("--batch-rows", type=int, default=500)
+    parser.add_argument("--straggler", type=int, default=-1)
+    args = parser.parse_args()
+
+    spark = (
+        SparkSession.builder.appName(f"pidctl-kafka-write-{args.format}")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.batch_rows))
+        .getOrCreate()
+    )
+    register_data_sources(spark)  # format("pidctl-kafka")
+    df = spark.range(0, args.rows, 1, args.partitions)
+    if args.slow_ms:
+        df = df.mapInArrow(slowed(args.slow_ms, args.straggler), df.schema)
+    df = df.selectExpr(
+        "CAST(id AS STRING) AS key", "CONCAT(CAST(id AS STRING), ':', REPEAT('x', 100)) AS value"
+    )
+    writer = (
+        df.write.format(args.format)
+        .mode("append")
+        .option("kafka.bootstrap.servers", args.kafka)
+        .option("topic", args.topic)
+    )
+    if args.format == "pidctl-kafka":
+        writer = writer.option("pidctl.bootstrap", args.pidctl)
+        if args.app_id:
+            writer = writer.option("txnAppId", args.app_id).option("txnVersion", args.version)
+    writer.save()
+    print(f"wrote {args.rows} rows with {args.format}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
