@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from pidctl.protocol import __version__
+
+    parser.add_argument("--version", action="version", version=f"pidctl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(
@@ -296,19 +299,26 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
     import structlog
     import trio
 
-    from pidctl.controller.log.formatting import NotFormatted
+    from pidctl.controller.log.formatting import NotFormatted, check_formatted
     from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, StorageFailed
     from pidctl.controller.server.admission import ListenFailed
     from pidctl.controller.server.app import (
         ClusterIdMismatch,
         PidSourceMismatch,
         ResourceLimit,
+        log_start,
         serve,
     )
     from pidctl.controller.server.logs import configure_logging
     from pidctl.controller.settings import service_link_variables
 
+    try:
+        check_formatted(settings.data_dir)  # one line and nothing else when it is not
+    except NotFormatted as e:
+        print(f"pidctl: {e}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_format, settings.log_level)
+    log_start(settings)
     ignored = service_link_variables(args.environ)
     if ignored:
         structlog.get_logger("pidctl.settings").warning(
@@ -610,6 +620,12 @@ def _users(args: argparse.Namespace) -> int:
         return 2
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\n")
+    elif not sys.stdin.isatty():
+        print(
+            "pidctl: no terminal to ask for the password: pipe it in with --password-stdin",
+            file=sys.stderr,
+        )
+        return 2
     else:
         password = getpass.getpass(f"password for {args.user}: ")
     if not password:

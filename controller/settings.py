@@ -525,9 +525,10 @@ class Settings:
         5000, "on SIGTERM/SIGINT, time allowed for in-flight requests to finish", "ms"
     )
     log_format: str = _setting(
-        "json",
-        "log output: json (one object per line) or console",
-        parse=_choice("json", "console"),
+        "auto",
+        "log output: auto (console on a terminal, json otherwise), json (one object per "
+        "line) or console (readable, coloured on a terminal)",
+        parse=_choice("auto", "json", "console"),
     )
     log_level: str = _setting(
         "info", "debug, info, warning or error", parse=_choice("debug", "info", "warning", "error")
@@ -661,22 +662,50 @@ def load_settings_with_sources(
 
 
 def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
-    """The effective settings as TOML lines, secrets masked, each with where it came from."""
-    lines = []
+    """The effective settings as a TOML file that loads back as the same settings, each line
+    saying where its value came from. Secrets are never shown: a set one is a comment (fed
+    back, it is unset). Unset settings are comments too; the arrays of tables (``acls``,
+    ``quota_overrides``) come last, as TOML wants."""
+    lines: list[str] = []
+    tables: list[str] = []
     for f in dataclasses.fields(Settings):
         value = getattr(settings, f.name)
-        if value is None:
-            text = '""'
-        elif f.metadata["secret"]:
-            text = '"********"'
-        elif isinstance(value, int | float):
-            text = str(value)
+        source = sources.get(f.name, "default")
+        if f.metadata["secret"]:
+            lines.append(f"# {f.name} = ({'set, not shown' if value else 'unset'})  # {source}")
+        elif value is None or value == "" or value == ():
+            lines.append(f"# {f.name} = (unset)  # {source}")
         elif isinstance(value, tuple):
-            text = json.dumps([dataclasses.asdict(item) for item in value])
+            tables += ["", f"# {f.name}: {source}"]
+            for row in _table_rows(value):
+                tables.append(f"[[{f.name}]]")
+                tables += [f"{key} = {_toml_value(item)}" for key, item in row.items()]
         else:
-            text = json.dumps(str(value))
-        lines.append(f"{f.name} = {text}  # {sources.get(f.name, 'default')}")
-    return lines
+            lines.append(f"{f.name} = {_toml_value(value)}  # {source}")
+    return lines + tables
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML literal: numbers as they are, everything else as a string (JSON's escapes are
+    TOML's)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _table_rows(items: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The config-file tables that parse back into ``items`` (ACLs, quota overrides)."""
+    names = {api_key: name for name, api_key in _QUOTA_APIS.items()}
+    rows = []
+    for item in items:
+        if isinstance(item, QuotaOverride):
+            who = {"principal": item.principal, "client_id": item.client_id}
+            row: dict[str, Any] = {key: value for key, value in who.items() if value is not None}
+            row[names[item.api_key]] = item.rate
+            rows.append(row)
+        else:
+            rows.append(dataclasses.asdict(item))
+    return rows
 
 
 def describe_settings() -> list[tuple[str, str, str, str]]:

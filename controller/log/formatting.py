@@ -15,14 +15,18 @@ all (an interrupted format leaves only files :func:`format_data_dir` accepts aga
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 from pidctl.controller.core.logformat import (
+    MAX_RECORD_BYTES,
     SEGMENT_SUFFIX,
     SNAPSHOT_SUFFIX,
     TMP_SUFFIX,
     encode_entry,
+    scan_segment,
     segment_name,
+    snapshot_name,
 )
 from pidctl.controller.core.records import ClusterCreated
 from pidctl.controller.log.metalog import LOCK_FILE, lock_data_dir, read_log, rebuild_state
@@ -73,6 +77,25 @@ def check_formatted(data_dir: Path) -> None:
 def stored_cluster_id(data_dir: Path) -> str | None:
     """The cluster id of a formatted data dir (read-only; safe while a server runs)."""
     return rebuild_state(read_log(data_dir))[0].cluster_id
+
+
+def state_written_at(data_dir: Path, snapshot_offset: int) -> float | None:
+    """When the state in ``data_dir`` was last written whole, in seconds since the epoch: the
+    snapshot at ``snapshot_offset`` (its file's modification time), or with none (offset 0)
+    the log's first record, written by ``pidctl format``. None if neither can be read."""
+    try:
+        if snapshot_offset:
+            return (data_dir / snapshot_name(snapshot_offset)).stat().st_mtime
+        with open(data_dir / segment_name(0), "rb") as segment:
+            prefix = segment.read(8)
+            if len(prefix) < 8:
+                return None
+            (length,) = struct.unpack(">I", prefix[:4])
+            data = prefix + segment.read(min(length, MAX_RECORD_BYTES))
+    except OSError:
+        return None
+    first = scan_segment(data, 0).entries
+    return first[0].timestamp_ms / 1000 if first else None
 
 
 def format_data_dir(data_dir: Path, cluster_id: str, node_id: int, now_ms: int) -> None:

@@ -26,7 +26,7 @@ from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.formatting import NotFormatted, check_formatted
+from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
 from pidctl.controller.log.metalog import MetadataLog, StorageFailed, lock_data_dir, recover
 from pidctl.controller.server.admission import Admission, bind_listeners
 from pidctl.controller.server.allocator import pin_mmap_threshold
@@ -187,6 +187,8 @@ class PidctlServer:
         )
         state.cluster.restore_sessions(now().mono_ms)
         self.metrics.recovery_seconds.set(time.monotonic() - started)
+        written = state_written_at(data_dir, recovery.snapshot_offset)
+        self.metrics.state_written_at(time.time() if written is None else written)
         log.info(
             "log recovered",
             data_dir=str(data_dir),
@@ -432,6 +434,20 @@ class PidctlServer:
                 f"cluster_id {wanted!r} does not match {cluster.cluster_id!r} stored in the log"
             )
         controller.apply(cluster.controller_started(self.settings.node_id, __version__), now())
+
+
+def log_start(settings: Settings) -> None:
+    """The first log line of ``pidctl serve``: what starts, where, on which data."""
+    log.info(
+        "pidctl starting",
+        version=__version__,
+        pid=os.getpid(),
+        node_id=settings.node_id,
+        data_dir=str(Path(settings.data_dir).resolve()),
+        listeners=[f"{protocol}://{address}" for protocol, address in settings.listener_list],
+        metrics=str(settings.metrics_listen),
+        pid_source=settings.pid_source or "this controller alone",
+    )
 
 
 def _state_view(state: ControllerState) -> StateView:

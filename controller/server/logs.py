@@ -1,4 +1,4 @@
-"""structlog set-up: JSON lines by default, a readable console format for a terminal.
+"""structlog set-up: a readable console format on a terminal, JSON lines otherwise.
 
 Each line is written at once. :func:`log_each` writes the lines of one moment (the grants one
 group commit made durable) together: one timestamp, one write, and rendered directly rather
@@ -118,10 +118,12 @@ def _logger_factory(*args: Any) -> _LineWriter:
 
 
 def configure_logging(fmt: str = "json", level: str = "info", file: TextIO | None = None) -> None:
-    """Log to ``file`` (standard error by default) in ``fmt`` (``json`` or ``console``), at
-    ``level`` and above."""
+    """Log to ``file`` (standard error by default) in ``fmt`` (``json``, ``console``, or
+    ``auto``: console on a terminal, JSON otherwise), at ``level`` and above."""
     global _writer, _renderer, _min_level, _json_lines
     _writer = _LineWriter(sys.stderr if file is None else file)
+    if fmt == "auto":
+        fmt = "console" if _writer.file.isatty() else "json"
     renderer: structlog.typing.Processor
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=_writer.file.isatty())

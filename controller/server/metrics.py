@@ -9,17 +9,19 @@ endpoint is prometheus-client's WSGI app on the event loop (``http.py``).
 from __future__ import annotations
 
 import functools
+import platform
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pidctl.controller.server.logs import log_write_failures
 from pidctl.controller.server.loop_metrics import LoopCounter, LoopHistogram
+from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -84,10 +86,18 @@ class _StateCollector(Collector):
             "Log lines that could not be written to stderr (dropped; the server goes on).",
             value=log_write_failures(),
         )
+        now = time.time()
+        if self._metrics.last_snapshot_time is not None:
+            yield GaugeMetricFamily(
+                "pidctl_snapshot_age_seconds",
+                "Seconds since the state was last written whole: since the newest snapshot "
+                "(written by this process, or found at start-up), or, before the data dir's "
+                "first snapshot, since the log began (its first record).",
+                value=now - self._metrics.last_snapshot_time,
+            )
         view = self._metrics.state_view
         if view is None:
             return
-        now = time.time()
         remaining = view.remaining_producer_ids()
         rate = self._metrics.grant_rate.per_second(now)
         projection = remaining / rate if rate > 0 else float("inf")
@@ -122,12 +132,6 @@ class _StateCollector(Collector):
         )
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
-        if self._metrics.last_snapshot_time is not None:
-            yield GaugeMetricFamily(
-                "pidctl_snapshot_age_seconds",
-                "Seconds since the last snapshot was written.",
-                value=now - self._metrics.last_snapshot_time,
-            )
 
 
 class Metrics:
@@ -136,6 +140,16 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
+        # process_max_fds, process_start_time_seconds (a restart shows as a new start time).
+        ProcessCollector(registry=r)
+        build = Gauge(
+            "pidctl_build_info",
+            "Always 1: the running pidctl's version and Python.",
+            ["version", "python"],
+            registry=r,
+        )
+        build.labels(__version__, platform.python_version()).set(1)
         self.requests = LoopCounter(
             "pidctl_requests", "Requests answered.", ["api", "version"], registry=r
         )
@@ -300,6 +314,11 @@ class Metrics:
     def snapshot_written(self, size: int) -> None:
         self.snapshot_bytes.set(size)
         self.last_snapshot_time = time.time()
+
+    def state_written_at(self, seconds: float) -> None:
+        """At start-up: when the state was last written whole (the newest snapshot's time,
+        or the log's first record's), from which ``pidctl_snapshot_age_seconds`` counts."""
+        self.last_snapshot_time = seconds
 
     def etcd_request(self, operation: str, seconds: float, failed: bool) -> None:
         self.etcd_latency.labels(operation).observe(seconds)

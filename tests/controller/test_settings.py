@@ -1,13 +1,20 @@
-"""Settings from the environment: what Kubernetes' service links put there is not a setting."""
+"""Settings: what Kubernetes' service links put in the environment is not a setting, and
+`config show` prints a configuration that loads back as the same settings."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
+import trustme
 
 from pidctl.controller.settings import (
+    Settings,
     SettingsError,
     is_service_link_variable,
     load_settings_with_sources,
+    show_settings,
 )
 
 
@@ -48,3 +55,61 @@ def test_anything_else_is_still_an_unknown_setting(name: str, value: str) -> Non
     assert not is_service_link_variable(name, value)
     with pytest.raises(SettingsError, match=f"{name}: unknown setting"):
         load_settings_with_sources({}, {name: value})
+
+
+def test_config_show_loads_back_as_the_same_settings(tmp_path: Path) -> None:
+    """Every kind of value (addresses, paths, numbers, text with quotes and non-ASCII, the
+    arrays of tables), unset settings as comments, and a secret, which is never shown: fed
+    back, it is unset and everything else is the same."""
+    ca = trustme.CA()
+    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "c.pem", tmp_path / "k.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    config = tmp_path / "pidctl.toml"
+    config.write_text(
+        f"""
+listeners = "SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0"
+advertised_listener = "pidctl.example:9093"
+ssl_certfile = "{cert_file}"
+ssl_keyfile = "{key_file}"
+ssl_keyfile_password = "s3cret"
+ssl_cafile = "{ca_file}"
+ssl_client_auth = "required"
+super_users = 'User:CN=a "quoted",O=b;User:zoë'
+authorizer = "acl"
+pid_lease_prefetch_ratio = 0.25
+init_producer_id_quota = 12.5
+node_id = -3
+
+[[acls]]
+principal = "User:app"
+operation = "Write"
+resource_type = "TransactionalId"
+resource_name = "app-"
+pattern_type = "prefixed"
+
+[[quota_overrides]]
+client_id = "batch"
+allocate_producer_ids_quota = 2
+init_producer_id_quota = 4.5
+"""
+    )
+    settings, sources = load_settings_with_sources({"node_id": "7"}, {}, config)
+    shown = "\n".join(show_settings(settings, sources))
+    assert "s3cret" not in shown
+    assert "# ssl_keyfile_password = (set, not shown)" in shown
+    assert "node_id = 7  # --node-id" in shown
+    again = tmp_path / "shown.toml"
+    again.write_text(shown)
+    reloaded, _ = load_settings_with_sources({}, {}, again)
+    assert reloaded == dataclasses.replace(settings, ssl_keyfile_password="")
+
+
+def test_config_show_of_the_defaults_loads_back() -> None:
+    settings, sources = load_settings_with_sources({}, {})
+    lines = show_settings(settings, sources)
+    assert "# listeners = (unset)  # default" in lines
+    assert 'log_format = "auto"  # default' in lines
+    assert settings == Settings()

@@ -23,7 +23,7 @@ import yaml
 
 from ops.bench.core import build_history
 from ops.testing.coordination import free_port
-from ops.testing.serverproc import ServerProcess, stored_cluster_id
+from ops.testing.serverproc import ServerProcess, format_data_dir, stored_cluster_id
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
 from tests import wire
@@ -489,3 +489,49 @@ def test_a_pod_with_kubernetes_service_links_starts(tmp_path: Path) -> None:
         env={**os.environ, **SERVICE_LINKS},
     )
     assert shown.returncode == 0 and "PIDCTL_PORT" not in shown.stdout
+
+
+def test_what_an_operator_sees_from_the_first_scrape(tmp_path: Path) -> None:
+    """The first log line says what starts; /metrics has the build and the process from the
+    first scrape, and the snapshot age counts from the data dir's formatting until a first
+    snapshot, across restarts (a restart shows as a new process start time)."""
+    data_dir = tmp_path / "d"
+    formatting = time.time()
+    format_data_dir(data_dir)
+    formatted = time.time()
+    starts = []
+    for _ in range(2):
+        with ServerProcess(data_dir) as server:
+            first = server.events[0]
+            assert first["event"] == "pidctl starting"
+            assert server.proc is not None and first["pid"] == server.proc.pid
+            assert first["data_dir"] == str(data_dir.resolve())
+            before = time.time()
+            samples = scrape(server.metrics_url)
+            after = time.time()
+        assert any(name.startswith("pidctl_build_info{") for name in samples)
+        assert samples["process_resident_memory_bytes"] > 0 and samples["process_open_fds"] > 0
+        starts.append(samples["process_start_time_seconds"])
+        # Counted from the ClusterCreated record, written between `formatting` and `formatted`.
+        age = samples["pidctl_snapshot_age_seconds"]
+        assert before - formatted - 0.01 <= age <= after - formatting + 0.01
+    assert starts[1] > starts[0]
+
+
+def test_version_and_a_password_prompt_without_a_terminal(tmp_path: Path) -> None:
+    from pidctl.protocol import __version__
+
+    version = subprocess.run([*PIDCTL, "--version"], capture_output=True, text=True, timeout=60)
+    assert (version.returncode, version.stdout) == (0, f"pidctl {__version__}\n")
+    users = tmp_path / "users.json"
+    added = subprocess.run(
+        [*PIDCTL, "users", "add", "--credentials-file", str(users), "--user", "app"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert added.returncode == 2 and not users.exists()
+    assert added.stderr == (
+        "pidctl: no terminal to ask for the password: pipe it in with --password-stdin\n"
+    )

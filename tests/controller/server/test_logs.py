@@ -118,3 +118,26 @@ def test_values_json_cannot_hold_are_written_as_their_repr(configured: None) -> 
     logs.configure_logging("json", "info", out)
     structlog.get_logger("t").info("odd", value={1, 2}.__class__)
     assert _lines(out)[0]["value"] == "<class 'set'>"
+
+
+def test_auto_is_readable_on_a_terminal_and_json_otherwise(configured: None) -> None:
+    """``log_format = "auto"`` (the default): a terminal (a real pseudo-terminal here) gets
+    structlog's console lines, a pipe or a file gets JSON."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    terminal = os.fdopen(follower, "w")
+    try:
+        logs.configure_logging("auto", "info", terminal)
+        structlog.get_logger("t").info("pidctl starting", version="1.2.3")
+        seen = os.read(leader, 4096).decode()
+    finally:
+        terminal.close()
+        os.close(leader)
+    assert "pidctl starting" in seen and "version" in seen and "1.2.3" in seen
+    assert not seen.lstrip().startswith("{")
+    out = io.StringIO()
+    logs.configure_logging("auto", "info", out)
+    structlog.get_logger("t").info("pidctl starting", version="1.2.3")
+    assert _lines(out)[0]["event"] == "pidctl starting"

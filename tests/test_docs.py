@@ -1,0 +1,386 @@
+"""The README and docs/ match what runs: every fenced block is run by a test as written (its
+addresses, ports and paths moved to the test's own), or is listed here with the reason it is
+not (it is the test suite itself, takes an hour, needs a Docker engine, is a log excerpt).
+A new block fails :func:`test_every_block_is_run_or_says_why_not` until it is listed."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+from kazoo.client import KazooClient
+
+from ops.testing.coordination import EtcdProcess, ZooKeeperProcess, free_port
+from ops.testing.serverproc import ServerProcess, add_sasl_user, wait_until
+from pidctl.client import SyncClient
+from pidctl.controller.core.records import RECORD_TYPES
+from pidctl.protocol import requests
+from tests import docs
+
+ROOT = docs.ROOT
+VENV_BIN = Path(sys.executable).parent
+
+
+def run_by(test: str) -> str:
+    return f"run by {test}"
+
+
+def not_run(reason: str) -> str:
+    return f"not run: {reason}"
+
+
+#: Every block of the README and docs/, by (file, heading above it, its number there).
+BLOCKS = {
+    ("README.md", "Set-up: two commands", 0): run_by(
+        "tests/e2e/test_operations.py::test_readme_command_serves_metrics_and_readiness"
+        " (`ops/dev.sh serve`; and ops/testing/user_server.py beside every run); its second"
+        " command, `ops/dev.sh test`, is this suite"
+    ),
+    ("README.md", "Quick start", 0): run_by("tests/test_docs.py::test_quick_start_as_written"),
+    ("README.md", "Quick start", 1): run_by("tests/test_docs.py::test_quick_start_as_written"),
+    ("README.md", "Security", 0): run_by(
+        "tests/test_docs.py::test_the_security_configuration_as_written"
+    ),
+    ("README.md", "Faults: what the log promises", 0): not_run(
+        "the campaign of 1,000 SIGKILLs and 100 faults takes 30-40 minutes; each kind of fault"
+        " it makes is a test of tests/e2e/test_storage_faults.py and test_crash.py"
+    ),
+    ("README.md", "Operations", 0): not_run(
+        "no Docker engine here; the image's ENV, ENTRYPOINT, CMD, HEALTHCHECK and the"
+        " `format` step run in tests/e2e/test_operations.py::"
+        "test_dockerfile_entrypoint_outside_docker"
+    ),
+    ("README.md", "A fleet of controllers (etcd)", 0): run_by(
+        "tests/test_docs.py::test_the_fleet_and_the_import_as_written"
+    ),
+    ("README.md", "A fleet of controllers (etcd)", 1): run_by(
+        "tests/test_docs.py::test_the_fleet_and_the_import_as_written"
+    ),
+    ("README.md", "Spark (`ops/spark/`)", 0): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+    ("README.md", "Spark (`ops/spark/`)", 1): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+    ("README.md", "Spark (`ops/spark/`)", 2): run_by(
+        "tests/ops/spark/test_stream.py::test_the_streaming_example_runs_as_written"
+    ),
+    ("README.md", "Spark (`ops/spark/`)", 3): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+    ("README.md", "The broker side (`ops/broker/`)", 0): run_by(
+        "tests/test_docs.py::test_the_broker_side_example_as_written"
+    ),
+    ("README.md", "Benchmarks", 0): not_run(
+        "the benchmark suite takes about 5 minutes at full load; its scenarios' code runs in"
+        " tests/ops/test_bench.py"
+    ),
+    ("README.md", "Benchmarks", 1): not_run("benchmark runs of minutes each (as above)"),
+    ("docs/bench-request-path.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
+    (
+        "docs/bench-request-path.md",
+        "2026-11-24, later, at aa4e1c1 (the same server, a faster hour)",
+        0,
+    ): not_run("benchmark runs (as the README's)"),
+    ("docs/etcd.md", "Transactions", 0): not_run("the shape of an etcd transaction, not code"),
+    ("docs/java-clients.md", "Reading the producer id", 0): not_run("a log line, not code"),
+    ("docs/spark-deployment.md", "(a) Recommended: install the wheel on every machine", 0): (
+        run_by("tests/ops/spark/test_cluster.py::packages (into a temporary folder)")
+    ),
+    ("docs/spark-deployment.md", "(a) Recommended: install the wheel on every machine", 1): (
+        not_run(
+            "it installs into /opt and downloads; the test installs the same wheel with"
+            " --no-deps --no-index into a temporary venv, as the page says"
+        )
+    ),
+    ("docs/spark-deployment.md", "(a) Recommended: install the wheel on every machine", 2): (
+        run_by(
+            "tests/ops/spark/test_cluster.py::"
+            "test_installed_wheel_writes_every_row_once_to_postgresql"
+        )
+    ),
+    ("docs/spark-deployment.md", "(b) Ship pidctl with the job: `--py-files`", 0): run_by(
+        "tests/ops/spark/test_cluster.py::packages and test_py_files_zip_writes_every_row_once"
+    ),
+    ("docs/spark-deployment.md", "What happens without either: `ModuleNotFoundError`", 0): (
+        not_run(
+            "a log excerpt, reproduced by tests/ops/spark/test_cluster.py::"
+            "test_executors_without_pidctl_fail_naming_it"
+        )
+    ),
+    ("docs/spark-deployment.md", "Try it: a standalone cluster on one machine", 0): run_by(
+        "ops/testing/spark_cluster.py (the same spark-class commands on free ports) in"
+        " tests/ops/spark/test_cluster.py"
+    ),
+    ("docs/spark-deployment.md", "Try it: a standalone cluster on one machine", 1): not_run(
+        "it is a part of this suite"
+    ),
+    ("docs/spark-kafka.md", "Design", 0): run_by(
+        "tests/test_docs.py::test_configuration_fragments_load"
+    ),
+    ("docs/spark-sink.md", "Idempotent re-runs: `txnAppId` and `txnVersion`", 0): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+}
+
+
+def test_every_block_is_run_or_says_why_not() -> None:
+    found = {b.key: b for document in docs.DOCUMENTS for b in docs.blocks(document)}
+    unlisted = sorted(set(found) - set(BLOCKS))
+    assert not unlisted, (
+        "blocks no test runs and BLOCKS in tests/test_docs.py does not list (run each as"
+        f" written in a test, or say why not): {unlisted}"
+    )
+    assert sorted(set(BLOCKS) - set(found)) == [], "BLOCKS lists blocks that are gone"
+    for how in BLOCKS.values():
+        for test in re.findall(r"(tests/\S+\.py)::(\w+)", how):
+            path, name = ROOT / test[0], test[1]
+            assert re.search(rf"^(async )?def {name}\(", path.read_text(), re.M), test
+
+
+def test_log_format_lists_every_record_type() -> None:
+    """docs/log-format.md's table of record types: each type id, name and field."""
+    text = (ROOT / "docs" / "log-format.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \| (.*) \|$", text, re.M)
+    documented = {int(number): (name, fields) for number, name, fields in rows}
+    assert set(documented) == set(RECORD_TYPES)
+    for number, cls in RECORD_TYPES.items():
+        name, fields = documented[number]
+        assert name == cls.__name__
+        for field in dataclasses.fields(cls):
+            assert f"`{field.name}`" in fields, (name, field.name)
+
+
+def _shell(
+    command: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env={**os.environ, **(env or {}), "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def dev_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """`ops/dev.sh serve` as the Quick start has it running, in a checkout-like folder
+    (``.venv`` there), on free ports: (bootstrap, metrics address)."""
+    (tmp_path / ".venv").symlink_to(VENV_BIN.parent)
+    port, metrics = free_port(), free_port()
+    ports = ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}"]
+    proc = subprocess.Popen(
+        [str(ROOT / "ops" / "dev.sh"), "serve", *ports],
+        cwd=tmp_path,
+        env={**os.environ, "VENV": str(VENV_BIN.parent)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: _listening(port), "the dev server listening", timeout=120)
+        yield f"127.0.0.1:{port}", f"127.0.0.1:{metrics}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_quick_start_as_written(dev_server: tuple[str, str], tmp_path: Path) -> None:
+    """Each command of the Quick start, in order, from the checkout's top folder (here a
+    folder with its .venv), against `ops/dev.sh serve`; every output the block shows in a
+    comment below a command is what that command prints. Then the kafka-python example, twice:
+    the second producer has the same PID, one epoch higher."""
+    bootstrap, metrics = dev_server
+    moved = docs.block("README.md", "Quick start", 0)
+    moved = moved.replace("127.0.0.1:9093", bootstrap).replace("127.0.0.1:9464", metrics)
+    lines = moved.replace("\\\n", " ").splitlines()
+    for at, line in enumerate(lines):
+        if not line.strip() or line.startswith("#"):
+            continue
+        done = _shell(line.split("  #")[0], tmp_path)
+        assert done.returncode == 0, (line, done.stderr)
+        said = lines[at + 1] if at + 1 < len(lines) else ""
+        if said.startswith("# "):
+            assert done.stdout.strip() == said[2:], line
+        elif "log dump" in line:
+            assert "ProducerIdsGranted" in done.stdout
+        elif "status" in line:
+            assert "cluster id:" in done.stdout and "broker 1" in done.stdout
+        elif "curl" in line:
+            assert done.stdout.strip() == "pidctl_next_producer_id 1000.0"
+    example = docs.block("README.md", "Quick start", 1).replace("127.0.0.1:9093", bootstrap)
+    (tmp_path / "producer.py").write_text(example)
+    printed = re.search(r"\)  # (.*)\n", example)
+    assert printed is not None
+    first = _shell(".venv/bin/python producer.py", tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.strip() == printed.group(1)
+    again = _shell(".venv/bin/python producer.py", tmp_path)
+    assert again.stdout.strip() == printed.group(1).replace("epoch=0", "epoch=1")
+
+
+def test_the_security_configuration_as_written(tmp_path: Path) -> None:
+    """The README's production configuration, with its files made here (a CA, the server's
+    certificate, a user) and its listeners on free ports: the server starts on both, and
+    `config show` of it loads back as the same settings."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    files = {
+        "/etc/pidctl/server.pem": tmp_path / "server.pem",
+        "/etc/pidctl/server.key": tmp_path / "server.key",
+        "/etc/pidctl/ca.pem": tmp_path / "ca.pem",
+        "/etc/pidctl/users.json": tmp_path / "users.json",
+    }
+    cert.cert_chain_pems[0].write_to_path(str(files["/etc/pidctl/server.pem"]))
+    cert.private_key_pem.write_to_path(str(files["/etc/pidctl/server.key"]))
+    ca.cert_pem.write_to_path(str(files["/etc/pidctl/ca.pem"]))
+    add_sasl_user(files["/etc/pidctl/users.json"], "admin", "admin-secret")
+    text = docs.block("README.md", "Security", 0)
+    for written, made in files.items():
+        text = text.replace(written, str(made))
+    sasl_ssl, ssl = free_port(), free_port()
+    text = text.replace("0.0.0.0:9094", f"127.0.0.1:{sasl_ssl}")
+    text = text.replace("0.0.0.0:9095", f"127.0.0.1:{ssl}")
+    assert "/etc/pidctl" not in text and "0.0.0.0" not in text
+    config = tmp_path / "pidctl.toml"
+    config.write_text(text)
+    with ServerProcess(tmp_path / "d", "--config", str(config)) as server:
+        assert server.event("listening")["listeners"] == [
+            f"SASL_SSL://127.0.0.1:{sasl_ssl}",
+            f"SSL://127.0.0.1:{ssl}",
+        ]
+    shown = subprocess.run(
+        [sys.executable, "-m", "pidctl.controller.cli", "config", "show", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    again = tmp_path / "shown.toml"
+    again.write_text(shown.stdout)
+    reshown = subprocess.run(
+        [sys.executable, "-m", "pidctl.controller.cli", "config", "show", "--config", str(again)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert reshown.returncode == 0, reshown.stderr
+    strip = re.compile(r"  # .*$|^# .*$", re.M)
+    shown_again = tomllib.loads(strip.sub("", reshown.stdout))
+    assert shown_again == tomllib.loads(strip.sub("", shown.stdout))
+
+
+def test_configuration_fragments_load(tmp_path: Path) -> None:
+    """docs/spark-kafka.md's configuration fragment is a valid pidctl configuration."""
+    config = tmp_path / "pidctl.toml"
+    config.write_text(docs.block("docs/spark-kafka.md", "Design", 0))
+    shown = subprocess.run(
+        [sys.executable, "-m", "pidctl.controller.cli", "config", "show", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"first_producer_id = {2**62}  # {config}: first_producer_id" in shown.stdout
+
+
+def test_the_broker_side_example_as_written(tmp_path: Path) -> None:
+    example = docs.block("README.md", "The broker side (`ops/broker/`)", 0)
+    (tmp_path / "example.py").write_text(example)
+    (tmp_path / ".venv").symlink_to(VENV_BIN.parent)
+    done = _shell(".venv/bin/python example.py", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "500 509\n"  # the comment's offsets: the duplicate's original ones
+
+
+def _block_of(zookeeper: ZooKeeperProcess, start: int, end: int) -> None:
+    """ZooKeeper's /latest_producer_id_block as a Kafka cluster on ZooKeeper left it."""
+    client = KazooClient(hosts=zookeeper.hosts)
+    client.start(timeout=30)
+    block = {"version": 1, "broker": 2, "block_start": str(start), "block_end": str(end)}
+    client.ensure_path("/latest_producer_id_block")
+    client.set("/latest_producer_id_block", json.dumps(block).encode())
+    client.stop()
+    client.close()
+
+
+def test_the_fleet_and_the_import_as_written(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """The fleet's commands with etcd, ports and the ZooKeeper host moved to the test's: two
+    controllers share one PID space through etcd leases; then both import commands raise
+    the marks above ZooKeeper's last block."""
+    moves = {
+        "127.0.0.1:2379": etcd.endpoint,
+        "127.0.0.1:9093": f"127.0.0.1:{free_port()}",
+        "127.0.0.1:9094": f"127.0.0.1:{free_port()}",
+        "127.0.0.1:9464": f"127.0.0.1:{free_port()}",
+        "127.0.0.1:9465": f"127.0.0.1:{free_port()}",
+    }
+
+    def moved(text: str) -> str:
+        for written, ours in moves.items():
+            text = text.replace(written, ours)
+        return text
+
+    fleet = docs.commands(moved(docs.block("README.md", "A fleet of controllers (etcd)", 0)))
+    formats, serves = fleet[0], fleet[1:]
+    assert _shell(formats, tmp_path).returncode == 0
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    servers = [
+        subprocess.Popen(
+            shlex.split(line),
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for line in serves
+    ]
+    firsts = []
+    try:
+        for line in serves:
+            bootstrap = re.search(r"--listen (\S+)", line)
+            assert bootstrap is not None
+            port = int(bootstrap.group(1).rsplit(":", 1)[1])
+            wait_until(functools.partial(_listening, port), "a controller of the fleet")
+            with SyncClient(bootstrap.group(1)) as client:
+                granted = client.request(requests.allocate(-1, -1))
+            assert granted.error_code == 0
+            firsts.append(int(granted.producer_id_start))
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(30)
+    # Each took a lease of its own from the shared counter: their first blocks are a lease
+    # (1,000,000 PIDs by default) apart, never the same.
+    assert abs(firsts[0] - firsts[1]) >= 1_000_000
+    with ZooKeeperProcess(tmp_path / "zk") as zookeeper:
+        _block_of(zookeeper, 9_000_000, 9_000_999)
+        moves["zk-1:2181"] = zookeeper.hosts
+        imports = docs.commands(moved(docs.block("README.md", "A fleet of controllers (etcd)", 1)))
+        for line in imports:
+            done = _shell(line, tmp_path)
+            assert done.returncode == 0, (line, done.stderr)
+            assert "raised from" in done.stdout or "nothing to do" in done.stdout, done.stdout
+    counter = etcd.counter()
+    assert counter is not None and counter >= 9_001_000
