@@ -80,6 +80,14 @@ BLOCKS = {
     ("README.md", "Spark (`ops/spark/`)", 3): run_by(
         "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
     ),
+    ("README.md", "Spark to Kafka, exactly once (`pidctl-kafka`)", 0): run_by(
+        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
+        " (in the test session's SparkSession)"
+    ),
+    ("docs/spark-kafka.md", "Using it", 0): run_by(
+        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
+        " (in the test session's SparkSession)"
+    ),
     ("README.md", "The broker side (`ops/broker/`)", 0): run_by(
         "tests/test_docs.py::test_the_broker_side_example_as_written"
     ),
