@@ -515,15 +515,17 @@ class Controller:
         key_type = getattr(body, "key_type", 0)
 
         # The answer for a key is one of a few, built once per request (a request may carry
-        # a thousand keys): this node, or one error.
+        # a thousand keys): this node, or one error. Messages as Kafka's: v1-v3 carry the
+        # error's own (Errors.message(), "NONE" for none), v4+ an empty one.
+        batched = version >= 4
         found = {
             "error_code": ErrorCode.none,
-            "error_message": None,
+            "error_message": "" if batched else "NONE",
             "node_id": i32(self.node_id),
             "host": conn.advertised_host,
             "port": i32(conn.advertised_port),
         }
-        refused = {"error_message": None, "node_id": i32(-1), "host": "", "port": i32(-1)}
+        refused = {"node_id": i32(-1), "host": "", "port": i32(-1)}
         unknown_type = {
             **refused,
             "error_code": ErrorCode.invalid_request,
@@ -534,7 +536,11 @@ class Controller:
             if key_type == 1
             else ("Group", ErrorCode.group_authorization_failed)
         )
-        not_allowed = {**refused, "error_code": denied}
+        not_allowed = {
+            **refused,
+            "error_code": denied,
+            "error_message": "" if batched else _KAFKA_MESSAGES[denied],
+        }
 
         def answer(key: str) -> dict[str, Any]:
             if key_type not in _COORDINATOR_KEY_TYPES:
@@ -554,6 +560,11 @@ class Controller:
 
 
 _NO_THROTTLE = datetime.timedelta(0)
+#: Kafka's messages of the errors pidctl answers with Kafka's wording (Errors.java).
+_KAFKA_MESSAGES = {
+    ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
+    ErrorCode.group_authorization_failed: "Group authorization failed.",
+}
 #: The rest of an error answer, per API that writes records.
 _REFUSALS: dict[int, dict[str, Any]] = {
     ApiKey.BROKER_REGISTRATION: {"broker_epoch": i64(-1)},

@@ -111,6 +111,25 @@ def test_find_coordinator_keys_are_bounded_with_one_entry_saying_why() -> None:
     assert entry.error_code == 42 and "at most 2 (max_coordinator_keys)" in entry.error_message
 
 
+@pytest.mark.parametrize(
+    ("version", "found", "denied"),
+    [(1, "NONE", "Transactional Id"), (3, "NONE", "Transactional Id"), (4, "", ""), (6, "", "")],
+)
+def test_find_coordinator_messages_are_kafkas(version: int, found: str, denied: str) -> None:
+    # Kafka (4.4) answers v1-v3 with its error's message, "NONE" for none, and v4+ with an
+    # empty one (tests/ops/testing/test_conformance.py compares with its recorded answers).
+    acls = [Acl("User:p", "Describe", "TransactionalId", "app-", "prefixed")]
+    controller = _controller(Authorizer(acls, enabled=True))
+
+    def message(key: str) -> str:
+        answer = _handle(controller, requests.find_coordinator(key, version=version), "User:p")
+        entry = answer.coordinators[0] if version >= 4 else answer
+        return str(entry.error_message)
+
+    assert message("app-1") == found
+    assert message("other").startswith(denied)
+
+
 @pytest.mark.parametrize("version", [0, 9, 12, 13])
 def test_metadata_topics_are_bounded(version: int) -> None:
     controller = _controller(max_metadata_topics=2)
