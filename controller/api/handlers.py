@@ -325,8 +325,12 @@ class Controller:
             return Reply(
                 _response(request, error_code=error, error_message="Alter on the cluster is needed")
             )
-        error, offset = self.apply(self.state.cluster.unregister(request.body.broker_id), now)
-        message = None if error == ErrorCode.none else "broker is not registered"
+        broker_id = request.body.broker_id
+        error, offset = self.apply(self.state.cluster.unregister(broker_id), now)
+        # Kafka's messages: empty on success (the field's default), its exception's text.
+        message = (
+            "" if error == ErrorCode.none else f"Broker ID {broker_id} is not currently registered"
+        )
         return Reply(_response(request, error_code=error, error_message=message), offset)
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:

@@ -130,6 +130,18 @@ def test_find_coordinator_messages_are_kafkas(version: int, found: str, denied: 
     assert message("other").startswith(denied)
 
 
+def test_unregister_broker_messages_are_kafkas() -> None:
+    controller = _controller()
+    assert _handle(controller, requests.registration(4, "c")).error_code == 0
+    done = _handle(controller, requests.unregister(4))
+    assert (done.error_code, done.error_message) == (0, "")
+    again = _handle(controller, requests.unregister(4))
+    assert (again.error_code, again.error_message) == (
+        102,
+        "Broker ID 4 is not currently registered",
+    )
+
+
 @pytest.mark.parametrize("version", [0, 9, 12, 13])
 def test_metadata_topics_are_bounded(version: int) -> None:
     controller = _controller(max_metadata_topics=2)
