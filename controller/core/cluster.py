@@ -48,9 +48,10 @@ class BrokerSessions:
         self.timeout_ms = timeout_ms
         self._sessions: dict[int, _Session] = {}
 
-    def start(self, broker_id: int, now_ms: int) -> None:
-        """A (re-)registration: the broker is alive and fenced until it heartbeats."""
-        self._sessions[broker_id] = _Session(now_ms)
+    def start(self, broker_id: int, now_ms: int, *, fenced: bool = True) -> None:
+        """A (re-)registration: the broker is alive and fenced until it heartbeats (or, after
+        a restart, ``fenced=False``: as it is taken to have been)."""
+        self._sessions[broker_id] = _Session(now_ms, wants_fence=fenced)
 
     def touch(self, broker_id: int, now_ms: int) -> _Session:
         session = self._sessions.setdefault(broker_id, _Session(now_ms))
@@ -60,14 +61,20 @@ class BrokerSessions:
     def remove(self, broker_id: int) -> None:
         self._sessions.pop(broker_id, None)
 
-    def has_valid_session(self, broker_id: int, now_ms: int) -> bool:
-        session = self._sessions.get(broker_id)
+    def _alive(self, session: _Session | None, now_ms: int) -> bool:
         return session is not None and now_ms - session.last_contact_ms <= self.timeout_ms
+
+    def has_valid_session(self, broker_id: int, now_ms: int) -> bool:
+        """Kafka's BrokerHeartbeatManager.hasValidSession: unfenced (by its own heartbeat)
+        and heard from within the session timeout. Only such a broker keeps another
+        incarnation from registering with its id."""
+        session = self._sessions.get(broker_id)
+        return self._alive(session, now_ms) and not (session is None or session.wants_fence)
 
     def is_fenced(self, broker_id: int, now_ms: int) -> bool:
         """Fenced: asked to be, shutting down, or silent for longer than the session timeout."""
         session = self._sessions.get(broker_id)
-        if session is None or not self.has_valid_session(broker_id, now_ms):
+        if session is None or not self._alive(session, now_ms):
             return True
         return session.wants_fence or session.shutting_down
 
@@ -123,8 +130,9 @@ class ClusterControlManager:
         next_offset: int,
     ) -> ControllerResult[Registered]:
         """BrokerRegistration: the same incarnation keeps its epoch; a new one gets a new
-        epoch (the offset its record will get, ``next_offset``) once the old incarnation's
-        session has expired."""
+        epoch (the offset its record will get, ``next_offset``) unless the old incarnation
+        has a valid session (unfenced and heard from within the session timeout: as in
+        Kafka, a fenced broker's id may be taken over at once)."""
         if cluster_id != self.cluster_id:
             return answer(Registered(ErrorCode.inconsistent_cluster_id))
         if broker_id < 0:
@@ -178,9 +186,13 @@ class ClusterControlManager:
         return self.sessions.is_fenced(broker_id, now_ms)
 
     def restore_sessions(self, now_ms: int) -> None:
-        """After recovery: give every registered broker a fresh session from now."""
+        """After recovery: give every registered broker a fresh session from now, unfenced.
+        A new KRaft controller does so for every broker its metadata says is unfenced;
+        pidctl keeps no fencing in its log and takes every broker to have been unfenced, the
+        safe side: no other incarnation takes an id over within a session timeout of the
+        restart, and a silent broker is fenced after it."""
         for broker_id in self.brokers:
-            self.sessions.start(broker_id, now_ms)
+            self.sessions.start(broker_id, now_ms, fenced=False)
 
     # -- replay ---------------------------------------------------------------------------
 

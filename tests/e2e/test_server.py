@@ -111,11 +111,12 @@ def test_broker_lifecycle_and_allocation(server: ServerProcess) -> None:
         assert epoch > 0
         retry = client.request(wire.registration(1, cluster, incarnation))
         assert (retry.error_code, retry.broker_epoch) == (ErrorCode.none, epoch)
-        duplicate = client.request(wire.registration(1, cluster, uuid.uuid4()))
-        assert duplicate.error_code == ErrorCode.duplicate_broker_registration
 
         beat = client.request(wire.heartbeat(1, epoch))
         assert beat.error_code == ErrorCode.none and not beat.is_fenced and beat.is_caught_up
+        # Unfenced with a live session: another incarnation may not take the id.
+        duplicate = client.request(wire.registration(1, cluster, uuid.uuid4()))
+        assert duplicate.error_code == ErrorCode.duplicate_broker_registration
         assert (
             client.request(wire.heartbeat(1, epoch + 100)).error_code
             == ErrorCode.stale_broker_epoch

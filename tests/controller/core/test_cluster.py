@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.cluster import HeartbeatAnswer, Registered
@@ -30,12 +31,18 @@ def _register(
 
 
 def _beat(
-    state: ControllerState, epoch: int, now: int, *, broker_id: int = 1, shut_down: bool = False
+    state: ControllerState,
+    epoch: int,
+    now: int,
+    *,
+    broker_id: int = 1,
+    shut_down: bool = False,
+    fence: bool = False,
 ) -> HeartbeatAnswer:
     result = state.cluster.heartbeat(
         broker_id=broker_id,
         broker_epoch=epoch,
-        want_fence=False,
+        want_fence=fence,
         want_shut_down=shut_down,
         now_ms=now,
     )
@@ -76,10 +83,25 @@ def test_same_incarnation_is_idempotent() -> None:
 
 def test_new_incarnation_while_session_alive_is_a_duplicate() -> None:
     state = _state()
-    _register(state, 1, "inc-a", 0)
+    epoch = _register(state, 1, "inc-a", 0).broker_epoch
+    _beat(state, epoch, 0)  # unfenced
     offset = state.next_offset
     assert _register(state, 1, "inc-b", 9000).error == ErrorCode.duplicate_broker_registration
     assert state.next_offset == offset
+
+
+@pytest.mark.parametrize("fenced_by", ["registration", "heartbeat"])
+def test_new_incarnation_of_a_fenced_broker_registers_at_once(fenced_by: str) -> None:
+    # Kafka's rule (BrokerHeartbeatManager.hasValidSession): a fenced broker has no valid
+    # session, whether it never heartbeat since registering or asked to be fenced.
+    state = _state()
+    old = _register(state, 1, "inc-a", 0)
+    if fenced_by == "heartbeat":
+        _beat(state, old.broker_epoch, 1)
+        _beat(state, old.broker_epoch, 2, fence=True)
+    new = _register(state, 1, "inc-b", 3)
+    assert new.error == ErrorCode.none and new.broker_epoch > old.broker_epoch
+    assert _beat(state, old.broker_epoch, 4).error == ErrorCode.stale_broker_epoch
 
 
 def test_new_incarnation_after_session_expiry_gets_higher_epoch() -> None:
@@ -138,5 +160,9 @@ def test_restarted_controller_gives_every_broker_a_fresh_session() -> None:
     _register(state, 1, "inc-a", 0)
     again = ControllerState.from_snapshot(state.to_snapshot())
     again.cluster.restore_sessions(50_000)
-    # A second incarnation cannot take over just because the controller restarted.
+    # A second incarnation cannot take over just because the controller restarted: every
+    # broker is taken to be unfenced, with a session from the restart.
+    assert not again.cluster.is_fenced(1, 59_000)
     assert _register(again, 1, "inc-b", 55_000).error == ErrorCode.duplicate_broker_registration
+    assert again.cluster.is_fenced(1, 59_001)
+    assert _register(again, 1, "inc-b", 59_001).error == ErrorCode.none
