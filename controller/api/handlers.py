@@ -422,10 +422,14 @@ class Controller:
             return Reply(_too_many_topics(request, len(asked), self.limits.max_metadata_topics))
         topics = []
         for topic in asked:
-            # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those.
+            # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those. A
+            # topic named by a principal that may not Describe it is, as in Kafka,
+            # TOPIC_AUTHORIZATION_FAILED, whether it exists or not (nothing leaks).
             error = ErrorCode.unknown_topic_or_partition
             if topic.name is None and version >= 10:
                 error = ErrorCode.unknown_topic_id
+            elif topic.name is not None and not self._may(conn, "Describe", "Topic", topic.name):
+                error = ErrorCode.topic_authorization_failed
             topics.append(
                 _build(
                     entities.MetadataResponseTopic,

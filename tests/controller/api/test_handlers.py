@@ -142,6 +142,19 @@ def test_unregister_broker_messages_are_kafkas() -> None:
     )
 
 
+@pytest.mark.parametrize("version", [0, 4, 12, 13])
+def test_metadata_topics_need_describe(version: int) -> None:
+    # As Kafka: a topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED, whether
+    # it exists or not; without an authorizer every topic is simply unknown.
+    acls = [Acl("User:p", "Describe", "Topic", "app-", "prefixed")]
+    controller = _controller(Authorizer(acls, enabled=True))
+    answer = _handle(controller, requests.metadata(["app-1", "other"], version=version), "User:p")
+    assert [(t.name, t.error_code) for t in answer.topics] == [("app-1", 3), ("other", 29)]
+    open_controller = _controller()
+    answer = _handle(open_controller, requests.metadata(["other"], version=version), "User:p")
+    assert [t.error_code for t in answer.topics] == [3]
+
+
 @pytest.mark.parametrize("version", [0, 9, 12, 13])
 def test_metadata_topics_are_bounded(version: int) -> None:
     controller = _controller(max_metadata_topics=2)
