@@ -1,4 +1,4 @@
-"""A throwaway Spark standalone cluster on loopback: one master and one worker.
+"""A throwaway Spark standalone cluster on loopback: one master and one worker (or more).
 
 Started from the pyspark package's own ``SPARK_HOME`` (``bin/spark-class``), as a user starts
 one on a real machine, with its log files in a temporary directory. Every port it opens is a
@@ -59,8 +59,9 @@ def live_processes(groups: list[int]) -> list[int]:
 
 
 class SparkCluster:
-    """A standalone master and one worker (``cores`` cores, ``memory``), each in its own
-    process group; ``stop()`` (or leaving the ``with`` block) kills both groups."""
+    """A standalone master and one worker (``workers`` of them; each ``cores`` cores,
+    ``memory``), each daemon in its own process group; ``stop()`` (or leaving the ``with``
+    block) kills them all."""
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class SparkCluster:
         env: dict[str, str] | None = None,
         *,
         worker: bool = True,
+        workers: int = 1,
     ) -> None:
         """``env``: more environment for the daemons, which their executors inherit (e.g. a
         ``PATH`` that decides what ``python3`` the executors run); ``worker=False``: the
@@ -77,11 +79,13 @@ class SparkCluster:
         self.cores = cores
         self.memory = memory
         self.worker = worker
+        self.workers = workers
         self.port = free_port()
         self.webui_port = free_port()
         # Since Spark 4.1 the master serves REST submissions by default, on 6066 unless told.
         self.rest_port = free_port()
         self.worker_webui_port = free_port()
+        self.more_worker_webui_ports = [free_port() for _ in range(workers - 1)]
         self.directory = Path(tempfile.mkdtemp(prefix="pidctl-spark-"))
         self.processes: list[subprocess.Popen[bytes]] = []
         # An empty configuration directory: no spark-defaults.conf or spark-env.sh of the
@@ -172,7 +176,7 @@ class SparkCluster:
             raise TimeoutError(f"{e}: {self._why(name)}") from None
 
     def start(self) -> SparkCluster:
-        """Start the master, then the worker; return once the worker is registered."""
+        """Start the master, then the workers; return once every worker is registered."""
         try:
             master = self._spawn(
                 "master",
@@ -187,26 +191,32 @@ class SparkCluster:
             self._wait(master, "master", self._answers, "spark master answering and ALIVE")
             if not self.worker:
                 return self
-            work_dir = self.directory / "work"
-            work_dir.mkdir()
-            worker = self._spawn(
-                "worker",
-                "org.apache.spark.deploy.worker.Worker",
-                self.master_url,
-                "--host",
-                "127.0.0.1",
-                "--cores",
-                str(self.cores),
-                "--memory",
-                self.memory,
-                "--webui-port",
-                str(self.worker_webui_port),
-                "--work-dir",
-                str(work_dir),
-            )
-            self._wait(
-                worker, "worker", lambda: self.alive_workers() == 1, "spark worker registered"
-            )
+            webui_ports = [self.worker_webui_port, *self.more_worker_webui_ports]
+            for index, webui_port in enumerate(webui_ports):
+                name = "worker" if index == 0 else f"worker-{index + 1}"
+                work_dir = self.directory / ("work" if index == 0 else f"work-{index + 1}")
+                work_dir.mkdir()
+                worker = self._spawn(
+                    name,
+                    "org.apache.spark.deploy.worker.Worker",
+                    self.master_url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--webui-port",
+                    str(webui_port),
+                    "--work-dir",
+                    str(work_dir),
+                )
+                self._wait(
+                    worker,
+                    name,
+                    lambda count=index + 1: self.alive_workers() == count,
+                    "spark worker registered",
+                )
         except BaseException:
             self.stop(keep_logs=True)
             raise
