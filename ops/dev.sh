@@ -28,9 +28,9 @@ ensure_venv() {
     fi
 }
 
-# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL), Java 17 with javac for Spark,
-# Kafka and the Java client's test program, Maven to fetch Kafka, and strace; installed only
-# when missing (needs root, as on CI machines).
+# Debian packages the tests start (etcd, ZooKeeper, PostgreSQL and its JDBC driver), Java 17
+# with javac for Spark, Kafka and the Java client's test program, Maven to fetch Kafka, and
+# strace; installed only when missing (needs root, as on CI machines).
 ensure_debian_packages() {
     local missing=()
     command -v etcd >/dev/null || missing+=(etcd-server)
@@ -41,6 +41,8 @@ ensure_debian_packages() {
     command -v mvn >/dev/null || missing+=(maven)
     command -v strace >/dev/null || missing+=(strace)  # the storage-fault tests inject with it
     command -v faketime >/dev/null || missing+=(faketime)  # a wall clock before 1970, for real
+    # PostgreSQL's JDBC driver: the Spark sink's write_sql path and its df.write.jdbc baseline.
+    [[ -f /usr/share/java/postgresql.jar ]] || missing+=(libpostgresql-jdbc-java)
     if (( ${#missing[@]} )); then
         echo "installing Debian packages: ${missing[*]}" >&2
         apt-get update -qq

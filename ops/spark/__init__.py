@@ -1,5 +1,6 @@
-"""pidctl for PySpark: preallocated producer ids for a job, an exactly-once SQL sink and the
-metadata log as a DataFrame. Needs the ``spark`` extra (pyspark 4, pyarrow, psycopg)."""
+"""pidctl for PySpark: preallocated producer ids for a job, an exactly-once SQL sink
+(``write_sql`` for batch jobs, ``format("pidctl-sql")`` for streams) and the metadata log as a
+DataFrame. Needs the ``spark`` extra (pyspark 4, pyarrow, psycopg)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ __all__ = [
     "preallocate_producer_ids",
     "register_data_sources",
     "with_producer_columns",
+    "write_sql",
 ]
+
+
+def write_sql(df: Any, options: Any = None, /, **named: Any) -> Any:
+    """The exactly-once SQL sink for a batch job: :func:`pidctl.spark.write.write_sql`."""
+    from pidctl.spark.write import write_sql as write
+
+    return write(df, options, **named)
 
 
 def register_data_sources(spark: Any) -> None:

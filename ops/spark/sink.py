@@ -34,15 +34,16 @@ Spark application id when registered with ``register_data_sources``, else
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceStreamWriter,
-    DataSourceWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
@@ -50,17 +51,20 @@ from pyspark.sql.types import StructType
 from pidctl.spark.allocation import JobAllocation, allocate_job_blocks, client_settings
 from pidctl.spark.sequencing import Decision
 from pidctl.spark.sqlstore import (
+    ConcurrentWriteError,
     ProducerReport,
+    SchemaMismatch,
     SqlStore,
     Write,
     WriteAborted,
     WriteState,
-    check_identifier,
+    check_column,
     dialect_of,
     log,
     open_store,
+    table_name,
 )
-from pidctl.spark.types import Column, plan_columns, row_converter
+from pidctl.spark.types import Column, arrow_rows, plan_columns
 
 DEFAULT_BATCH_SIZE = 1000
 DEFAULT_PARTITIONS = 1000
@@ -108,6 +112,21 @@ def _positive(options: dict[str, str], name: str, default: int, zero: bool = Fal
     return int(raw)
 
 
+def _blocks(raw: str | None) -> tuple[tuple[int, int], ...] | None:
+    if raw is None:
+        return None
+    try:
+        blocks = tuple(
+            (int(first), int(length))
+            for first, length in (block.split(":") for block in raw.split(","))
+        )
+    except ValueError:
+        blocks = ()
+    if not blocks or any(first < 0 or length <= 0 for first, length in blocks):
+        raise SinkOptionError(f"option preallocated must be FIRST:LENGTH,..., got {raw!r}")
+    return blocks
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     """The sink's options, checked (Spark hands them over with lower-cased names)."""
@@ -122,6 +141,9 @@ class SinkOptions:
     app_id: str | None
     app_version: int | None
     connection: dict[str, Any]
+    #: Producer id blocks the driver already holds (``write_sql``: option ``preallocated``,
+    #: ``FIRST:LENGTH,...``), or None to ask pidctl.
+    preallocated: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str], default_client_id: str | None) -> SinkOptions:
@@ -134,10 +156,11 @@ class SinkOptions:
         version = None
         if raw_version is not None:
             version = _positive(options, "txnVersion", 0, zero=True)
-        table = _option(options, "table")
         try:
             connection = client_settings(options)
-            check_identifier(table)
+            table = table_name(_option(options, "table"))
+        except SinkOptionError:
+            raise
         except ValueError as e:
             raise SinkOptionError(str(e)) from None
         return cls(
@@ -153,30 +176,67 @@ class SinkOptions:
             app_id=app_id,
             app_version=version,
             connection=connection,
+            preallocated=_blocks(options.get("preallocated")),
         )
 
     def allocate(self) -> JobAllocation:
         """The write's producer ids, one per partition, from pidctl."""
+        if self.preallocated is not None:
+            return JobAllocation(self.job, self.preallocated)
         return allocate_job_blocks(self.bootstrap, self.partitions, self.job, **self.connection)
 
 
-def prepare_table(options: SinkOptions, schema: StructType) -> list[Column]:
-    """Plan the columns (the type map), create the tables, and remove what abandoned writes
-    to the table left behind; on the driver, before any task."""
+def plan_table(store: SqlStore, options: SinkOptions, schema: StructType) -> list[Column]:
+    """Plan the columns (the type map), check them against an existing table (or create it),
+    and remove what abandoned writes to the table left behind; on the driver, before any
+    task. Every problem raises :class:`SinkOptionError` or :class:`SchemaMismatch` naming the
+    column. The columns come back named as the table spells them."""
     try:
         columns = plan_columns(schema.fields, dialect_of(options.url))
         for column in columns:
-            check_identifier(column.name)
+            check_column(column.name)
     except ValueError as e:
         raise SinkOptionError(str(e)) from None
+    spelled = store.create_tables(options.table, [(c.name, c.sql_type) for c in columns])
+    for write_id in store.recover(options.table, options.abandoned_after_s):
+        log.warning("pidctl-sql: removed the abandoned write %s to %s", write_id, options.table)
+    return [replace(c, name=name) for c, name in zip(columns, spelled, strict=True)]
+
+
+def prepare_table(options: SinkOptions, schema: StructType) -> list[Column]:
+    """:func:`plan_table` on a connection of its own."""
     store = open_store(options.url)
     try:
-        store.create_tables(options.table, [(c.name, c.sql_type) for c in columns])
-        for write_id in store.recover(options.table, options.abandoned_after_s):
-            log.warning("pidctl-sql: removed the abandoned write %s to %s", write_id, options.table)
+        return plan_table(store, options, schema)
     finally:
         store.close()
-    return columns
+
+
+def skip_if_committed(store: SqlStore, options: SinkOptions) -> str | None:
+    """With ``txnAppId``: if that app committed this version or a later one on the table,
+    leave a ``skipped`` row in ``pidctl_sink_writes``, warn, and return why; else None."""
+    if options.app_id is None or options.app_version is None:
+        return None
+    done = store.committed_version(options.table, options.app_id)
+    if done is None or done[0] < options.app_version:
+        return None
+    reason = (
+        f"version {done[0]} of {options.app_id} was committed by write {done[1]}: "
+        f"version {options.app_version} writes nothing"
+    )
+    # Named like no write of a job (those are producer ids): the skip allocated none.
+    write_id = f"skipped-{uuid.uuid4().hex}"
+    store.record_skip(
+        Write(write_id, options.table, options.job, options.app_id, options.app_version), reason
+    )
+    log.warning("pidctl-sql: %s", reason)
+    return reason
+
+
+def arrow_batches_as_rows(record_batches: Iterable[Any], columns: list[Column]) -> Iterator[Any]:
+    """The rows of Spark's Arrow record batches, converted by the type map."""
+    for record_batch in record_batches:
+        yield from arrow_rows(record_batch, columns)
 
 
 def stage_partition(
@@ -188,12 +248,13 @@ def stage_partition(
     producer: tuple[int, int],
     rows: Iterable[Any],
 ) -> ProducerReport:
-    """Stage one partition's rows, batch by batch; the same rows give the same batches."""
+    """Stage one partition's rows (tuples, converted), batch by batch; the same rows give
+    the same batches."""
     producer_id, epoch = producer
     names = [c.name for c in columns]
     store.stage_without_syncing()
     written = duplicates = sequence = 0
-    for batch in batches(rows, options.batch_size, row_converter(columns)):
+    for batch in batches(rows, options.batch_size):
         decision = store.apply_batch(
             write_id, options.table, names, producer_id, epoch, sequence, batch
         )
@@ -217,6 +278,8 @@ def publish(options: SinkOptions, columns: list[Column], write_id: str, reports:
         )
     finally:
         store.close()
+    if outcome.state is WriteState.ABORTED:
+        raise ConcurrentWriteError(outcome.reason)
     if outcome.state is WriteState.SKIPPED:
         log.warning("pidctl-sql: write %s published nothing: %s", write_id, outcome.reason)
 
@@ -254,19 +317,25 @@ class PidctlSqlSink(DataSource):
         return ExactlyOnceStreamWriter(dict(self.options), schema, self.application_id)
 
 
-class ExactlyOnceWriter(DataSourceWriter):
-    """Built on the driver (tables, recovery, preallocation), pickled to every task."""
+class ExactlyOnceWriter(DataSourceArrowWriter):
+    """Built on the driver (tables, recovery, preallocation), pickled to every task; reads
+    Spark's Arrow batches (no Row objects)."""
 
     def __init__(
         self, options: dict[str, str], schema: StructType, default_client_id: str | None = None
     ) -> None:
         self.options = SinkOptions.parse(options, default_client_id)
-        self.columns = prepare_table(self.options, schema)
         #: Why this write writes nothing (its version was committed), or None.
         self.skipped: str | None = None
         self.write_id = ""
         self.allocation = JobAllocation(self.options.job, ())
-        if self.options.app_id is not None and self._already_committed():
+        store = open_store(self.options.url)
+        try:
+            self.columns = plan_table(store, self.options, schema)
+            self.skipped = skip_if_committed(store, self.options)
+        finally:
+            store.close()
+        if self.skipped is not None:
             return
         self.allocation = self.options.allocate()
         # The write is named by its first producer id: unique, as pidctl never grants twice.
@@ -284,34 +353,25 @@ class ExactlyOnceWriter(DataSourceWriter):
         finally:
             store.close()
         if outcome.state is WriteState.SKIPPED:
-            self._skip(outcome.reason)
-
-    def _already_committed(self) -> bool:
-        assert self.options.app_id is not None and self.options.app_version is not None
-        store = open_store(self.options.url)
-        try:
-            done = store.committed_version(self.options.table, self.options.app_id)
-        finally:
-            store.close()
-        if done is None or done[0] < self.options.app_version:
-            return False
-        self._skip(
-            f"version {done[0]} of {self.options.app_id} was committed by write {done[1]}: "
-            f"version {self.options.app_version} writes nothing"
-        )
-        return True
-
-    def _skip(self, reason: str) -> None:
-        self.skipped = reason
-        log.warning("pidctl-sql: %s", reason)
+            self.skipped = outcome.reason
+            log.warning("pidctl-sql: %s", outcome.reason)
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
-        return self.write_partition(context.partitionId(), iterator)
+        if self.skipped is not None:
+            for _ in iterator:  # Spark streams the partition in: read it to the end
+                pass
+            return SinkCommit(None)
+        return self.write_partition(context.partitionId(), self.rows(iterator))
+
+    def rows(self, record_batches: Iterator[Any]) -> Iterator[Any]:
+        """A task's rows from Spark's Arrow batches, converted by the type map."""
+        return arrow_batches_as_rows(record_batches, self.columns)
 
     def write_partition(self, partition: int, rows: Iterable[Any]) -> SinkCommit:
-        """Stage one partition's rows (nothing when the write is skipped)."""
+        """Stage one partition's rows, tuples converted by the type map (nothing when the
+        write is skipped)."""
         if self.skipped is not None:
             for _ in rows:  # Spark streams the partition in: read it to the end
                 pass
@@ -341,8 +401,10 @@ class ExactlyOnceWriter(DataSourceWriter):
 
 
 __all__ = [
+    "ConcurrentWriteError",
     "ExactlyOnceWriter",
     "PidctlSqlSink",
+    "SchemaMismatch",
     "SinkCommit",
     "SinkOptionError",
     "SinkOptions",

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from pidctl.spark.sink import (
@@ -34,6 +34,7 @@ from pidctl.spark.sink import (
     SinkOptionError,
     SinkOptions,
     abort,
+    arrow_batches_as_rows,
     prepare_table,
     publish,
     stage_partition,
@@ -46,7 +47,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
-class ExactlyOnceStreamWriter(DataSourceStreamWriter):
+class ExactlyOnceStreamWriter(DataSourceStreamArrowWriter):
     """Built on the driver for a micro-batch (tables, recovery, producer ids), pickled to
     every task of it."""
 
@@ -94,11 +95,15 @@ class ExactlyOnceStreamWriter(DataSourceStreamWriter):
                 self.columns,
                 partition,
                 self.allocation.producer(partition),
-                iterator,
+                self.rows(iterator),
             )
         finally:
             store.close()
         return SinkCommit(report)
+
+    def rows(self, record_batches: Iterator[Any]) -> Iterator[Any]:
+        """A task's rows from Spark's Arrow batches, converted by the type map."""
+        return arrow_batches_as_rows(record_batches, self.columns)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         reports = [m.report for m in messages if isinstance(m, SinkCommit) and m.report]

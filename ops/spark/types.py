@@ -5,9 +5,9 @@
 | ByteType, ShortType | INTEGER | SMALLINT |
 | IntegerType | INTEGER | INTEGER |
 | LongType | BIGINT | BIGINT |
-| FloatType | REAL | REAL |
-| DoubleType | REAL | DOUBLE PRECISION |
-| DecimalType(p, s) | TEXT (the exact decimal, e.g. ``'12.50'``) | NUMERIC(p, s) |
+| FloatType | REAL (NaN refused) | REAL |
+| DoubleType | REAL (NaN refused) | DOUBLE PRECISION |
+| DecimalType(p, s) | TEXT (the exact decimal, plain: ``'12.50'``, ``'0.000001'``) | NUMERIC(p, s) |
 | StringType | TEXT | TEXT |
 | BinaryType | BLOB | BYTEA |
 | BooleanType | INTEGER (0 or 1) | BOOLEAN |
@@ -17,8 +17,10 @@
 
 Nulls are NULL in every column. SQLite keeps a decimal as text because its NUMERIC affinity
 would turn ``12345678901234567890.123456789`` into a float; PostgreSQL keeps it exactly.
-PySpark hands a TimestampType value to Python as a naive datetime in the Python worker's
-local time; the sink turns it back into the instant (UTC) it stands for. Other types
+SQLite has no NaN (it stores NULL instead), so a NaN in a SQLite column is refused naming the
+column; infinities round-trip. The Python writers read Spark's Arrow batches: a TimestampType
+value is the instant itself (UTC), never a local time of the worker, so every year from 1 to
+9999 round-trips whatever the workers' time zone. Other types
 (arrays, maps, structs, intervals, variant, void, and TIME, which Spark
 4 leaves disabled by default) are refused with the column's name.
 """
@@ -26,6 +28,7 @@ local time; the sink turns it back into the instant (UTC) it stands for. Other t
 from __future__ import annotations
 
 import datetime
+import decimal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +42,7 @@ class UnsupportedColumn(ValueError):
 
 
 def _utc(value: datetime.datetime) -> datetime.datetime:
-    # Naive means the Python worker's local time (PySpark's conversion); fold is kept.
+    # Aware (UTC, from Arrow) stays itself; naive means the Python worker's local time.
     return value.astimezone(datetime.UTC)
 
 
@@ -53,6 +56,11 @@ def _iso_text(value: datetime.date) -> str:
     return value.isoformat()
 
 
+def _plain_decimal(value: decimal.Decimal) -> str:
+    # str() would write 1E-18 for a small value; the documented form is plain digits.
+    return format(value, "f")
+
+
 #: Spark's ``typeName()`` → (SQLite type, its converter, PostgreSQL type, its converter);
 #: ``{p}`` and ``{s}`` stand for a decimal's precision and scale.
 TYPE_MAP: dict[str, tuple[str, Converter, str, Converter]] = {
@@ -62,12 +70,12 @@ TYPE_MAP: dict[str, tuple[str, Converter, str, Converter]] = {
     "long": ("BIGINT", None, "BIGINT", None),
     "float": ("REAL", None, "REAL", None),
     "double": ("REAL", None, "DOUBLE PRECISION", None),
-    "decimal": ("TEXT", str, "NUMERIC({p}, {s})", None),
+    "decimal": ("TEXT", _plain_decimal, "NUMERIC({p}, {s})", None),
     "string": ("TEXT", None, "TEXT", None),
-    "binary": ("BLOB", bytes, "BYTEA", bytes),
+    "binary": ("BLOB", None, "BYTEA", None),
     "boolean": ("INTEGER", None, "BOOLEAN", None),  # sqlite3 binds True as 1
     "date": ("TEXT", _iso_text, "DATE", None),
-    "timestamp": ("TEXT", _utc_text, "TIMESTAMPTZ", _utc),
+    "timestamp": ("TEXT", _utc_text, "TIMESTAMPTZ", None),  # aware, in UTC
     "timestamp_ntz": ("TEXT", _iso_text, "TIMESTAMP", None),
 }
 
@@ -81,6 +89,10 @@ class Column:
     name: str
     sql_type: str
     convert: Converter
+    #: Spark's ``typeName()`` of the column.
+    kind: str = ""
+    #: The dialect it is stored in.
+    dialect: str = ""
 
 
 def plan_columns(fields: Sequence[Any], dialect: str) -> list[Column]:
@@ -103,7 +115,7 @@ def plan_columns(fields: Sequence[Any], dialect: str) -> list[Column]:
         )
         if kind == "decimal":
             sql_type = sql_type.format(p=field.dataType.precision, s=field.dataType.scale)
-        columns.append(Column(field.name, sql_type, convert))
+        columns.append(Column(field.name, sql_type, convert, kind, dialect))
     return columns
 
 
@@ -123,3 +135,56 @@ def row_converter(columns: Sequence[Column]) -> Callable[[Any], tuple[Any, ...]]
         return tuple(values)
 
     return convert
+
+
+def arrow_rows(batch: Any, columns: Sequence[Column]) -> list[tuple[Any, ...]]:
+    """The rows of one of Spark's Arrow record batches, as the tuples that are bound: values
+    converted by the type map. Raises ValueError naming the column of a value the database
+    cannot hold (a NaN in SQLite) or that cannot be converted."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = []
+    for index, column in enumerate(columns):
+        array = batch.column(index)
+        try:
+            if column.kind == "timestamp":
+                # The instant in UTC, whatever zone Spark labelled it with: no local time.
+                array = array.cast(pa.timestamp("us", tz="UTC"))
+            if (
+                column.dialect == "sqlite"
+                and column.kind in ("float", "double")
+                and pc.any(pc.is_nan(array)).as_py()
+            ):
+                raise ValueError("NaN cannot be stored in SQLite (it would become NULL)")
+            items = array.to_pylist()
+            if column.convert is not None:
+                function = column.convert
+                items = [None if item is None else function(item) for item in items]
+        except (ValueError, TypeError, OverflowError, pa.ArrowException) as e:
+            raise ValueError(f"column {column.name!r}: {e}") from None
+        values.append(items)
+    return list(zip(*values, strict=True)) if values else [()] * batch.num_rows
+
+
+#: Dates and instants staged as numbers by write_sql (days, microseconds since 1970), turned
+#: back into values by the publish in PostgreSQL with integer arithmetic only (a whole day, a
+#: part of one: each factor exact in a double): no time zone of a worker's JVM, and no
+#: calendar of java.sql.Timestamp, ever sees them. (Spark's JDBC writer binds a timestamp
+#: through the executor's default time zone, where New York's local mean time before 1883,
+#: -4:56:02, cost 3 min 58 s in year 1.)
+_DAY_US = 86_400_000_000
+_FROM_MICROS = (
+    f"(TIMESTAMP '1970-01-01' + ({{c}} / {_DAY_US}) * INTERVAL '1 day'"
+    f" + ({{c}} % {_DAY_US}) * INTERVAL '1 microsecond')"
+)
+#: Spark's ``typeName()`` → (the stage's column type, the Spark SQL expression that stages a
+#: value of column ``{c}``, the PostgreSQL expression that publishes staged column ``{c}``).
+JDBC_STAGED_AS: dict[str, tuple[str, str, str]] = {
+    "timestamp": ("BIGINT", "unix_micros({c})", f"({_FROM_MICROS} AT TIME ZONE 'UTC')"),
+    # As text (Spark writes a TIMESTAMP_NTZ without any zone): Spark's timestampdiff and
+    # casts to TIMESTAMP go through the session's zone, where 2024-03-10 02:30 in New York
+    # does not exist (it became 03:30).
+    "timestamp_ntz": ("TEXT", "CAST({c} AS STRING)", "CAST({c} AS TIMESTAMP)"),
+    "date": ("INTEGER", "unix_date({c})", "(DATE '1970-01-01' + {c})"),
+}

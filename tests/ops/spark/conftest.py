@@ -13,6 +13,20 @@ import pytest
 from ops.testing.postgres import PostgresProcess
 from ops.testing.serverproc import ServerProcess
 
+#: Where Debian's libpostgresql-jdbc-java puts the driver (ops/dev.sh installs it).
+POSTGRES_JDBC_JAR = "/usr/share/java/postgresql.jar"
+
+
+def query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` at the sink's database ``url``."""
+    from pidctl.spark.sqlstore import open_store
+
+    store = open_store(url)
+    try:
+        return [tuple(row) for row in store.execute(sql).fetchall()]
+    finally:
+        store.close()
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
@@ -32,6 +46,8 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.host", "127.0.0.1")
+        # PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java): write_sql's path.
+        .config("spark.jars", POSTGRES_JDBC_JAR)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

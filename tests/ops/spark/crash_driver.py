@@ -25,7 +25,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from pidctl.spark import register_data_sources
-from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit
+from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink
 from pidctl.spark.stream import ExactlyOnceStreamWriter
 
 
@@ -36,10 +36,9 @@ class HangingWriter(ExactlyOnceWriter):
         super().__init__(options, schema)
         self.hang_after = int(options.get("hangafter", "0"))
 
-    def write(self, iterator: Iterator[Any]) -> SinkCommit:
-        if self.hang_after:
-            iterator = _hang_after(iterator, self.hang_after)
-        return super().write(iterator)
+    def rows(self, record_batches: Iterator[Any]) -> Iterator[Any]:
+        rows = super().rows(record_batches)
+        return _hang_after(rows, self.hang_after) if self.hang_after else rows
 
 
 def _hang_after(rows: Iterator[Any], count: int) -> Iterator[Any]:
@@ -58,15 +57,16 @@ class HangingStreamWriter(ExactlyOnceStreamWriter):
         self.hang_after = int(options.get("hangafter", "0"))
         self.hang_in_batch = options.get("hanginbatch", "0")
 
-    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+    def rows(self, record_batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         assert context is not None
         batch = context.getLocalProperty("streaming.sql.batchId")
+        rows = super().rows(record_batches)
         if self.hang_after and batch == self.hang_in_batch:
-            iterator = _hang_after(iterator, self.hang_after)
-        return super().write(iterator)
+            return _hang_after(rows, self.hang_after)
+        return rows
 
 
 class HangingSink(PidctlSqlSink):

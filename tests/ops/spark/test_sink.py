@@ -13,8 +13,8 @@ from pyspark import cloudpickle
 from ops.testing.serverproc import ServerProcess, add_sasl_user
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.metalog import read_log
-from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkCommit, SinkOptionError
-from pidctl.spark.sqlstore import SqlStore, open_store
+from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkOptionError
+from tests.ops.spark.conftest import query
 
 ROWS = 6000
 PARTITIONS = 6
@@ -38,14 +38,6 @@ def _write(
     writer.save()
 
 
-def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    store: SqlStore = open_store(url)
-    try:
-        return [tuple(row) for row in store.execute(sql).fetchall()]
-    finally:
-        store.close()
-
-
 class FailingWriter(ExactlyOnceWriter):
     """The real writer, in a task that dies after 600 of its rows (so after two batches of
     250 were committed): on the first attempt of the partitions in option ``failPartitions``,
@@ -60,14 +52,15 @@ class FailingWriter(ExactlyOnceWriter):
         self.fail = {int(p) for p in options.get("failpartitions", "").split(",") if p}
         self.always = options.get("failalways") == "true"
 
-    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+    def rows(self, record_batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         assert context is not None
+        rows = super().rows(record_batches)
         if context.partitionId() in self.fail and (self.always or context.attemptNumber() == 0):
-            iterator = _fail_after(iterator, 600)
-        return super().write(iterator)
+            rows = _fail_after(rows, 600)
+        return rows
 
 
 def _fail_after(rows: Iterator[Any], count: int) -> Iterator[Any]:
@@ -104,9 +97,9 @@ def test_failed_first_attempts_leave_every_row_exactly_once(
     spark: Any, pidctl: ServerProcess, url: str
 ) -> None:
     _write(_source(spark), pidctl, url, "pidctl-sql-failing", failPartitions="1,4")
-    rows = _query(url, "SELECT id, name FROM events ORDER BY id")
+    rows = query(url, "SELECT id, name FROM events ORDER BY id")
     assert rows == [(i, f"row-{i}") for i in range(ROWS)]
-    commits = _query(
+    commits = query(
         url,
         "SELECT producer_id, final_sequence, rows_written, duplicate_rows "
         "FROM pidctl_sink_commits ORDER BY producer_id",
@@ -117,7 +110,7 @@ def test_failed_first_attempts_leave_every_row_exactly_once(
     assert (
         sorted((written, dup) for *_, written, dup in commits) == [(500, 500)] * 2 + [(1000, 0)] * 4
     )
-    per_producer = _query(
+    per_producer = query(
         url,
         "SELECT pidctl_producer_id, COUNT(*), MIN(pidctl_sequence), MAX(pidctl_sequence) "
         "FROM events GROUP BY pidctl_producer_id",
@@ -146,9 +139,9 @@ def test_two_attempts_of_one_partition_writing_at_once(
         return writer.write_partition(0, rows)
 
     reports = spark.sparkContext.parallelize([0, 1], 2).map(attempt).collect()
-    assert _query(url, "SELECT COUNT(*) FROM events") == [(0,)]  # staged, not yet published
+    assert query(url, "SELECT COUNT(*) FROM events") == [(0,)]  # staged, not yet published
     writer.commit(reports[:1])  # Spark keeps one message per partition
-    assert sorted(_query(url, "SELECT id, name FROM events")) == rows
+    assert sorted(query(url, "SELECT id, name FROM events")) == rows
     done = [r.report for r in reports if r.report is not None]
     written = [r.rows_written for r in done]
     duplicates = [r.duplicate_rows for r in done]
@@ -171,13 +164,13 @@ def test_a_failing_job_is_aborted_without_leaving_its_rows(
             failPartitions="2",
             failAlways="true",
         )
-    rows = _query(url, "SELECT id, name FROM events ORDER BY id")
+    rows = query(url, "SELECT id, name FROM events ORDER BY id")
     assert rows == [(100000 + i, "kept") for i in range(10)]
-    assert _query(url, "SELECT job, state, reason FROM pidctl_sink_writes ORDER BY started_at") == [
+    assert query(url, "SELECT job, state, reason FROM pidctl_sink_writes ORDER BY started_at") == [
         ("earlier-job", "committed", None),
         ("failing-job", "aborted", "the Spark job failed"),
     ]
-    assert _query(url, "SELECT COUNT(*) FROM pidctl_stage_events") == [(0,)]
+    assert query(url, "SELECT COUNT(*) FROM pidctl_stage_events") == [(0,)]
 
 
 def test_the_job_is_known_by_its_application_id(
@@ -195,7 +188,7 @@ def test_the_job_is_known_by_its_application_id(
         .save()
     )
     app = spark.sparkContext.applicationId
-    assert set(_query(url, "SELECT job FROM pidctl_sink_commits")) == {(app,)}
+    assert set(query(url, "SELECT job FROM pidctl_sink_commits")) == {(app,)}
     records = [e.record for e in read_log(pidctl.data_dir).entries()]
     grants = [r for r in records if isinstance(r, ProducerIdsGranted) and r.client_id == app]
     assert grants and all(g.holder == "job" for g in grants)
@@ -253,10 +246,10 @@ def test_a_secured_pidctl_with_kafka_client_properties(
         "sasl.username": "spark",
     }
     _write(_source(spark), secured_pidctl, url, **sasl, **{"sasl.password": "spark-pw"})
-    assert _query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]
+    assert query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]
     wrong = r"PreallocationError: pidctl at .*: Authentication failed: invalid username or"
     with pytest.raises(Exception, match=wrong):
         _write(_source(spark), secured_pidctl, url, **sasl, **{"sasl.password": "wrong"})
     with pytest.raises(Exception, match=r"SASL_PLAINTEXT needs sasl\.password"):
         _write(_source(spark), secured_pidctl, url, **sasl)
-    assert _query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]
+    assert query(url, "SELECT COUNT(*) FROM events") == [(ROWS,)]

@@ -141,23 +141,36 @@ def test_a_committed_version_skips_later_runs_and_a_failed_one_is_replaced(
     assert _rows(store) == [(1, "ok", 2, 0)]
 
 
-def test_two_runs_of_one_version_racing_to_commit_publish_once(store: SqlStore) -> None:
-    for run in ("a", "b"):
-        store.begin_write(Write(run, "t", "job", "app", 1))  # b supersedes a...
-    # ...but had a begun after a committed, b would be skipped; here a is fenced.
-    assert _state(store, "a")[0] == "aborted"
-    store.apply_batch("b", "t", COLUMNS, 2, 0, 0, [(1, "b")])
-    assert store.publish("b", "t", COLUMNS, [_report("b", 2, 0)]).state is WriteState.COMMITTED
-    # A third run registered before b's commit (a race between begin and commit) is
-    # skipped at its own commit, publishing nothing.
+def _register_open(store: SqlStore, write_id: str, app: str, version: int) -> None:
+    """A write registered before another committed (a race between begin and commit)."""
     store.execute(
         "INSERT INTO pidctl_sink_writes (write_id, table_name, job, app_id, app_version, state,"
-        " started_at) VALUES ('c', 't', 'job', 'app', 1, 'open', 0)"
+        " started_at) VALUES (?, 't', 'job', ?, ?, 'open', 0)",
+        (write_id, app, version),
     )
     store.connection.commit()
-    store.apply_batch("c", "t", COLUMNS, 3, 0, 0, [(9, "c")])
-    outcome = store.publish("c", "t", COLUMNS, [_report("c", 3, 0)])
-    assert outcome.state is WriteState.SKIPPED and "committed by write b" in outcome.reason
+
+
+def test_a_run_losing_a_race_publishes_nothing_and_names_the_winner(store: SqlStore) -> None:
+    """Delta Lake's ConcurrentTransactionException: a write whose app id committed this
+    version (a twin run) or a later one (version 2 started later, committed first) while it
+    ran ends aborted, and the outcome names the winner."""
+    for run in ("a", "b"):
+        store.begin_write(Write(run, "t", "job", "app", 1))  # b supersedes a...
+    assert _state(store, "a")[0] == "aborted"  # ...which is fenced
+    _register_open(store, "c", "app", 1)  # the same version, registered before b commits
+    _register_open(store, "v0", "app", 0)  # an older version, started before b
+    store.apply_batch("b", "t", COLUMNS, 2, 0, 0, [(1, "b")])
+    assert store.publish("b", "t", COLUMNS, [_report("b", 2, 0)]).state is WriteState.COMMITTED
+    for loser, producer, version in (("c", 3, 1), ("v0", 4, 0)):
+        store.apply_batch(loser, "t", COLUMNS, producer, 0, 0, [(9, loser)])
+        outcome = store.publish(loser, "t", COLUMNS, [_report(loser, producer, 0)])
+        assert outcome.state is WriteState.ABORTED
+        assert outcome.reason == (
+            f"write {loser} (version {version} of app) lost a race: write b committed version 1"
+            " of app to t while it ran; nothing of this write is published"
+        )
+        assert _state(store, loser) == ("aborted", outcome.reason)
     assert _rows(store) == [(1, "b", 2, 0)] and _staged(store) == 0
 
 
@@ -253,3 +266,22 @@ def test_staging_connections_do_not_sync_each_batch_and_the_publish_does(url: st
     finally:
         staging.close()
         publishing.close()
+
+
+def test_a_drivers_heartbeat_keeps_a_quiet_write_from_being_taken_for_abandoned(
+    store: SqlStore,
+) -> None:
+    """write_sql's tasks stage through Spark's JDBC writer and leave no batches the recovery
+    could see: the driver's beats are the write's sign of life."""
+    store.begin_write(Write("long-job", "t", "job"))
+    store.execute("UPDATE pidctl_sink_writes SET started_at = 0 WHERE write_id = 'long-job'")
+    store.connection.commit()
+    assert store.beat("long-job") is True
+    assert store.recover("t", 60) == []  # started long ago, but its driver is alive
+    store.execute("UPDATE pidctl_sink_producers SET updated_at = 0")  # the driver died
+    store.connection.commit()
+    assert store.recover("t", 60) == ["long-job"]
+    assert store.beat("long-job") is False  # ended: no beat revives it
+    count = store.execute("SELECT COUNT(*) FROM pidctl_sink_producers").fetchone()[0]
+    store.connection.commit()
+    assert count == 0

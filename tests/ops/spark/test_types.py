@@ -4,12 +4,14 @@ PostgreSQL by the documented type map; other types are refused by column name.""
 from __future__ import annotations
 
 import datetime
+import math
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from ops.testing.serverproc import ServerProcess
+from pidctl.spark import write_sql
 from pidctl.spark.sink import PidctlSqlSink, SinkOptionError
 from pidctl.spark.sqlstore import open_store
 from pidctl.spark.types import UnsupportedColumn, plan_columns
@@ -63,7 +65,12 @@ POSTGRES_ROW = (
 )
 
 
-def _write(df: Any, pidctl: ServerProcess, url: str, table: str) -> None:
+def _write(df: Any, pidctl: ServerProcess, url: str, table: str, via: str) -> None:
+    """Through the data source (``format``) or ``write_sql`` (Spark's JDBC writer for
+    PostgreSQL)."""
+    if via == "write_sql":
+        write_sql(df, bootstrap=pidctl.bootstrap, url=url, table=table)
+        return
     (
         df.write.format("pidctl-sql")
         .mode("append")
@@ -90,13 +97,16 @@ def new_york(spark: Any) -> Any:
     spark.conf.unset("spark.sql.session.timeZone")
 
 
-def test_every_atomic_type_round_trips(new_york: Any, pidctl: ServerProcess, url: str) -> None:
+@pytest.mark.parametrize("via", ["format", "write_sql"])
+def test_every_atomic_type_round_trips(
+    new_york: Any, pidctl: ServerProcess, url: str, via: str
+) -> None:
     spark = new_york
     values = spark.sql(SELECT)
     nulls = spark.sql(SELECT).selectExpr(
         *[f"CAST(NULL AS {f.dataType.simpleString()}) AS {f.name}" for f in values.schema.fields]
     )
-    _write(values.union(nulls).coalesce(1), pidctl, url, "every_type")
+    _write(values.union(nulls).coalesce(1), pidctl, url, "every_type", via)
     rows = _select(url, f"SELECT {COLUMNS} FROM every_type")
     expected = SQLITE_ROW if url.startswith("sqlite") else POSTGRES_ROW
     assert sorted(rows, key=lambda r: r[0] is None) == [expected, (None,) * len(expected)]
@@ -110,6 +120,47 @@ def test_every_atomic_type_round_trips(new_york: Any, pidctl: ServerProcess, url
         )
         assert types["dec"] == "numeric" and types["ts"] == "timestamp with time zone"
         assert types["ntz"] == "timestamp without time zone" and types["bin"] == "bytea"
+
+
+#: Values at the edges: infinities, a decimal smaller than str() writes plainly, the first
+#: instant of year 1 (in a session time zone west of UTC, where it is still year 0 locally).
+EDGES = """
+    SELECT CAST('Infinity' AS DOUBLE) AS d, CAST('-Infinity' AS FLOAT) AS f,
+           CAST('-0.000000000000000001' AS DECIMAL(38, 18)) AS tiny,
+           TIMESTAMP'0001-01-01 00:00:00Z' AS first_instant,
+           TIMESTAMP_NTZ'2024-03-10 02:30:00' AS gap, DATE'0001-01-01' AS first_day
+"""
+
+
+@pytest.mark.parametrize("via", ["format", "write_sql"])
+def test_edge_values_are_exact(new_york: Any, pidctl: ServerProcess, url: str, via: str) -> None:
+    _write(new_york.sql(EDGES).coalesce(1), pidctl, url, "edges", via)
+    (row,) = _select(url, "SELECT d, f, tiny, first_instant, gap, first_day FROM edges")
+    infinities = (float("inf"), float("-inf"))
+    if url.startswith("sqlite"):
+        first = "0001-01-01 00:00:00.000000+00:00"
+        gap = "2024-03-10 02:30:00.000000"
+        assert row == (*infinities, "-0.000000000000000001", first, gap, "0001-01-01")
+    else:
+        first_utc = datetime.datetime(1, 1, 1, tzinfo=datetime.UTC)
+        tiny = Decimal("-0.000000000000000001")
+        gap_pg = datetime.datetime(2024, 3, 10, 2, 30)
+        assert row == (*infinities, tiny, first_utc, gap_pg, datetime.date(1, 1, 1))
+
+
+@pytest.mark.parametrize("via", ["format", "write_sql"])
+def test_nan_round_trips_in_postgresql_and_is_refused_by_column_in_sqlite(
+    spark: Any, pidctl: ServerProcess, url: str, via: str
+) -> None:
+    df = spark.sql("SELECT 1 AS id, CAST('NaN' AS DOUBLE) AS ratio").coalesce(1)
+    if url.startswith("sqlite"):
+        with pytest.raises(Exception, match="column 'ratio': NaN cannot be stored in SQLite"):
+            _write(df, pidctl, url, "nans", via)
+        assert _select(url, "SELECT COUNT(*) FROM nans") == [(0,)]
+    else:
+        _write(df, pidctl, url, "nans", via)
+        (row,) = _select(url, "SELECT id, ratio FROM nans")
+        assert row[0] == 1 and math.isnan(row[1])
 
 
 @pytest.mark.parametrize(
