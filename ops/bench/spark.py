@@ -1,6 +1,15 @@
 """Benchmark of the Spark integration, with baselines measured in the same run.
 
     python -m ops.bench.spark [--rows 200000] [--partitions 4]
+    python -m ops.bench.spark --cluster [--rows 1000000] [--partitions 8] [--rounds 3]
+
+- ``--cluster``: the sink against Spark's own JDBC sink (``df.write.jdbc``, PostgreSQL's JDBC
+  driver), the issue's job: a standalone master with two workers (one core, 1 GiB each),
+  PostgreSQL, the same DataFrame (``id``, a label) written by each, alternately, ``--rounds``
+  rounds; per round both times, their ratio (JDBC's time / pidctl-sql's: pidctl-sql's
+  throughput relative to JDBC's) and the CPU seconds of the executors, PostgreSQL and the
+  driver during each run. Goal: at least 0.8x (and a 10,000-partition job within 1.5x of
+  JDBC's time: ``--partitions 10000``). Needs Debian's libpostgresql-jdbc-java.
 
 - Driver-side preallocation for 1,000 and 100,000 partitions (ceil(N/1000) AllocateProducerIds
   pipelined over one connection), against the baseline of asking one InitProducerId per
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +39,7 @@ from typing import Any
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
 
+from ops.bench.common import ROOT
 from ops.testing.postgres import PostgresProcess
 from ops.testing.serverproc import ServerProcess
 from pidctl.client import SyncClient
@@ -167,12 +178,113 @@ def stream_throughput(
     return out
 
 
+#: Where Debian's libpostgresql-jdbc-java puts PostgreSQL's JDBC driver.
+POSTGRES_JDBC_JAR = "/usr/share/java/postgresql.jar"
+
+
+def jdbc_job_options() -> list[str]:
+    """``spark-submit`` options of a job writing with Spark's JDBC writer on a small cluster:
+    executors of 512 MiB, warnings only, this Python, PostgreSQL's JDBC driver."""
+    return [
+        "--conf",
+        "spark.executor.memory=512m",
+        "--conf",
+        "spark.log.level=WARN",
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+        "--jars",
+        POSTGRES_JDBC_JAR,
+    ]
+
+
+def against_jdbc(rows: int, partitions: int, rounds: int, workers: int = 2) -> dict[str, Any]:
+    """pidctl-sql (``write_sql``) against ``df.write.jdbc`` on a standalone cluster of its own
+    (``workers`` workers of one core and 1 GiB), PostgreSQL and pidctl: :func:`jdbc_rounds`."""
+    from ops.testing.spark_cluster import SparkCluster
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ServerProcess(Path(tmp) / "data") as server,
+        PostgresProcess() as postgres,
+        SparkCluster(workers=workers) as cluster,
+    ):
+        return jdbc_rounds(cluster, postgres, server.bootstrap, rows, partitions, rounds)
+
+
+def jdbc_rounds(
+    cluster: Any, postgres: PostgresProcess, bootstrap: str, rows: int, partitions: int, rounds: int
+) -> dict[str, Any]:
+    """Submit ops/bench/spark_jdbc_job.py to ``cluster``; per round the two runs' times, the
+    ratio of JDBC's time to pidctl-sql's, and each run's CPU seconds."""
+    import statistics
+
+    postmaster = int((postgres.directory / "data" / "postmaster.pid").read_text().split()[0])
+    command = [
+        *cluster.submit_command(),
+        *jdbc_job_options(),
+        str(ROOT / "ops" / "bench" / "spark_jdbc_job.py"),
+        "--url",
+        postgres.new_database(),
+        "--bootstrap",
+        bootstrap,
+        "--rows",
+        str(rows),
+        "--partitions",
+        str(partitions),
+        "--rounds",
+        str(rounds),
+        "--executor-groups",
+        ",".join(map(str, cluster.process_groups()[1:])),
+        "--postgres-pid",
+        str(postmaster),
+    ]
+    done = subprocess.run(
+        command,
+        env=cluster.submit_env(PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        start_new_session=True,  # the driver's CPU: its own process group
+    )
+    if done.returncode:
+        raise RuntimeError(
+            f"the benchmark job failed: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        )
+    runs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    per_round = []
+    for index in range(rounds):
+        pair = {run["sink"]: run for run in runs if run["round"] == index}
+        jdbc, pidctl = pair["jdbc"], pair["pidctl_sql"]
+        per_round.append(
+            {
+                "jdbc_s": jdbc["seconds"],
+                "pidctl_sql_s": pidctl["seconds"],
+                "ratio": round(jdbc["seconds"] / pidctl["seconds"], 3),
+                "jdbc_cpu_s": jdbc["cpu_s"],
+                "pidctl_sql_cpu_s": pidctl["cpu_s"],
+            }
+        )
+    return {
+        "rows": rows,
+        "partitions": partitions,
+        "workers": len(cluster.process_groups()) - 1,
+        "rounds": per_round,
+        "median_ratio": statistics.median(r["ratio"] for r in per_round),
+        "load_average": [round(load, 2) for load in os.getloadavg()],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--stream-files", type=int, default=4, help="micro-batches")
+    parser.add_argument("--cluster", action="store_true", help="against df.write.jdbc")
+    parser.add_argument("--rounds", type=int, default=3, help="--cluster: rounds")
     args = parser.parse_args()
+    if args.cluster:
+        json.dump(against_jdbc(args.rows, args.partitions, args.rounds), sys.stdout, indent=2)
+        print()
+        return
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
