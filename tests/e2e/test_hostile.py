@@ -229,19 +229,24 @@ def test_a_malformed_acl_on_sighup_keeps_the_old_ones(tmp_path: Path) -> None:
 # -- SASL authorization ids ----------------------------------------------------------------
 
 
-@pytest.fixture
-def sasl_server(tmp_path: Path) -> ServerProcess:
-    users = tmp_path / "users.json"
-    for user in ("alice", "mallory"):
-        add_sasl_user(users, user, f"{user}-pw")
-    server = ServerProcess(
+def sasl_plaintext_server(tmp_path: Path, *users: str) -> ServerProcess:
+    """A server (not started) with one SASL_PLAINTEXT listener and ``users`` (each with the
+    password ``<user>-pw``) in ``tmp_path/users.json``."""
+    credentials = tmp_path / "users.json"
+    for user in users:
+        add_sasl_user(credentials, user, f"{user}-pw")
+    return ServerProcess(
         tmp_path / "d",
         "--listeners",
         "SASL_PLAINTEXT://127.0.0.1:0",
         "--credentials-file",
-        str(users),
+        str(credentials),
     )
-    return server
+
+
+@pytest.fixture
+def sasl_server(tmp_path: Path) -> ServerProcess:
+    return sasl_plaintext_server(tmp_path, "alice", "mallory")
 
 
 def _authenticate(server: ServerProcess, mechanism: str, first: bytes) -> tuple[int, str]:

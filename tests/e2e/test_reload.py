@@ -12,6 +12,7 @@ import pytest
 from ops.testing.serverproc import ServerProcess, add_sasl_user, wait_until
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
+from tests.e2e.test_hostile import sasl_plaintext_server
 from tests.wire import cluster_id_of
 
 CLUSTER_DENIED = 31
@@ -93,15 +94,7 @@ def test_a_bad_or_empty_credentials_file_keeps_the_old_credentials(
     tmp_path: Path, credentials: str, says: str
 ) -> None:
     users = tmp_path / "users.json"
-    add_sasl_user(users, "alice", "alice-pw")
-    server = ServerProcess(
-        tmp_path / "d",
-        "--listeners",
-        "SASL_PLAINTEXT://127.0.0.1:0",
-        "--credentials-file",
-        str(users),
-    )
-    with server:
+    with sasl_plaintext_server(tmp_path, "alice") as server:
         users.write_text(credentials)
         before = len(server.events)
         _sighup(server)
