@@ -50,9 +50,16 @@ def build_api_versions_response(
 
 def unsupported_version_response(supported: SupportedApis) -> Any:
     """The answer to an ApiVersions request at a version we do not know: UNSUPPORTED_VERSION in
-    the v0 layout (which every client can read), still listing our ranges so the client can
-    retry at the highest ApiVersions version we have."""
-    return build_api_versions_response(0, supported, ErrorCode.unsupported_version)
+    the v0 layout (which every client can read), listing ApiVersions' own range only, as Kafka
+    does (KIP-511), so the client can retry at the highest version we have."""
+    own: SupportedApis = {ApiKey.API_VERSIONS.value: supported[ApiKey.API_VERSIONS]}
+    return build_api_versions_response(0, own, ErrorCode.unsupported_version)
+
+
+def invalid_request_response(version: int) -> Any:
+    """The answer to an ApiVersions request whose client software name or version is not
+    valid (KIP-511): INVALID_REQUEST listing no API, as Kafka answers."""
+    return build_api_versions_response(version, {}, ErrorCode.invalid_request)
 
 
 def has_valid_client_software(request: Any) -> bool:

@@ -37,7 +37,11 @@ from pidctl.controller.core.transactions import (
     parse_expected,
 )
 from pidctl.protocol.addresses import parse_listener
-from pidctl.protocol.api_versions import build_api_versions_response, has_valid_client_software
+from pidctl.protocol.api_versions import (
+    build_api_versions_response,
+    has_valid_client_software,
+    invalid_request_response,
+)
 from pidctl.protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
 from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import RequestHeader
@@ -268,7 +272,10 @@ class Controller:
         key = (request.api_version, error)
         body = self._api_versions_answers.get(key)
         if body is None:
-            body = build_api_versions_response(request.api_version, self.supported, error)
+            if valid:
+                body = build_api_versions_response(request.api_version, self.supported)
+            else:
+                body = invalid_request_response(request.api_version)
             self._api_versions_answers[key] = body
         return Reply(body)
 
