@@ -11,6 +11,7 @@ import pytest
 import trustme
 from hypothesis import settings
 
+from ops.testing.conformance.targets import kafka_node as conformance_kafka_node
 from ops.testing.coordination import EtcdProcess
 from ops.testing.kafka import KafkaNode
 from ops.testing.serverproc import ServerProcess
@@ -80,8 +81,10 @@ def tls_etcd(tmp_path: Path) -> Iterator[tuple[EtcdProcess, Path]]:
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[KafkaNode]:
     """A real Apache Kafka node (broker and KRaft controller) shared by a test process's
-    tests; tests that change its state use their own topics and ids."""
-    with KafkaNode() as node:
+    tests; tests that change its state use their own topics and ids. Set up as the
+    conformance golden files were recorded: as shipped, plus SASL listeners for a user with
+    no ACL (its PLAINTEXT listeners, the ones other tests use, are unrestricted)."""
+    with conformance_kafka_node() as node:
         yield node
 
 

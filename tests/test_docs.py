@@ -104,6 +104,12 @@ BLOCKS = {
     ): not_run("benchmark runs (as the README's)"),
     ("docs/etcd.md", "Transactions", 0): not_run("the shape of an etcd transaction, not code"),
     ("docs/java-clients.md", "Reading the producer id", 0): not_run("a log line, not code"),
+    ("docs/kafka-conformance.md", "How it is checked", 0): not_run(
+        "it re-records the golden files in the checkout, with a Kafka node of its own; the"
+        " same replay against Kafka runs in tests/ops/testing/test_conformance_live.py::"
+        "test_kafka_answers_as_recorded, and the command's arguments in"
+        " tests/ops/testing/test_conformance.py::test_record_refuses_unknown_cases"
+    ),
     ("docs/spark-deployment.md", "(a) Recommended: install the wheel on every machine", 0): (
         run_by("tests/ops/spark/test_cluster.py::packages (into a temporary folder)")
     ),

@@ -8,6 +8,13 @@ listener for clients (:attr:`KafkaNode.bootstrap`) and a separate CONTROLLER lis
 BrokerRegistration, BrokerHeartbeat and AllocateProducerIds. Its data, configuration and
 log live in one temporary directory that :meth:`KafkaNode.stop` removes.
 
+With ``sasl_users`` it also has SASL_PLAINTEXT (PLAIN) listeners for those users, one for
+clients (:attr:`KafkaNode.sasl_bootstrap`) and one on the controller
+(:attr:`KafkaNode.controller_sasl_bootstrap`), and Kafka's ACL authorizer: the PLAINTEXT
+listeners (``User:ANONYMOUS``, also the node's own connections) are super users, the SASL
+users may do only what ACLs allow (none are created), so a test can see Kafka's
+authorisation errors.
+
     with KafkaNode() as kafka:
         producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
 """
@@ -61,6 +68,9 @@ BASE_SETTINGS: dict[str, str] = {
     "group.initial.rebalance.delay.ms": "0",
 }
 
+#: Kafka's ACL authorizer in KRaft mode.
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
 _LOG4J2 = """\
 status = warn
 appender.file.type = File
@@ -86,13 +96,18 @@ class KafkaNode:
         *,
         port: int | None = None,
         controller_port: int | None = None,
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
         """``settings``: Kafka properties added to :data:`BASE_SETTINGS` (e.g.
         ``{"transaction.max.timeout.ms": "60000"}``). ``port``/``controller_port``: the
-        listeners' ports (free ones by default)."""
+        listeners' ports (free ones by default). ``sasl_users``: user → password of the
+        SASL listeners and the authorizer (none by default)."""
         self.settings = {**BASE_SETTINGS, **(settings or {})}
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
+        self.sasl_users = dict(sasl_users or {})
+        self.sasl_port = free_port() if self.sasl_users else 0
+        self.controller_sasl_port = free_port() if self.sasl_users else 0
         self.directory = Path(tempfile.mkdtemp(prefix="pidctl-kafka-"))
         self.cluster_id = ""
         self.process: subprocess.Popen[bytes] | None = None
@@ -106,6 +121,18 @@ class KafkaNode:
     def controller_bootstrap(self) -> str:
         """``HOST:PORT`` of the CONTROLLER listener, where Kafka's KRaft controller answers."""
         return f"127.0.0.1:{self.controller_port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """``HOST:PORT`` of the SASL_PLAINTEXT client listener (with ``sasl_users``)."""
+        assert self.sasl_port, "started without sasl_users"
+        return f"127.0.0.1:{self.sasl_port}"
+
+    @property
+    def controller_sasl_bootstrap(self) -> str:
+        """``HOST:PORT`` of the controller's SASL_PLAINTEXT listener (with ``sasl_users``)."""
+        assert self.controller_sasl_port, "started without sasl_users"
+        return f"127.0.0.1:{self.controller_sasl_port}"
 
     @property
     def log_file(self) -> Path:
@@ -131,13 +158,43 @@ class KafkaNode:
                 parts.append(f"--- {path.name}\n" + "\n".join(text[-lines:]))
         return "\n".join(parts) or "(Kafka wrote no log)"
 
+    def _sasl_properties(self) -> dict[str, str]:
+        """The SASL listeners (PLAIN, for ``sasl_users``) and the ACL authorizer."""
+        users = " ".join(f'user_{user}="{password}"' for user, password in self.sasl_users.items())
+        jaas = f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+        properties = {
+            "controller.listener.names": "CONTROLLER,CONTROLLER_SASL",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,"
+                "SASL:SASL_PLAINTEXT,CONTROLLER_SASL:SASL_PLAINTEXT"
+            ),
+            "authorizer.class.name": AUTHORIZER,
+            "super.users": "User:ANONYMOUS",
+        }
+        for listener in ("sasl", "controller_sasl"):
+            properties[f"listener.name.{listener}.sasl.enabled.mechanisms"] = "PLAIN"
+            properties[f"listener.name.{listener}.plain.sasl.jaas.config"] = jaas
+        return properties
+
     def _write_config(self) -> Path:
+        listeners = [
+            f"PLAINTEXT://127.0.0.1:{self.port}",
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+        ]
+        advertised = [f"PLAINTEXT://127.0.0.1:{self.port}"]
+        sasl: dict[str, str] = {}
+        if self.sasl_users:
+            listeners += [
+                f"SASL://127.0.0.1:{self.sasl_port}",
+                f"CONTROLLER_SASL://127.0.0.1:{self.controller_sasl_port}",
+            ]
+            advertised.append(f"SASL://127.0.0.1:{self.sasl_port}")
+            sasl = self._sasl_properties()
         properties = {
             **self.settings,
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            **sasl,
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "controller.quorum.bootstrap.servers": self.controller_bootstrap,
             "log.dirs": str(self.directory / "data"),
         }
@@ -159,7 +216,13 @@ class KafkaNode:
 
     def _check_ports(self) -> None:
         """Refuse, naming it, a listener port something already listens on."""
-        for name, port in (("listener", self.port), ("controller listener", self.controller_port)):
+        ports = [("listener", self.port), ("controller listener", self.controller_port)]
+        if self.sasl_users:
+            ports += [
+                ("SASL listener", self.sasl_port),
+                ("controller SASL listener", self.controller_sasl_port),
+            ]
+        for name, port in ports:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
             except OSError:

@@ -1,0 +1,196 @@
+"""Which error codes pidctl can answer each API with, read from its code, and which its
+answers over the corpus carry: the corpus must reach every one.
+
+:data:`DECIDERS` names, per API, the functions that decide its answer (the handler and the
+managers' decisions it calls). Their code is read (ast): every ``ErrorCode.x`` in it, and
+every module-level name it uses whose value is an ErrorCode (``LEASE_EXHAUSTED``) or an
+answer carrying one (``_NO_PID``). :func:`unlisted_deciders` finds any function of the
+deciding modules that names an error code and is in no list, so a new path cannot hide.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import textwrap
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from pidctl.controller.api import handlers
+from pidctl.protocol.apis import ApiKey
+
+#: Per API, the functions (``module:qualified.name``) that decide its answers.
+DECIDERS: dict[ApiKey, tuple[str, ...]] = {
+    ApiKey.INIT_PRODUCER_ID: (
+        "pidctl.controller.api.handlers:Controller._init_producer_id",
+        "pidctl.controller.core.transactions:parse_expected",
+        "pidctl.controller.core.transactions:TransactionControlManager.init_idempotent",
+        "pidctl.controller.core.transactions:TransactionControlManager.init_transactional",
+    ),
+    ApiKey.API_VERSIONS: (
+        "pidctl.controller.api.handlers:Controller._api_versions",
+        "pidctl.protocol.api_versions:build_api_versions_response",
+        "pidctl.protocol.api_versions:unsupported_version_response",
+        "pidctl.protocol.api_versions:invalid_request_response",
+    ),
+    ApiKey.FIND_COORDINATOR: (
+        "pidctl.controller.api.handlers:Controller._find_coordinator",
+        "pidctl.controller.api.handlers:_too_many_keys",
+    ),
+    ApiKey.METADATA: (
+        "pidctl.controller.api.handlers:Controller._metadata",
+        "pidctl.controller.api.handlers:_too_many_topics",
+    ),
+    ApiKey.BROKER_REGISTRATION: (
+        "pidctl.controller.api.handlers:Controller._broker_registration",
+        "pidctl.controller.core.cluster:ClusterControlManager.register",
+    ),
+    ApiKey.BROKER_HEARTBEAT: (
+        "pidctl.controller.api.handlers:Controller._broker_heartbeat",
+        "pidctl.controller.core.cluster:ClusterControlManager.heartbeat",
+        "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
+    ),
+    ApiKey.UNREGISTER_BROKER: (
+        "pidctl.controller.api.handlers:Controller._unregister_broker",
+        "pidctl.controller.core.cluster:ClusterControlManager.unregister",
+    ),
+    ApiKey.ALLOCATE_PRODUCER_IDS: (
+        "pidctl.controller.api.handlers:Controller._allocate_producer_ids",
+        "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
+        "pidctl.controller.core.producer_ids:ProducerIdControlManager._grant",
+        "pidctl.controller.core.jobs:JobAllocationManager.allocate",
+    ),
+}
+
+#: The modules whose functions decide answers (searched by :func:`unlisted_deciders`).
+DECIDING_MODULES = (
+    "pidctl.controller.api.handlers",
+    "pidctl.controller.core.cluster",
+    "pidctl.controller.core.producer_ids",
+    "pidctl.controller.core.transactions",
+    "pidctl.controller.core.jobs",
+    "pidctl.protocol.api_versions",
+)
+
+#: Functions of those modules that name an error code but decide none of the APIs above.
+NOT_THESE_APIS: dict[str, str] = {
+    "pidctl.controller.api.handlers:Controller._describe_cluster": "DescribeCluster",
+    "pidctl.controller.api.handlers:Controller.handle": (
+        "the RecordTooLarge refusal: INVALID_REQUEST for each API of handlers._REFUSALS, "
+        "added by error_codes_by_api"
+    ),
+}
+
+#: (API, code) pairs the code names but no request can bring about, with the reason.
+UNREACHABLE: dict[tuple[ApiKey, int], str] = {
+    (ApiKey.UNREGISTER_BROKER, ErrorCode.invalid_request.value): (
+        "the RecordTooLarge refusal: its record holds a broker id and an epoch, never too "
+        "large for the log"
+    ),
+}
+
+
+def _resolve(qualified: str) -> Any:
+    module_name, _, path = qualified.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in path.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _error_code_of(value: Any) -> ErrorCode | None:
+    if isinstance(value, ErrorCode):
+        return value
+    error = getattr(value, "error", None)
+    return error if isinstance(error, ErrorCode) else None
+
+
+def _codes(function: Any) -> set[int]:
+    """The error codes a function's own code names."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    names = vars(inspect.getmodule(function))
+    codes: set[int] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "ErrorCode"
+        ):
+            codes.add(ErrorCode[node.attr].value)
+        elif isinstance(node, ast.Name) and node.id in names:
+            code = _error_code_of(names[node.id])
+            if code is not None:
+                codes.add(code.value)
+    return codes
+
+
+def error_codes_by_api() -> dict[ApiKey, set[int]]:
+    """Per API, every error code pidctl's code can answer it with (0, NONE, always), less
+    what :data:`UNREACHABLE` explains."""
+    found = {
+        api: {ErrorCode.none.value}.union(*(_codes(_resolve(f)) for f in functions))
+        for api, functions in DECIDERS.items()
+    }
+    for api in handlers._REFUSALS:  # Controller.handle's refusal of a record too large
+        found[ApiKey(api)].add(ErrorCode.invalid_request.value)
+    for api, code in UNREACHABLE:
+        found[api].discard(code)
+    return found
+
+
+def _functions(module: Any) -> Iterator[tuple[str, Any]]:
+    """The module's functions and methods written in its file (not a dataclass's own)."""
+
+    def written_here(function: Any) -> bool:
+        return inspect.isfunction(function) and function.__code__.co_filename == module.__file__
+
+    for name, value in vars(module).items():
+        if written_here(value):
+            yield name, value
+        elif inspect.isclass(value) and value.__module__ == module.__name__:
+            for attribute, member in vars(value).items():
+                if written_here(member):
+                    yield f"{name}.{attribute}", member
+
+
+def unlisted_deciders() -> list[str]:
+    """Functions of :data:`DECIDING_MODULES` that name an error code (other than NONE) and
+    are neither in :data:`DECIDERS` nor in :data:`NOT_THESE_APIS`."""
+    listed = {f for functions in DECIDERS.values() for f in functions} | set(NOT_THESE_APIS)
+    unlisted = []
+    for module_name in DECIDING_MODULES:
+        module = importlib.import_module(module_name)
+        for name, function in _functions(module):
+            qualified = f"{module_name}:{name}"
+            if qualified not in listed and _codes(function) - {ErrorCode.none.value}:
+                unlisted.append(qualified)
+    return unlisted
+
+
+def _answer_codes(answer: Any) -> Iterator[int]:
+    if isinstance(answer, dict):
+        for key, value in answer.items():
+            if key == "error_code" and isinstance(value, int):
+                yield value
+            elif key == "error_codes" and isinstance(value, dict):
+                yield from (int(code) for code in value)
+            else:
+                yield from _answer_codes(value)
+    elif isinstance(answer, list):
+        for item in answer:
+            yield from _answer_codes(item)
+
+
+def answered_codes(replays: Iterable[list[Any]]) -> dict[ApiKey, set[int]]:
+    """Per API, the error codes the replayed steps' answers carry (their summaries too)."""
+    found: dict[ApiKey, set[int]] = {}
+    for steps in replays:
+        for step in steps:
+            api = ApiKey[step["request"]["api"]]
+            codes = found.setdefault(api, set())
+            codes.update(_answer_codes(step["answer"]))
+            codes.update(_answer_codes(step.get("answers", {})))
+    return found
