@@ -31,6 +31,16 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield compile_probe(tmp_path_factory.mktemp("java-probe"))
 
 
+def run_against_both(
+    probe: Path, server: ServerProcess, kafka: KafkaNode, command: str, name: str
+) -> dict[str, ProbeRun]:
+    """ProducerProbe ``command`` against Kafka (the reference) and against pidctl."""
+    return {
+        "kafka": run_probe(probe, command, kafka.bootstrap, name),
+        "pidctl": run_probe(probe, command, server.bootstrap, name),
+    }
+
+
 def controller_blocks(server: ServerProcess) -> list[tuple[int, int]]:
     """The blocks pidctl granted to its own InitProducerId pool, from its audit lines."""
     return [
@@ -44,10 +54,7 @@ def test_an_idempotent_producer_gets_its_producer_id(
     probe: Path, server: ServerProcess, kafka: KafkaNode
 ) -> None:
     topic = f"probe-output-{uuid.uuid4().hex[:8]}"
-    runs = {
-        "kafka": run_probe(probe, "idempotent", kafka.bootstrap, topic),
-        "pidctl": run_probe(probe, "idempotent", server.bootstrap, topic),
-    }
+    runs = run_against_both(probe, server, kafka, "idempotent", topic)
     for name, run in runs.items():
         got = run.event("producer-id", "probe-idempotent")
         # The client's own log line says what its TransactionManager holds.
@@ -92,10 +99,7 @@ def test_transactional_producers_are_fenced_and_the_client_takes_the_classic_pro
     probe: Path, server: ServerProcess, kafka: KafkaNode
 ) -> None:
     transactional_id = f"probe-tx-{uuid.uuid4().hex[:8]}"
-    runs = {
-        "kafka": run_probe(probe, "transactional", kafka.bootstrap, transactional_id),
-        "pidctl": run_probe(probe, "transactional", server.bootstrap, transactional_id),
-    }
+    runs = run_against_both(probe, server, kafka, "transactional", transactional_id)
     pids = {name: check_fencing_pair(run, name) for name, run in runs.items()}
     assert min(pids.values()) >= 0
 

@@ -290,6 +290,12 @@ def _steps(*steps: Step) -> tuple[Step, ...]:
     return steps
 
 
+#: Broker 0 of a replay registers (step "register"), is unfenced, is unregistered.
+REGISTER = Step("register", "controller", lambda c: registration(c))
+UNFENCE = Step("unfence", "controller", lambda c: heartbeat(c, "register"))
+UNREGISTER = Step("unregister", "controller", lambda c: requests.unregister(c.broker(0)))
+
+
 def _step(name: str, listener: Listener, build: Callable[..., Any], *args: Any) -> Step:
     """A step whose request does not depend on the context: ``build(*args)``."""
     return Step(name, listener, lambda c: build(*args))
@@ -533,7 +539,7 @@ def _registration() -> Case:
         "fenced broker registers with a new epoch, of an unfenced one with a live session is "
         "DUPLICATE_BROKER_REGISTRATION; a wrong cluster id; no log directory",
         _steps(
-            Step("register", "controller", lambda c: registration(c)),
+            REGISTER,
             Step("same-incarnation", "controller", lambda c: registration(c)),
             Step("other-incarnation-fenced", "controller", lambda c: registration(c, 0, "b")),
             Step("unfence", "controller", lambda c: heartbeat(c, "other-incarnation-fenced")),
@@ -545,7 +551,7 @@ def _registration() -> Case:
                 lambda c: registration(c, 1, cluster_id=WRONG_CLUSTER_ID),
             ),
             Step("no-log-dir", "controller", lambda c: registration(c, 2, log_dirs=False)),
-            Step("unregister", "controller", lambda c: requests.unregister(c.broker(0))),
+            UNREGISTER,
             Step("unregister-no-log-dir", "controller", lambda c: requests.unregister(c.broker(2))),
             Step("unregister-again", "controller", lambda c: requests.unregister(c.broker(0))),
         ),
@@ -573,19 +579,19 @@ def _heartbeat() -> Case:
         "BrokerHeartbeat: fenced on request, unfenced once caught up with its registration, "
         "not caught up, a controlled shutdown; a stale epoch and an unknown broker",
         _steps(
-            Step("register", "controller", lambda c: registration(c)),
+            REGISTER,
             Step("want-fence", "controller", lambda c: heartbeat(c, "register", fence=True)),
             Step(
                 "not-caught-up",
                 "controller",
                 lambda c: heartbeat(c, "register", caught_up=False),
             ),
-            Step("unfence", "controller", lambda c: heartbeat(c, "register")),
+            UNFENCE,
             Step("again", "controller", lambda c: heartbeat(c, "register")),
             Step("stale-epoch", "controller", lambda c: heartbeat(c, "register", epoch_offset=-1)),
             Step("unknown-broker", "controller", lambda c: heartbeat(c, "register", 5)),
             Step("shut-down", "controller", lambda c: heartbeat(c, "register", shut_down=True)),
-            Step("unregister", "controller", lambda c: requests.unregister(c.broker(0))),
+            UNREGISTER,
         ),
     )
 
@@ -597,13 +603,13 @@ def _allocate() -> Case:
         "a registered broker gets consecutive blocks of 1000, fenced or not",
         _steps(
             Step("unregistered", "controller", lambda c: allocate(c, None)),
-            Step("register", "controller", lambda c: registration(c)),
+            REGISTER,
             Step("fenced", "controller", lambda c: allocate(c, "register")),
             Step("fenced-again", "controller", lambda c: allocate(c, "register")),
             Step("stale-epoch", "controller", lambda c: allocate(c, "register", epoch_offset=1)),
-            Step("unfence", "controller", lambda c: heartbeat(c, "register")),
+            UNFENCE,
             Step("unfenced", "controller", lambda c: allocate(c, "register")),
-            Step("unregister", "controller", lambda c: requests.unregister(c.broker(0))),
+            UNREGISTER,
             Step("after-unregister", "controller", lambda c: allocate(c, "register")),
         ),
     )
@@ -635,7 +641,7 @@ def _authorization() -> Case:
             Step("find-keys-v4", "broker", lambda c: find(4, (c.txn("t"), c.txn("u")), 1)),
             Step("metadata-no-topics", "broker", lambda c: metadata(12, [])),
             Step("metadata-unknown-topic", "broker", lambda c: metadata(12, [c.txn("topic")])),
-            Step("register", "controller", lambda c: registration(c)),
+            REGISTER,
             Step(
                 "heartbeat",
                 "controller",
@@ -643,7 +649,7 @@ def _authorization() -> Case:
             ),
             Step("allocate", "controller", lambda c: allocate(c, None)),
             Step("allocate-for-a-job", "controller", lambda c: requests.allocate(-1, -1)),
-            Step("unregister", "controller", lambda c: requests.unregister(c.broker(0))),
+            UNREGISTER,
         ),
         profile="sasl",
     )
@@ -666,8 +672,8 @@ def _space_exhausted() -> Case:
         "InitProducerId COORDINATOR_LOAD_IN_PROGRESS (Kafka's answers from its source: its "
         "space is 2^63 ids, beyond reach)",
         _steps(
-            Step("register", "controller", lambda c: registration(c)),
-            Step("unfence", "controller", lambda c: heartbeat(c, "register")),
+            REGISTER,
+            UNFENCE,
             Step("last-block", "controller", lambda c: allocate(c, "register")),
             Step(
                 "exhausted",
@@ -689,7 +695,7 @@ def _space_exhausted() -> Case:
                 lambda c: init(5, c.txn("t")),
                 kafka_source=_NO_BLOCK_FOR_INIT,
             ),
-            Step("unregister", "controller", lambda c: requests.unregister(c.broker(0))),
+            UNREGISTER,
         ),
         profile="exhausted",
     )
@@ -702,8 +708,8 @@ def _no_lease() -> Case:
         "that cannot commit): AllocateProducerIds REQUEST_TIMED_OUT, InitProducerId "
         "COORDINATOR_LOAD_IN_PROGRESS, both retriable (Kafka's answers from its source)",
         _steps(
-            Step("register", "controller", lambda c: registration(c)),
-            Step("unfence", "controller", lambda c: heartbeat(c, "register")),
+            REGISTER,
+            UNFENCE,
             Step(
                 "allocate",
                 "controller",
@@ -717,7 +723,7 @@ def _no_lease() -> Case:
                 ),
             ),
             Step("init-idempotent", "broker", lambda c: init(5), kafka_source=_NO_BLOCK_FOR_INIT),
-            Step("unregister", "controller", lambda c: requests.unregister(c.broker(0))),
+            UNREGISTER,
         ),
         profile="no-lease",
     )

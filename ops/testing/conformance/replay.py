@@ -266,19 +266,13 @@ def _raw(address: str, request: Raw) -> Any:
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=ANSWER_TIMEOUT_S) as sock:
         sock.sendall(request.frame(1, "pidctl-conformance"))
-        length = struct.unpack(">i", _read(sock, 4))[0]
-        frame = _read(sock, length)
+        with sock.makefile("rb") as stream:  # read(n): n bytes, fewer only at the end
+            head = stream.read(4)
+            length = struct.unpack(">i", head)[0] if len(head) == 4 else 0
+            frame = stream.read(length)
+    if len(head) < 4 or len(frame) < length:
+        raise ConnectionError("connection closed by the server")
     return decode_response(frame, request.api_key, request.answer_version)
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed by the server")
-        data += chunk
-    return data
 
 
 def _send(
