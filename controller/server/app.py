@@ -472,8 +472,10 @@ def reload_refusal(
 ) -> str | None:
     """Why a reload from (``authorizer``, ``credentials``) to the new ones must be refused,
     or None. An empty config file, or one cut before its ``authorizer`` line, reads as
-    ``authorizer = "none"``, and a missing or emptied credentials file as no users: a
-    reload cannot tell them from an operator's intent, so it never makes either change."""
+    ``authorizer = "none"``, a file cut in its ACL list as fewer ACLs, and a missing or
+    emptied credentials file as no users: a reload cannot tell them from an operator's
+    intent, so it never makes a change that lets through what was refused — switching the
+    authorizer off, removing a DENY ACL, removing every credential."""
     if authorizer.enabled and not new_authorizer.enabled:
         return (
             'it would switch the authorizer off (authorizer = "none"): an empty or half-written '
@@ -483,6 +485,16 @@ def reload_refusal(
         return (
             "it would remove every SASL credential: a missing or emptied credentials file reads "
             "so; restart the server to do that"
+        )
+    # A file cut anywhere in its ACL list reads as the entries before the cut: losing an
+    # ALLOW only refuses more, losing a DENY lets through what it refused.
+    removed_denials = {a for a in authorizer.acls if a.permission == "deny"} - set(
+        new_authorizer.acls
+    )
+    if authorizer.enabled and removed_denials:
+        return (
+            f"it would remove {len(removed_denials)} DENY ACL(s): a config file cut in its ACL "
+            "list reads so; restart the server to do that"
         )
     return None
 

@@ -113,3 +113,49 @@ def test_a_bad_or_empty_credentials_file_keeps_the_old_credentials(
         with SyncClient(server.bootstrap, sasl=("SCRAM-SHA-256", "bob", "bob-pw")) as client:
             assert client.request(requests.init_producer_id()).error_code == 0
         assert json.loads(users.read_text())["users"].keys() == {"bob"}
+
+
+DENY_LAST = (
+    CONFIG
+    + """[[acls]]
+principal = "User:ANONYMOUS"
+operation = "Write"
+resource_type = "TransactionalId"
+resource_name = "*"
+[[acls]]
+principal = "User:ANONYMOUS"
+operation = "Write"
+resource_type = "TransactionalId"
+resource_name = "payments"
+permission = "deny"
+"""
+)
+
+
+def test_a_reload_that_would_remove_a_deny_acl_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "pidctl.toml"
+    config.write_text(DENY_LAST)
+    with ServerProcess(tmp_path / "d", "--config", str(config)) as server:
+        with SyncClient(server.bootstrap) as client:
+            assert client.request(requests.init_producer_id("orders")).error_code == 0
+            denied = client.request(requests.init_producer_id("payments"))
+            assert denied.error_code == TRANSACTIONAL_ID_DENIED
+        # The editor's write caught after the allow entries, before the deny one.
+        config.write_text(DENY_LAST[: DENY_LAST.rindex("[[acls]]")])
+        before = len(server.events)
+        _sighup(server)
+        outcome = _reload_outcome(server, before)
+        assert outcome["event"] == "reload refused; the previous configuration stays", outcome
+        assert "DENY" in str(outcome["reason"])
+        with SyncClient(server.bootstrap) as client:
+            denied = client.request(requests.init_producer_id("payments"))
+            assert denied.error_code == TRANSACTIONAL_ID_DENIED
+        # Removing an allow only refuses more: applied.
+        config.write_text(DENY_LAST.replace('resource_name = "*"', 'resource_name = "orders-*"'))
+        before = len(server.events)
+        _sighup(server)
+        assert _reload_outcome(server, before)["event"] == "configuration reloaded"
+        with SyncClient(server.bootstrap) as client:
+            assert client.request(requests.init_producer_id("other")).error_code == (
+                TRANSACTIONAL_ID_DENIED
+            )
