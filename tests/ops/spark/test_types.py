@@ -13,8 +13,8 @@ import pytest
 from ops.testing.serverproc import ServerProcess
 from pidctl.spark import write_sql
 from pidctl.spark.sink import PidctlSqlSink, SinkOptionError
-from pidctl.spark.sqlstore import open_store
 from pidctl.spark.types import UnsupportedColumn, plan_columns
+from tests.ops.spark.conftest import query
 
 #: One row of every type; the session's time zone is not the workers' (UTC here), so a
 #: TIMESTAMP literal is an instant in New York and must arrive as that instant.
@@ -82,14 +82,6 @@ def _write(df: Any, pidctl: ServerProcess, url: str, table: str, via: str) -> No
     )
 
 
-def _select(url: str, sql: str) -> list[tuple[Any, ...]]:
-    store = open_store(url)
-    try:
-        return [tuple(r) for r in store.execute(sql).fetchall()]
-    finally:
-        store.close()
-
-
 @pytest.fixture
 def new_york(spark: Any) -> Any:
     spark.conf.set("spark.sql.session.timeZone", "America/New_York")
@@ -107,12 +99,12 @@ def test_every_atomic_type_round_trips(
         *[f"CAST(NULL AS {f.dataType.simpleString()}) AS {f.name}" for f in values.schema.fields]
     )
     _write(values.union(nulls).coalesce(1), pidctl, url, "every_type", via)
-    rows = _select(url, f"SELECT {COLUMNS} FROM every_type")
+    rows = query(url, f"SELECT {COLUMNS} FROM every_type")
     expected = SQLITE_ROW if url.startswith("sqlite") else POSTGRES_ROW
     assert sorted(rows, key=lambda r: r[0] is None) == [expected, (None,) * len(expected)]
     if url.startswith("postgresql"):
         types = dict(
-            _select(
+            query(
                 url,
                 "SELECT column_name, data_type FROM information_schema.columns "
                 "WHERE table_name = 'every_type'",
@@ -135,7 +127,7 @@ EDGES = """
 @pytest.mark.parametrize("via", ["format", "write_sql"])
 def test_edge_values_are_exact(new_york: Any, pidctl: ServerProcess, url: str, via: str) -> None:
     _write(new_york.sql(EDGES).coalesce(1), pidctl, url, "edges", via)
-    (row,) = _select(url, "SELECT d, f, tiny, first_instant, gap, first_day FROM edges")
+    (row,) = query(url, "SELECT d, f, tiny, first_instant, gap, first_day FROM edges")
     infinities = (float("inf"), float("-inf"))
     if url.startswith("sqlite"):
         first = "0001-01-01 00:00:00.000000+00:00"
@@ -156,10 +148,10 @@ def test_nan_round_trips_in_postgresql_and_is_refused_by_column_in_sqlite(
     if url.startswith("sqlite"):
         with pytest.raises(Exception, match="column 'ratio': NaN cannot be stored in SQLite"):
             _write(df, pidctl, url, "nans", via)
-        assert _select(url, "SELECT COUNT(*) FROM nans") == [(0,)]
+        assert query(url, "SELECT COUNT(*) FROM nans") == [(0,)]
     else:
         _write(df, pidctl, url, "nans", via)
-        (row,) = _select(url, "SELECT id, ratio FROM nans")
+        (row,) = query(url, "SELECT id, ratio FROM nans")
         assert row[0] == 1 and math.isnan(row[1])
 
 
