@@ -61,7 +61,9 @@ PRODUCER_ID_AT, PRODUCER_EPOCH_AT = 6, 14
 BLOCK_START_AT, BLOCK_LENGTH_AT = 6, 14
 BROKER_EPOCH_AT = 6
 #: InitProducerId's retriable "no PID ready" (COORDINATOR_LOAD_IN_PROGRESS), retried 50 ms
-#: later as clients do (the storm; Kafka's retry.backoff.ms is larger, 100 ms).
+#: later as clients do (Kafka's retry.backoff.ms is larger, 100 ms): in a storm, and in a load
+#: against Kafka's broker, which answers it while it waits for a block of PIDs. A storm's
+#: producer whose connection is reset connects again after the same 50 ms.
 RETRIABLE = 14
 RETRY_MS = 50
 #: A client id for the templates (Kafka's clients send one; a quota would key on it).

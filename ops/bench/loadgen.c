@@ -18,7 +18,11 @@
  *   load (default): N connections each keep K requests in flight for S seconds, after all
  *     have connected and done their set-up. Latencies go to a log-linear histogram (<1 %
  *     error); the window's own CPU time (getrusage) and that of each --pid process
- *     (/proc/PID/stat, every thread) are reported with the rate.
+ *     (/proc/PID/stat, every thread) are reported with the rate, with the time each spent
+ *     runnable but waiting for a CPU (/proc/PID/task/TID/schedstat) and the machine's busy
+ *     and stolen CPU (/proc/stat). A request answered with --retry's code is sent again
+ *     after its delay, as a client would (Kafka's broker answers 14 until it holds a block
+ *     of PIDs); only answers without an error count.
  *   storm (--storm): connection i starts at SPREAD * i / N seconds, does its set-up (an
  *     ApiVersions), then one request (an InitProducerId), retried after --retry's delay on
  *     the retriable code, and closes; reported is when each was served.
@@ -41,11 +45,13 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -297,23 +303,33 @@ typedef struct {
     unsigned char *out;
     size_t out_size, out_capacity;
     int want_write;
-    uint64_t retry_at_ns;
+    int pending_retries;      /* its requests waiting in the retry queue */
 } conn_t;
+
+/* A request to send again (or, in a storm, a connection to open again): which connection's,
+ * and when. */
+typedef struct {
+    int index;
+    uint64_t at_ns;
+    int reconnect;
+} retry_t;
 
 static conn_t *conns;
 static int epfd;
 static struct sockaddr_storage server;
 static socklen_t server_size;
-static uint64_t answers, retries, bytes_read;
+static uint64_t answers, retries, reconnects, bytes_read;
 static uint64_t *keys; /* unique-key mode: two words per answer */
 static size_t nkeys, keys_capacity;
 static double *served_s; /* storm: when each connection was served */
 static int served;
 static int ready, done;
-/* Storm: connections waiting to retry, in arrival order (every one waits the same time, so
- * the queue stays sorted by when to retry). */
-static int *retry_queue;
-static int retry_head, retry_tail;
+/* Requests waiting to be sent again, in arrival order (every one waits the same time, so the
+ * queue stays sorted by when to retry); a ring of retry_slots entries. In load mode a server
+ * that answers the retriable code (Kafka's broker while it waits for a PID block) has the
+ * request sent again after the same delay, as a client would. */
+static retry_t *retry_queue;
+static int retry_head, retry_tail, retry_slots;
 static int loading;      /* the timed window has begun */
 static uint64_t stop_sending_ns;
 static uint64_t window_start_ns;
@@ -384,13 +400,33 @@ static void start(conn_t *c, int index) {
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, c->fd, &ev)) die("epoll_ctl: %s", strerror(errno));
 }
 
+/* A storm's producer whose connection the server reset or closed before serving it connects
+ * again after --retry's delay, from the start (ApiVersions first), as a client does (Kafka's
+ * clients after reconnect.backoff.ms, 50 ms). In load mode the run fails instead. */
+static void reconnect_later(conn_t *c, int index, const char *what, int error) {
+    if (!opt.storm) die("connection %d: %s%s%s", index, what, error ? ": " : "", error ? strerror(error) : "");
+    close(c->fd); /* also leaves the epoll set */
+    c->fd = -1;
+    c->state = WAITING_RETRY;
+    c->head = c->outstanding = c->step = c->want_write = 0;
+    c->in_size = c->out_size = 0;
+    reconnects++;
+    c->pending_retries++;
+    retry_queue[retry_tail] = (retry_t){index, now_ns() + (uint64_t)opt.retry_ms * 1000000u, 1};
+    retry_tail = (retry_tail + 1) % retry_slots;
+}
+
+static int is_reset(int error) { return error == ECONNRESET || error == EPIPE || error == ECONNREFUSED; }
+
 static void flush(conn_t *c, int index) {
     size_t written = 0;
     while (written < c->out_size) {
         ssize_t n = write(c->fd, c->out + written, c->out_size - written);
         if (n < 0) {
             if (errno == EAGAIN) break;
-            die("connection %d: write: %s", index, strerror(errno));
+            if (!is_reset(errno)) die("connection %d: write: %s", index, strerror(errno));
+            reconnect_later(c, index, "write", errno);
+            return;
         }
         written += (size_t)n;
     }
@@ -536,9 +572,9 @@ static void answer(conn_t *c, int index, const unsigned char *frame, size_t size
     if (error && error == opt.retry_code) {
         retries++;
         c->state = WAITING_RETRY;
-        c->retry_at_ns = at + (uint64_t)opt.retry_ms * 1000000u;
-        retry_queue[retry_tail++] = index;
-        if (retry_tail == opt.connections + 1) retry_tail = 0;
+        c->pending_retries++;
+        retry_queue[retry_tail] = (retry_t){index, at + (uint64_t)opt.retry_ms * 1000000u, 0};
+        retry_tail = (retry_tail + 1) % retry_slots;
         return;
     }
     if (error) die("connection %d: answered with error %d", index, error);
@@ -554,7 +590,29 @@ static void answer(conn_t *c, int index, const unsigned char *frame, size_t size
         return;
     }
     if (at < stop_sending_ns) send_frame(c, opt.setups, at);
-    else if (!c->outstanding) { c->state = DONE; done++; }
+    else if (!c->outstanding && !c->pending_retries) { c->state = DONE; done++; }
+}
+
+/* Send again every request whose retry is due at t (after the stop, in load mode, none:
+ * the connection is done once nothing of it is outstanding). */
+static void send_retries(uint64_t t) {
+    while (retry_head != retry_tail && retry_queue[retry_head].at_ns <= t) {
+        int i = retry_queue[retry_head].index, reconnect = retry_queue[retry_head].reconnect;
+        retry_head = (retry_head + 1) % retry_slots;
+        conn_t *c = &conns[i];
+        c->pending_retries--;
+        if (reconnect) {
+            start(c, i);
+            continue;
+        }
+        c->state = LOAD;
+        if (!opt.storm && t >= stop_sending_ns) {
+            if (!c->outstanding && !c->pending_retries) { c->state = DONE; done++; }
+            continue;
+        }
+        send_frame(c, opt.setups, t);
+        flush(c, i);
+    }
 }
 
 static void readable(conn_t *c, int index) {
@@ -567,9 +625,14 @@ static void readable(conn_t *c, int index) {
         ssize_t n = read(c->fd, c->in + c->in_size, space);
         if (n < 0) {
             if (errno == EAGAIN) break;
-            die("connection %d: read: %s", index, strerror(errno));
+            if (!is_reset(errno)) die("connection %d: read: %s", index, strerror(errno));
+            reconnect_later(c, index, "read", errno);
+            return;
         }
-        if (n == 0) die("connection %d: the server closed the connection", index);
+        if (n == 0) {
+            reconnect_later(c, index, "the server closed the connection", 0);
+            return;
+        }
         bytes_read += (uint64_t)n;
         c->in_size += (size_t)n;
         uint64_t at = now_ns();
@@ -597,7 +660,11 @@ static void connected(conn_t *c, int index) {
     int error = 0;
     socklen_t size = sizeof error;
     getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &error, &size);
-    if (error) die("connection %d: connect: %s", index, strerror(error));
+    if (error) {
+        if (!is_reset(error)) die("connection %d: connect: %s", index, strerror(error));
+        reconnect_later(c, index, "connect", error);
+        return;
+    }
     uint64_t at = now_ns();
     if (opt.setups) {
         c->state = SETUP;
@@ -640,12 +707,65 @@ static double self_cpu_s(void) {
            (double)u.ru_stime.tv_usec * 1e-6;
 }
 
+/* How long a process's threads were runnable but waiting for a CPU (the scheduler's run-queue
+ * delay: the second field of /proc/PID/task/TID/schedstat, in ns), in seconds. On a machine
+ * shared with other work this is the time the machine, not the process, held it back. */
+static double runqueue_s(const char *pid) {
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%s/task", pid);
+    DIR *tasks = opendir(path);
+    if (!tasks) return 0.0; /* no schedstat here: reported as 0 */
+    double total = 0.0;
+    struct dirent *task;
+    while ((task = readdir(tasks))) {
+        if (task->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/%s/task/%.32s/schedstat", pid, task->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue; /* the thread ended meanwhile */
+        unsigned long long on_cpu, waiting;
+        if (fscanf(f, "%llu %llu", &on_cpu, &waiting) == 2) total += (double)waiting * 1e-9;
+        fclose(f);
+    }
+    closedir(tasks);
+    return total;
+}
+
+/* The machine's CPU time in seconds since boot, all CPUs: busy (not idle, iowait or
+ * steal) and stolen by the hypervisor (/proc/stat's first line). */
+static void machine_cpu_s(double *busy, double *steal) {
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f || fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                     &v[5], &v[6], &v[7]) != 8)
+        die("cannot read /proc/stat");
+    fclose(f);
+    double tick = (double)sysconf(_SC_CLK_TCK);
+    *busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6]) / tick; /* user nice system irq softirq */
+    *steal = (double)v[7] / tick;
+}
+
 static double cpu_start[MAX_PIDS], self_start;
+static double runqueue_start[MAX_PIDS], self_runqueue_start, machine_busy_start, machine_steal_start;
+
+static void pid_text(int pid, char *text, size_t size) { snprintf(text, size, "%d", pid); }
+
+/* The costs over the measured window begin now: every --pid's CPU time and run-queue delay,
+ * the generator's own, the machine's. */
+static void start_costing(void) {
+    char pid[16];
+    for (int i = 0; i < opt.npids; i++) {
+        cpu_start[i] = process_cpu_s(opt.pids[i]);
+        pid_text(opt.pids[i], pid, sizeof pid);
+        runqueue_start[i] = runqueue_s(pid);
+    }
+    self_start = self_cpu_s();
+    self_runqueue_start = runqueue_s("self");
+    machine_cpu_s(&machine_busy_start, &machine_steal_start);
+}
 
 static void begin_window(void) {
     loading = 1;
-    for (int i = 0; i < opt.npids; i++) cpu_start[i] = process_cpu_s(opt.pids[i]);
-    self_start = self_cpu_s();
+    start_costing();
     window_start_ns = now_ns();
     stop_sending_ns = window_start_ns + (uint64_t)(opt.seconds * 1e9);
     for (int i = 0; i < opt.connections; i++) {
@@ -665,21 +785,34 @@ static int compare_doubles(const void *a, const void *b) {
 
 static void report(double elapsed) {
     double self = self_cpu_s() - self_start;
+    double self_waiting = runqueue_s("self") - self_runqueue_start;
+    double machine_busy, machine_steal;
+    machine_cpu_s(&machine_busy, &machine_steal);
+    double per_s = elapsed > 0 ? 1.0 / elapsed : 0.0;
     printf("{\"connections\": %d, \"in_flight\": %d, \"seconds\": %.6f, \"requests\": %llu, "
-           "\"per_second\": %.3f, \"retries\": %llu, \"bytes_read\": %llu, ",
+           "\"per_second\": %.3f, \"retries\": %llu, \"reconnects\": %llu, \"bytes_read\": %llu, ",
            opt.connections, opt.in_flight, elapsed, (unsigned long long)answers,
            elapsed > 0 ? (double)answers / elapsed : 0.0, (unsigned long long)retries,
+           (unsigned long long)reconnects,
            (unsigned long long)bytes_read);
     printf("\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"p999_ms\": %.4f, "
            "\"max_ms\": %.4f, \"mean_ms\": %.4f, ",
            percentile_ms(0.50), percentile_ms(0.90), percentile_ms(0.99), percentile_ms(0.999),
            (double)histogram_max / 1e6, histogram_count ? histogram_sum / (double)histogram_count / 1e6 : 0.0);
-    printf("\"client_cpu_s\": %.4f, \"client_cpu_share\": %.4f, \"unique_checked\": %zu, \"servers\": [",
-           self, elapsed > 0 ? self / elapsed : 0.0, nkeys);
+    /* busy share: on a CPU or waiting for one; the rest of the window it slept in epoll_wait,
+     * every request of every connection outstanding (closed loop): waiting for the server. */
+    printf("\"client_cpu_s\": %.4f, \"client_cpu_share\": %.4f, \"client_runqueue_s\": %.4f, "
+           "\"client_busy_share\": %.4f, \"machine_busy_cores\": %.4f, \"machine_steal_cores\": %.4f, "
+           "\"unique_checked\": %zu, \"servers\": [",
+           self, self * per_s, self_waiting, (self + self_waiting) * per_s,
+           (machine_busy - machine_busy_start) * per_s, (machine_steal - machine_steal_start) * per_s, nkeys);
     for (int i = 0; i < opt.npids; i++) {
+        char pid[16];
+        pid_text(opt.pids[i], pid, sizeof pid);
         double used = process_cpu_s(opt.pids[i]) - cpu_start[i];
-        printf("%s{\"pid\": %d, \"cpu_s\": %.4f, \"cpu_share\": %.4f}", i ? ", " : "", opt.pids[i], used,
-               elapsed > 0 ? used / elapsed : 0.0);
+        double waiting = runqueue_s(pid) - runqueue_start[i];
+        printf("%s{\"pid\": %d, \"cpu_s\": %.4f, \"cpu_share\": %.4f, \"runqueue_s\": %.4f}", i ? ", " : "",
+               opt.pids[i], used, used * per_s, waiting);
     }
     printf("], \"histogram_us\": [");
     /* Coarse: answers per power of two of microseconds (upper bound, count). */
@@ -717,6 +850,7 @@ static void report(double elapsed) {
 int main(int argc, char **argv) {
     parse_args(argc, argv);
     resolve();
+    signal(SIGPIPE, SIG_IGN); /* a write to a reset connection fails with EPIPE instead */
     struct rlimit files;
     if (!getrlimit(RLIMIT_NOFILE, &files)) {
         files.rlim_cur = files.rlim_max;
@@ -729,13 +863,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < opt.connections; i++) prepare(&conns[i], i);
     struct epoll_event events[EVENTS];
     int started = 0;
-    retry_queue = malloc(sizeof(int) * ((size_t)opt.connections + 1));
+    retry_slots = opt.connections * opt.in_flight + 1;
+    retry_queue = malloc(sizeof(retry_t) * (size_t)retry_slots);
     double deadline = now_s() + opt.deadline;
     if (opt.storm) {
         served_s = calloc((size_t)opt.connections, sizeof(double));
         loading = 1;
-        for (int i = 0; i < opt.npids; i++) cpu_start[i] = process_cpu_s(opt.pids[i]);
-        self_start = self_cpu_s();
+        start_costing();
         window_start_ns = now_ns();
     } else {
         for (; started < opt.connections; started++) start(&conns[started], started);
@@ -748,14 +882,8 @@ int main(int argc, char **argv) {
                 start(&conns[started], started);
                 started++;
             }
-            while (retry_head != retry_tail && conns[retry_queue[retry_head]].retry_at_ns <= t) {
-                int i = retry_queue[retry_head++];
-                if (retry_head == opt.connections + 1) retry_head = 0;
-                conns[i].state = LOAD;
-                send_frame(&conns[i], opt.setups, t);
-                flush(&conns[i], i);
-            }
         }
+        send_retries(t);
         if (now_s() > deadline) die("not done within --deadline %.0f s (%d of %d done)", opt.deadline, done, opt.connections);
         /* Wait at most until the next connection is due, the next retry, or the stop. */
         uint64_t wake = now_ns() + 100000000u;
@@ -763,8 +891,8 @@ int main(int argc, char **argv) {
             uint64_t next = window_start_ns + (uint64_t)(opt.spread * 1e9 * started / opt.connections);
             if (next < wake) wake = next;
         }
-        if (opt.storm && retry_head != retry_tail && conns[retry_queue[retry_head]].retry_at_ns < wake)
-            wake = conns[retry_queue[retry_head]].retry_at_ns;
+        if (retry_head != retry_tail && retry_queue[retry_head].at_ns < wake)
+            wake = retry_queue[retry_head].at_ns;
         if (loading && !opt.storm && stop_sending_ns > now_ns() && stop_sending_ns < wake) wake = stop_sending_ns;
         int64_t wait_ns = (int64_t)(wake - now_ns());
         /* Whole milliseconds, rounded up: connections due meanwhile start together. */
@@ -788,7 +916,10 @@ int main(int argc, char **argv) {
         if (loading && !opt.storm && now_ns() >= stop_sending_ns) {
             /* Connections with nothing outstanding after the stop are done. */
             for (int i = 0; i < opt.connections; i++)
-                if (conns[i].state == LOAD && !conns[i].outstanding) { conns[i].state = DONE; done++; }
+                if (conns[i].state == LOAD && !conns[i].outstanding && !conns[i].pending_retries) {
+                    conns[i].state = DONE;
+                    done++;
+                }
         }
     }
     double elapsed = (double)(now_ns() - window_start_ns) * 1e-9;

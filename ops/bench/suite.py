@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -169,6 +169,9 @@ class Run:
     tmp: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
     _brokers: int = 0
+    #: What rows share (say a Kafka node, ops/bench/kafka.py), closed when the run ends.
+    resources: ExitStack = field(default_factory=ExitStack)
+    shared: dict[str, Any] = field(default_factory=dict)
 
     @property
     def secs(self) -> str:
@@ -396,19 +399,26 @@ def row_storm(run: Run) -> None:
     storm_chart(producers, mine["curve"], base["curve"], run.args.out / "storm.png")
 
 
+def rss_with_transactional_ids(directory: Path, count: int) -> tuple[int, int]:
+    """pidctl's RSS in KiB just after start-up on an empty data dir, and on one holding
+    ``count`` transactional ids (both under ``directory``)."""
+    empty = ServerProcess(directory / "empty").start()
+    assert empty.proc is not None
+    empty_kib = rss_kib(empty.proc.pid)
+    empty.kill()
+    build_transactional_ids(directory / "txn", count)
+    held = ServerProcess(directory / "txn").start(timeout=600)
+    assert held.proc is not None
+    held_kib = rss_kib(held.proc.pid)
+    held.kill()
+    return empty_kib, held_kib
+
+
 def row_memory(run: Run) -> None:
     """RSS per transactional id: the server holding ``--transactional-ids`` ids against the
     same server started on an empty data dir (both just after start-up)."""
     count = run.args.transactional_ids
-    empty = ServerProcess(run.tmp / "empty").start()
-    assert empty.proc is not None
-    empty_kib = rss_kib(empty.proc.pid)
-    empty.kill()
-    build_transactional_ids(run.tmp / "txn", count)
-    held = ServerProcess(run.tmp / "txn").start(timeout=600)
-    assert held.proc is not None
-    held_kib = rss_kib(held.proc.pid)
-    held.kill()
+    empty_kib, held_kib = rss_with_transactional_ids(run.tmp, count)
     run.row(
         "memory-per-transactional-id",
         f"RSS with {count:,} transactional ids",
@@ -539,12 +549,21 @@ ROWS: dict[str, Callable[[Run], None]] = {
 RATIO_ROWS = tuple(list(ROWS)[:6])
 
 
+def all_rows() -> dict[str, Callable[[Run], None]]:
+    """:data:`ROWS`, then the rows against Apache Kafka itself (ops/bench/kafka.py, which
+    measures with this module's functions)."""
+    from ops.bench import kafka
+
+    return {**ROWS, **kafka.ROWS}
+
+
 def _only(text: str) -> list[str]:
+    rows = all_rows()
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ROWS]
+    unknown = [n for n in names if n not in rows]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown row {', '.join(unknown) or '(none)'}; rows: {', '.join(ROWS)}"
+            f"unknown row {', '.join(unknown) or '(none)'}; rows: {', '.join(rows)}"
         )
     return names
 
@@ -580,9 +599,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--only",
         type=_only,
-        default=list(ROWS),
+        default=list(all_rows()),
         metavar="ROW[,ROW]",
-        help=f"rows: {', '.join(ROWS)}",
+        help=f"rows: {', '.join(all_rows())}",
     )
     parser.add_argument("--history", type=int, default=10_000_000)
     parser.add_argument("--transactional-ids", type=int, default=100_000)
@@ -609,8 +628,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"seconds_per_run": args.seconds, "hog": args.hog, "rows": []}
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name, cpu_hog(args.hog):
         run = Run(args, Path(tmp_name), results["rows"])
-        for name in args.only:
-            ROWS[name](run)
+        rows = all_rows()
+        with run.resources:
+            for name in args.only:
+                rows[name](run)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     chart(run.rows, args.out / "results.png")
     print(f"results: {args.out / 'results.json'}, charts: {args.out}/*.png")

@@ -181,6 +181,38 @@ def test_the_retriable_error_is_retried_after_the_backoff() -> None:
     assert result["last_served_s"] >= 2 * cloadgen.RETRY_MS / 1000
 
 
+def test_load_mode_sends_a_retriable_answer_again_after_the_backoff() -> None:
+    # Kafka's broker answers 14 while it waits for a block of PIDs from its controller.
+    busy = ErrorCode.coordinator_load_in_progress.value
+    with scripted_server(lambda c, n: (c, busy if n in (3, 4, 9) else 0, n)) as address:
+        result = cloadgen.run(
+            address, cloadgen.idempotent(), connections=1, in_flight=2, seconds=0.3
+        )
+    assert result["retries"] == 3
+    # Only the answers without an error count (their PIDs all different).
+    assert result["requests"] == result["unique_checked"] > 0
+
+
+def test_load_mode_ends_while_requests_wait_to_be_retried() -> None:
+    busy = ErrorCode.coordinator_load_in_progress.value
+    with scripted_server(lambda c, n: (c, busy if n >= 2 else 0, n)) as address:
+        result = cloadgen.run(
+            address, cloadgen.idempotent(), connections=1, in_flight=2, seconds=0.3, deadline=60
+        )
+    assert result["requests"] == 2 and result["retries"] > 0
+
+
+def test_the_costs_include_the_time_spent_waiting_for_a_cpu(server: ServerProcess) -> None:
+    assert server.proc is not None
+    result = cloadgen.run(
+        server.bootstrap, cloadgen.idempotent(), connections=2, seconds=0.3, pids=[server.proc.pid]
+    )
+    # Busy: on a CPU, or runnable and waiting for one (the run queue's delay).
+    assert result["client_runqueue_s"] >= 0 and result["servers"][0]["runqueue_s"] >= 0
+    assert result["client_busy_share"] >= result["client_cpu_share"] > 0
+    assert result["machine_busy_cores"] > 0 and result["machine_steal_cores"] >= 0
+
+
 def _metrics(server: ServerProcess) -> str:
     with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5) as reply:
         text: str = reply.read().decode()
