@@ -65,9 +65,11 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -114,8 +116,10 @@ _TOPIC, _SET, _DELETE = 2, 0, 1
 WARM_UP_STEP_S = 2.0
 WARMED_COMPILER_SHARE = 0.05
 WARM_UP_MAX_S = 60.0
-#: How many of a storm's producers the memory row creates its transactional ids with at once.
-IDS_PER_STORM = 10_000
+#: The memory row's transactional ids are created over this many connections, this many
+#: requests pipelined on each at a time.
+ID_CONNECTIONS = 16
+IDS_PER_PIPELINE = 500
 #: The system calls that make data durable (Kafka's FileChannel.force is fsync or fdatasync,
 #: its index files' MappedByteBuffer.force msync; pidctl's commit fdatasync).
 SYNC_CALLS = ("fsync", "fdatasync", "msync", "sync_file_range")
@@ -296,12 +300,58 @@ def breakdown(
     return shown
 
 
+#: Other work on the machine using this many cores during a round makes it *contended*: the
+#: scheduler shares the cores per thread, so a server of one thread (pidctl) gets less of
+#: them than one of dozens (Kafka) and the rates say how the cores were shared more than
+#: how fast either server is. Such a round is counted only when no round is quiet.
+CONTENDED_CORES = 0.25
+
+
+#: pidctl's group-commit metrics (Prometheus histograms' sums and counts).
+_COMMIT_METRICS = ("pidctl_log_fsync_duration_seconds", "pidctl_log_commit_batch_records")
+
+
+def commit_totals(metrics_url: str) -> dict[str, float]:
+    """The sums and counts of pidctl's group-commit histograms, from its ``/metrics``."""
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    totals = {}
+    for name in _COMMIT_METRICS:
+        for part in ("sum", "count"):
+            found = re.search(rf"^{name}_{part} (\S+)$", text, re.M)
+            totals[f"{name}_{part}"] = float(found.group(1)) if found else 0.0
+    return totals
+
+
+def commit_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """pidctl's group commits between two :func:`commit_totals`: their mean time (a write and
+    an fdatasync) and records each (none: {})."""
+    fsync, batch = _COMMIT_METRICS
+    commits = after[f"{fsync}_count"] - before[f"{fsync}_count"]
+    if not commits:
+        return {}
+    return {
+        "commits": commits,
+        "commit_ms_mean": (after[f"{fsync}_sum"] - before[f"{fsync}_sum"]) * 1000 / commits,
+        "records_per_commit": (after[f"{batch}_sum"] - before[f"{batch}_sum"])
+        / max(1.0, after[f"{batch}_count"] - before[f"{batch}_count"]),
+    }
+
+
 def measured(
-    bootstrap: str, pid: int, load: cloadgen.Load, seconds: float, *, threads: bool = False
+    bootstrap: str,
+    pid: int,
+    load: cloadgen.Load,
+    seconds: float,
+    *,
+    threads: bool = False,
+    metrics_url: str | None = None,
 ) -> dict[str, Any]:
     """One round: :func:`suite.probed_load` (16 x 1) and the figures of the saturation rule;
-    with ``threads``, the CPU per request of each of the server's thread groups."""
+    with ``threads``, the CPU per request of each of the server's thread groups; with
+    ``metrics_url`` (pidctl's), its group commits'."""
     before = thread_cpu_s(pid) if threads else {}
+    commits = commit_totals(metrics_url) if metrics_url else {}
     r = suite.probed_load(bootstrap, pid, load, connections=16, in_flight=1, seconds=seconds)
     server = r["servers"][0]
     side = {
@@ -319,8 +369,14 @@ def measured(
         "stalled_ms_per_s": r["stalled_ms_per_s"],
         "paced_by_loadgen": r["client_busy_share"] >= suite.SATURATED_CORE_SHARE,
     }
+    # The machine's CPU that neither the server nor the generator used: other work.
+    others = r["machine_busy_cores"] - server["cpu_share"] - r["client_cpu_share"]
+    side["others_cores"] = max(0.0, others)
+    side["contended"] = side["others_cores"] >= CONTENDED_CORES
     if threads:
         side["threads_us_per_request"] = breakdown(pid, before, thread_cpu_s(pid), r["requests"])
+    if metrics_url:
+        side.update(commit_figures(commits, commit_totals(metrics_url)))
     return side
 
 
@@ -411,6 +467,16 @@ SCENARIOS = (
 )
 
 
+def _contended(rounds: tuple[dict[str, Any], dict[str, Any]]) -> bool:
+    return bool(rounds[0]["contended"] or rounds[1]["contended"])
+
+
+def _marks(rounds: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    return ("(client-bound)" if rounds[1]["paced_by_loadgen"] else "") + (
+        "(contended)" if _contended(rounds) else ""
+    )
+
+
 def _ratio(rounds: tuple[dict[str, Any], dict[str, Any]]) -> float:
     mine, kafka = rounds
     return float(mine["per_second"] / max(kafka["per_second"], 1e-9))
@@ -465,7 +531,9 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
 
         def pidctl_round() -> dict[str, Any]:
             load = scenario.pidctl_load(server.bootstrap, run.broker_base())
-            return measured(server.bootstrap, pidctl_pid, load, seconds)
+            return measured(
+                server.bootstrap, pidctl_pid, load, seconds, metrics_url=server.metrics_url
+            )
 
         # Warm-ups, not counted: Kafka's JIT compiles its request path, its broker takes a
         # first block of PIDs; pidctl takes its own.
@@ -486,7 +554,9 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
                 kafka = kafka_round()
                 mine = pidctl_round()
             rounds.append((mine, kafka))
-    counted = sorted((r for r in rounds if not r[1]["paced_by_loadgen"]), key=_ratio)
+    counted = [r for r in rounds if not r[1]["paced_by_loadgen"]]
+    quiet = [r for r in counted if not _contended(r)]
+    counted = sorted(quiet or counted, key=_ratio)
     mine, kafka = counted[len(counted) // 2] if counted else rounds[-1]
     version = kafka_version()
     threads = kafka.pop("threads_us_per_request")
@@ -500,6 +570,7 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
     verdict: dict[str, Any] = {
         "ratio": _ratio((mine, kafka)) if counted else None,
         "client_bound": not counted,
+        "machine_bound": bool(counted) and not quiet,
         "kafka_cpu_per_request_over_pidctl": kafka["server_cpu_us_per_request"]
         / max(mine["server_cpu_us_per_request"], 1e-9),
     }
@@ -508,6 +579,12 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
             f"client-bound: the load generator was busy {kafka['loadgen_busy_share']:.2f} of "
             f"Kafka's window (>= {suite.SATURATED_CORE_SHARE}); not counted"
         )
+    elif not quiet:
+        verdict["why"] = (
+            f"machine-bound: other work used >= {CONTENDED_CORES} cores in every round (here "
+            f"{mine['others_cores']:.2f} and {kafka['others_cores']:.2f}); the rates say how the "
+            "scheduler shared the cores; compare the CPU per request"
+        )
     run.row(
         scenario.key,
         scenario.title,
@@ -515,9 +592,7 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
         **_beside(mine),
         **verdict,
         baseline=f"Apache Kafka {version}, {scenario.described}",
-        rounds=" ".join(
-            f"{_ratio(r):.2f}{'(client-bound)' if r[1]['paced_by_loadgen'] else ''}" for r in rounds
-        ),
+        rounds=" ".join(f"{_ratio(r):.2f}{_marks(r)}" for r in rounds),
         rounds_counted=len(counted),
         kafka=kafka,
         kafka_threads_us_per_request=threads,
@@ -642,14 +717,26 @@ def live_heap_bytes(pid: int) -> int:
 
 
 def create_transactional_ids(node: KafkaNode, count: int, prefix: str = "mem-") -> None:
-    """``count`` new transactional ids in Kafka: storms of at most :data:`IDS_PER_STORM`
-    producers, each one InitProducerId for an id of its own (retried on 14)."""
-    for first in range(0, count, IDS_PER_STORM):
-        load = cloadgen.transactional(prefix)
-        which, at, width, _, kind = load.patches[0]
-        load.patches = [(which, at, width, first, kind)]
-        producers = min(IDS_PER_STORM, count - first)
-        cloadgen.run(node.bootstrap, load, connections=producers, storm=True, deadline=900)
+    """``count`` new transactional ids in Kafka: an InitProducerId for each, pipelined
+    :data:`IDS_PER_PIPELINE` at a time on each of :data:`ID_CONNECTIONS` connections (as many
+    connections as a storm would open only fill Kafka's accept queue); an id answered 14 (no
+    PID ready) is asked again."""
+
+    def create(ids: list[str]) -> None:
+        with SyncClient(node.bootstrap, timeout=120) as client:
+            while ids:
+                batch, ids = ids[:IDS_PER_PIPELINE], ids[IDS_PER_PIPELINE:]
+                answers = client.pipeline([requests.init_producer_id(i) for i in batch])
+                again = [i for i, a in zip(batch, answers, strict=True) if a.error_code.value]
+                if any(a.error_code.value not in (0, *_NOT_READY) for a in answers):
+                    raise RuntimeError(f"Kafka refused a transactional id: {answers}")
+                if again:
+                    time.sleep(cloadgen.RETRY_MS / 1000)
+                    ids = again + ids
+
+    names = [f"{prefix}{i:08d}" for i in range(count)]
+    with ThreadPoolExecutor(ID_CONNECTIONS) as pool:
+        list(pool.map(create, [names[k::ID_CONNECTIONS] for k in range(ID_CONNECTIONS)]))
 
 
 def row_memory(run: suite.Run) -> None:

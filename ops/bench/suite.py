@@ -389,6 +389,7 @@ def row_storm(run: Run) -> None:
         served=mine["served"],
         **_storm_times(mine),
         retries_14=mine["retries"],
+        reconnects=mine["reconnects"],
         server_cpu_s=mine_cpu,
         loadgen_cpu_s=mine["client_cpu_s"],
         cpu_ratio=mine_cpu / max(base_cpu, 0.01),
