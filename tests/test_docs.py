@@ -96,6 +96,11 @@ BLOCKS = {
         " tests/ops/test_bench.py"
     ),
     ("README.md", "Benchmarks", 1): not_run("benchmark runs of minutes each (as above)"),
+    ("README.md", "Against Apache Kafka 4.4.0", 0): not_run(
+        "the rows against Kafka take about 40 minutes at full size; tests/ops/bench/test_kafka.py"
+        " runs every one of them in the short mode"
+    ),
+    ("docs/bench-kafka.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
     ("docs/bench-request-path.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
     (
         "docs/bench-request-path.md",

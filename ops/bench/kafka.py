@@ -1,14 +1,17 @@
 """Rows against Apache Kafka itself (issue 32): pidctl and a Kafka broker, on the same machine,
 loaded by the same compiled generator (``ops/bench/loadgen.c``) in the same run, in turns.
+docs/bench-kafka.md has the figures and where the time goes.
 
-    python -m ops.bench.suite --only kafka-idempotent-16x1,kafka-transactional-16x1,\\
-        kafka-transactional-flushed-16x1,kafka-allocate-durable-16x1,kafka-storm,\\
-        kafka-memory-per-transactional-id [--rounds 5]
-    python -m ops.bench.suite --only kafka-syncs      # how each server makes a grant durable
+    python -m ops.bench.suite --rounds 5 --only kafka-idempotent-16x1,\\
+        kafka-transactional-16x1,kafka-transactional-flushed-16x1,kafka-allocate-durable-16x1,\\
+        kafka-allocate-durable-nolinger-16x1,kafka-storm,kafka-memory-per-transactional-id,\\
+        kafka-syncs
 
 The Kafka is :class:`ops.testing.kafka.KafkaNode`: one KRaft node (broker and controller) on
 loopback, everything as Kafka ships it except what a single node needs (replication factor 1
-of its internal topics) and, per row, the settings named in the row's ``baseline``:
+of its internal topics) and, per row, the settings named in the row's ``baseline``. The rows
+share one node as shipped (it stays warm, as a broker in service is; each row first loads it
+until its JIT has settled); a row with other settings starts its own.
 
 - ``kafka-idempotent-16x1``: InitProducerId without a transactional id, 16 connections x 1
   in flight, against the broker (which hands out PIDs from blocks of 1000 it asks its
@@ -28,8 +31,10 @@ of its internal topics) and, per row, the settings named in the row's ``baseline
   to its Raft log and answers once it is committed; its Raft leader fsyncs each batch before
   committing it (``KafkaRaftClient.flushLeaderLog``), and lingers up to
   ``controller.quorum.append.linger.ms`` (25 ms as shipped) collecting a batch first;
+  ``kafka-allocate-durable-nolinger-16x1``: the same with that linger 0;
 - ``kafka-storm``: 10,000 producers (``--storm``), each its own connection, ApiVersions then
-  InitProducerId, started within 1 s: the time until the last is served;
+  InitProducerId, started within 1 s: the time until the last is served, against Kafka as
+  shipped (a listen backlog of 50) and with the backlog pidctl's listener gets;
 - ``kafka-memory-per-transactional-id``: the broker's live heap (``jcmd GC.class_histogram``,
   after the full collection it forces) with ``--transactional-ids`` ids against before them,
   per id; pidctl's RSS per id the suite's way (the same server without ids);
@@ -50,10 +55,13 @@ Its *busy share* is the time it was on a CPU or runnable and waiting for one (it
 delay, ``/proc/self/schedstat``) over the window. A round where it was busy >= 90 % of the
 window was paced by the generator: **client-bound**, printed, not counted. Otherwise it spent
 over a tenth of the window asleep with everything outstanding, waiting for the server: the
-rate is the server's, on this machine as it was. Beside each figure: the server's cores
-(CPU seconds over the window), its threads' run-queue delay (time the busy machine held
-them back), its CPU per request, the machine's busy cores, and for Kafka the CPU of its
-thread groups per request (where a multi-threaded server spends its cycles).
+rate is the server's, on this machine as it was. A round in which other work used
+:data:`CONTENDED_CORES` or more is *contended*: the row's ratio comes from its quiet rounds,
+or, with none, from the contended ones, and the row says *machine-bound*. Beside each
+figure: the server's cores (CPU seconds over the window), its threads' run-queue delay (time
+the busy machine held them back), its CPU per request, the machine's busy cores, for Kafka
+the CPU of its thread groups per request (where a multi-threaded server spends its cycles),
+for pidctl its group commits.
 """
 
 from __future__ import annotations
