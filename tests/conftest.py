@@ -22,22 +22,30 @@ from ops.testing.user_server import UserServerCheck
 settings.register_profile("pidctl", deadline=None)
 settings.load_profile("pidctl")
 
+#: Put first on the path of every Python the tests start (see session_temp_dir).
+WITHOUT_HYPOTHESIS = Path(__file__).resolve().parent.parent / "ops/testing/without_hypothesis"
+
 
 @pytest.fixture(scope="session", autouse=True)
 def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One temporary directory for everything this session's processes write there, removed
     at its end: Python's ``tempfile`` here and in every child (``TMPDIR``), and every JVM's
     ``java.io.tmpdir`` (Spark's block managers, scratch and artifact dirs, native libraries
-    unpacked by each JVM), without the JVMs' hsperfdata files. A process killed by a test
+    unpacked by each JVM), without the JVMs' hsperfdata files. Every Python started finds
+    ops/testing/without_hypothesis first on its path. A process killed by a test
     (a crashed driver, a SIGKILLed broker) cannot clean after itself; this does. pytest's own
     ``tmp_path`` dirs are kept only for failed tests (``tmp_path_retention_policy``)."""
     tmp_path_factory.getbasetemp()  # pytest's own, chosen before TMPDIR changes
     directory = Path(tempfile.mkdtemp(prefix="pidctl-tests-"))
     directory.chmod(0o755)  # PostgreSQL's own user reaches its data dir in here
-    saved = {name: os.environ.get(name) for name in ("TMPDIR", "JAVA_TOOL_OPTIONS")}
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "JAVA_TOOL_OPTIONS", "PYTHONPATH")}
     java = f"-Djava.io.tmpdir={directory} -XX:-UsePerfData"
     os.environ["TMPDIR"] = str(directory)
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [saved["JAVA_TOOL_OPTIONS"], java]))
+    # The processes started run without hypothesis, as installed (its stand-in says why).
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(WITHOUT_HYPOTHESIS), saved["PYTHONPATH"]])
+    )
     tempfile.tempdir = str(directory)
     try:
         yield directory

@@ -183,7 +183,7 @@ class ServerProcess:
             *self.extra,
         ]
 
-    def start(self, timeout: float = 20.0) -> ServerProcess:
+    def start(self, timeout: float = WAIT_TIMEOUT_S) -> ServerProcess:
         from pidctl.controller.log.formatting import is_formatted
 
         if self.format and not is_formatted(self.data_dir):
