@@ -22,7 +22,8 @@ issue 17 (the request path), each runnable alone with ``--only``:
 The throughput rows are measured at 1, 4 and 16 connections, for a latency-vs-throughput
 chart per scenario (``<row>.png``; the storm's chart is the fraction served over time).
 
-Further rows: ``disk``, ``zookeeper``, ``grants``, ``fleet``, ``spark``, ``restart``.
+Further rows: ``disk``, ``zookeeper``, ``grants``, ``fleet``, ``spark``, ``spark-kafka``,
+``restart``.
 Baselines of those:
 - framing ceiling: ops/bench/ceiling.py answers every frame with a fixed pre-encoded response;
 - disk: grant-sized appends with an fdatasync each, and one per group of 8 and of 64;
@@ -33,7 +34,9 @@ Baselines of those:
   controller, against one controller alone;
 - Spark (ops/bench/spark.py): preallocation against one InitProducerId per partition, the
   atomic exactly-once sink against a plain batched append (SQLite, PostgreSQL), and its
-  streaming writer against foreachBatch with that append.
+  streaming writer against foreachBatch with that append;
+- Spark to Kafka (ops/bench/spark_kafka.py): pidctl-kafka against Spark's own Kafka sink, the
+  same job into the same broker.
 The load generator is compiled (ops/bench/loadgen.c, built on first use by ops/bench/cloadgen.py):
 one process, one epoll loop, checking every answer's correlation id and error code (and, for
 pidctl, that no PID or block is handed out twice). It measures the CPU time of the server it
@@ -513,6 +516,30 @@ def row_spark(run: Run) -> None:
         )
 
 
+def row_spark_kafka(run: Run) -> None:
+    r = run_json("ops.bench.spark_kafka")
+    mine, spark = r["pidctl_kafka"], r["spark_kafka_sink"]
+    run.row(
+        "spark-kafka",
+        "pidctl-kafka rows/s, against Spark's own Kafka sink",
+        mine["rows_per_s"],
+        vs_spark_kafka_sink=r["ratio"],
+        spark_sink_rows_per_s=spark["rows_per_s"],
+        spark_cpu_s=mine["spark_cpu_s"],
+        spark_sink_spark_cpu_s=spark["spark_cpu_s"],
+        broker_cpu_s=mine["broker_cpu_s"],
+        spark_sink_broker_cpu_s=spark["broker_cpu_s"],
+    )
+    states = r["producer_states"]
+    run.row(
+        "spark-kafka",
+        f"broker producer states after a {states['spark_partitions']:,}-partition job",
+        None,
+        pidctl_kafka=states["pidctl-kafka"],
+        spark_kafka_sink=states["kafka"],
+    )
+
+
 def row_restart(run: Run) -> None:
     for grants in (1_000, run.args.history):
         directory = run.tmp / f"history-{grants}"
@@ -544,6 +571,7 @@ ROWS: dict[str, Callable[[Run], None]] = {
     "grants": row_grants,
     "fleet": row_fleet,
     "spark": row_spark,
+    "spark-kafka": row_spark_kafka,
     "restart": row_restart,
 }
 #: The rows of issue 17: each reports ``ratio`` against its baseline of the same run.

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,8 +279,14 @@ def _as_bytes(column: Any) -> list[Any]:
     return list(column.to_pylist())
 
 
-def rows_of(batches: Iterator[Any], topic_option: str | None) -> Iterator[Any]:
-    """(topic, partition, (key, value, headers)) of every row of Arrow record batches."""
+def rows_of(
+    batches: Iterator[Any],
+    topic_option: str | None,
+    partitioner: Callable[[str, Any], list[int | None]] | None = None,
+) -> Iterator[Any]:
+    """(topic, partition, (key, value, headers)) of every row of Arrow record batches; with
+    one topic for all rows and no ``partition`` column, ``partitioner(topic, keys)`` places
+    the keyed rows a whole batch at a time."""
     for batch in batches:
         names = {name.lower(): i for i, name in enumerate(batch.schema.names)}
         count = batch.num_rows
@@ -290,9 +296,12 @@ def rows_of(batches: Iterator[Any], topic_option: str | None) -> Iterator[Any]:
             topics = [topic_option] * count
         else:
             topics = batch.column(names["topic"]).to_pylist()
-        partitions = (
-            batch.column(names["partition"]).to_pylist() if "partition" in names else [None] * count
-        )
+        if "partition" in names:
+            partitions = batch.column(names["partition"]).to_pylist()
+        elif partitioner is not None and topic_option is not None and "key" in names:
+            partitions = partitioner(topic_option, batch.column(names["key"]))
+        else:
+            partitions = [None] * count
         if "headers" in names:
             headers = [
                 [(h["key"], h["value"]) for h in row or ()]
@@ -414,7 +423,7 @@ def write_partition(
             options.producer,
             resume=resume or attempt > 0,
         )
-        reports = producer.write(rows_of(batches, options.topic))
+        reports = producer.write(rows_of(batches, options.topic, producer.key_partitions))
     finally:
         cluster.close()
     return KafkaCommit(partition, attempt, producer_id, reports)

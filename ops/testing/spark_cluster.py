@@ -141,14 +141,16 @@ class SparkCluster:
         """The master's ``activeapps`` or ``completedapps``."""
         return list(self.status().get(state, []))
 
-    def _spawn(self, name: str, *arguments: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, *arguments: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with open(self.log(f"{name}.log"), "wb") as log:
             proc = subprocess.Popen(
                 [str(self.home / "bin" / "spark-class"), *arguments],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self.daemon_env,
+                env=env or self.daemon_env,
                 cwd=self.directory,
                 start_new_session=True,  # its own process group: the JVM and the script
             )
@@ -221,6 +223,26 @@ class SparkCluster:
             self.stop(keep_logs=True)
             raise
         return self
+
+    def add_worker(self, host: str) -> subprocess.Popen[bytes]:
+        """Start one more worker (``cores``, ``memory``) advertising ``host`` (another
+        loopback address, 127.0.0.2, makes it a host of its own, as speculation needs), with
+        its own web UI port and work dir; return once the master counts it ALIVE. Its
+        process group (``.pid``) holds it and the executors it starts."""
+        alive = self.alive_workers()
+        name = f"worker-{len(self.processes)}"
+        work_dir = self.directory / name
+        work_dir.mkdir()
+        proc = self._spawn(
+            name,
+            "org.apache.spark.deploy.worker.Worker",
+            self.master_url,
+            *("--host", host, "--cores", str(self.cores), "--memory", self.memory),
+            *("--webui-port", str(free_port()), "--work-dir", str(work_dir)),
+            env={**self.daemon_env, "SPARK_LOCAL_IP": host},
+        )
+        self._wait(proc, name, lambda: self.alive_workers() > alive, f"spark {name} registered")
+        return proc
 
     def _answers(self) -> bool:
         """The master answers, as the one leader (ALIVE, not STANDBY)."""

@@ -7,8 +7,9 @@
 
 Each row's value is ``<id>:<padding>`` and its key the id: a consumer counts duplicates and
 missing rows by the id. ``--slow-ms`` sleeps that long per ``--batch-rows`` rows (so a test
-can kill something mid-write); ``--straggler P`` makes partition P's first attempt 5x slower
-(so speculation copies it). Prints one line: the rows written.
+can kill something mid-write); ``--straggler P`` makes partition P's first attempt 5x
+slower (so speculation copies it); ``--attempts-dir`` records each task attempt. Prints one
+line: the rows written.
 """
 
 from __future__ import annotations
@@ -23,15 +24,20 @@ from pyspark.sql import SparkSession
 from pidctl.spark import register_data_sources
 
 
-def slowed(slow_ms: int, straggler: int) -> Any:
+def slowed(slow_ms: int, straggler: int, attempts_dir: str | None) -> Any:
     """A pass-through over Arrow batches that sleeps ``slow_ms`` per batch (5x as long in the
-    straggler partition's first attempt)."""
+    straggler partition's first attempt), and leaves a file ``<partition>-<attempt>`` in
+    ``attempts_dir`` for every task attempt (the cluster is one machine: what retried)."""
 
     def passthrough(batches: Iterator[Any]) -> Iterator[Any]:
+        from pathlib import Path
+
         from pyspark import TaskContext
 
         context = TaskContext.get()
         assert context is not None
+        if attempts_dir:
+            Path(attempts_dir, f"{context.partitionId()}-{context.attemptNumber()}").touch()
         pause = slow_ms / 1000
         if context.partitionId() == straggler and context.attemptNumber() == 0:
             pause *= 5
@@ -55,6 +61,7 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=int, default=0)
     parser.add_argument("--batch-rows", type=int, default=500)
     parser.add_argument("--straggler", type=int, default=-1)
+    parser.add_argument("--attempts-dir", help="a file per task attempt goes here")
     args = parser.parse_args()
 
     spark = (
@@ -65,7 +72,7 @@ def main() -> None:
     register_data_sources(spark)  # format("pidctl-kafka")
     df = spark.range(0, args.rows, 1, args.partitions)
     if args.slow_ms:
-        df = df.mapInArrow(slowed(args.slow_ms, args.straggler), df.schema)
+        df = df.mapInArrow(slowed(args.slow_ms, args.straggler, args.attempts_dir), df.schema)
     df = df.selectExpr(
         "CAST(id AS STRING) AS key", "CONCAT(CAST(id AS STRING), ':', REPEAT('x', 100)) AS value"
     )

@@ -1,0 +1,199 @@
+"""Faults during a Spark-to-Kafka job on a real standalone cluster, for ``pidctl-kafka`` and for
+Spark's own Kafka sink side by side: the same job (``ops/spark/examples/kafka_write.py``),
+the same broker, the same cluster (a master and two workers on two loopback hosts, 127.0.0.1
+and 127.0.0.2, so that speculation has another host to copy a task to). Each run writes a
+fresh topic and counts its rows by their unique id with a real consumer.
+
+Faults (joined with ``+`` to combine, e.g. ``executor+speculation``): ``none``; ``executor``
+(SIGKILL an executor JVM once part of the rows are in Kafka);
+``worker`` (SIGKILL the second worker with its executor; a new one replaces it afterwards);
+``speculation`` (``spark.speculation`` on, one partition's first attempt 5x slower, so a copy
+runs beside it); ``driver`` (SIGKILL ``spark-submit`` mid-write, then run the job again, as a
+scheduler would: pidctl-kafka with the same ``txnAppId``/``txnVersion``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ops.testing.jars import classpath
+from ops.testing.kafka import KafkaNode
+from ops.testing.kafka_topics import count, new_topic, written_rows
+from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.spark_cluster import SparkCluster, live_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "ops" / "spark" / "examples" / "kafka_write.py"
+FAULTS = ("none", "executor", "worker", "speculation", "driver")
+SINKS = ("pidctl-kafka", "kafka")
+#: How long one submission may take on a busy 2-core machine.
+SUBMIT_TIMEOUT_S = 600
+SECOND_HOST = "127.0.0.2"
+
+
+@dataclass(frozen=True)
+class FaultRun:
+    """One job under one fault: the rows a consumer counts by id, and the runs' exit codes."""
+
+    fault: str
+    sink: str
+    rows: int
+    duplicates: int
+    missing: int
+    exit_codes: tuple[int, ...]
+    seconds: float
+    #: Task attempts beyond each partition's first (retries and speculative copies; of the
+    #: last run for ``driver``).
+    extra_attempts: int
+
+
+def executor_pids(groups: list[int]) -> list[int]:
+    """Executor JVMs (CoarseGrainedExecutorBackend) in the given process groups."""
+    found = []
+    for pid in live_processes(groups):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"CoarseGrainedExecutorBackend" in command:
+            found.append(pid)
+    return found
+
+
+class KafkaFaults:
+    """Runs the job under faults on one cluster (which it extends with a second worker)."""
+
+    def __init__(
+        self,
+        cluster: SparkCluster,
+        kafka: KafkaNode,
+        pidctl: ServerProcess,
+        *,
+        rows: int = 20_000,
+        partitions: int = 4,
+        slow_ms: int = 300,
+    ) -> None:
+        self.cluster, self.kafka, self.pidctl = cluster, kafka, pidctl
+        self.rows, self.partitions, self.slow_ms = rows, partitions, slow_ms
+        self.jars = classpath("spark-kafka").replace(os.pathsep, ",")
+        self.second_worker = cluster.add_worker(SECOND_HOST)
+
+    def _command(
+        self, sink: str, topic: str, app_id: str, speculation: bool, attempts: Path
+    ) -> list[str]:
+        conf = {
+            "spark.executor.memory": "512m",
+            "spark.log.level": "WARN",
+            "spark.pyspark.python": sys.executable,
+            "spark.task.maxFailures": "8",
+        }
+        if speculation:
+            conf |= {
+                "spark.speculation": "true",
+                "spark.speculation.interval": "200ms",
+                "spark.speculation.quantile": "0.5",
+                "spark.speculation.multiplier": "1.5",
+            }
+        command = [*self.cluster.submit_command(), "--jars", self.jars]
+        for name, value in conf.items():
+            command += ["--conf", f"{name}={value}"]
+        command += [str(JOB), "--format", sink, "--kafka", self.kafka.bootstrap, "--topic", topic]
+        command += ["--rows", str(self.rows), "--partitions", str(self.partitions)]
+        command += ["--slow-ms", str(self.slow_ms), "--pidctl", self.pidctl.bootstrap]
+        command += ["--app-id", app_id, "--version", "1", "--attempts-dir", str(attempts)]
+        if speculation:
+            command += ["--straggler", "0"]
+        return command
+
+    def _start(self, command: list[str]) -> subprocess.Popen[str]:
+        env = self.cluster.submit_env(PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+        return subprocess.Popen(
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own group: the driver JVM and its Python
+        )
+
+    def _finish(self, proc: subprocess.Popen[str]) -> int:
+        _, err = proc.communicate(timeout=SUBMIT_TIMEOUT_S)
+        if proc.returncode:
+            sys.stderr.write(err[-3000:])
+        return proc.returncode
+
+    def _mid_write(self, topic: str, proc: subprocess.Popen[str]) -> None:
+        """Wait until a tenth of the rows are in Kafka (the job still running)."""
+
+        def started() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the job ended before the fault ({proc.returncode})")
+            return written_rows(self.kafka.bootstrap, topic) >= self.rows // 10
+
+        wait_until(started, "part of the rows written", timeout=SUBMIT_TIMEOUT_S, poll=0.2)
+
+    def run(self, fault: str, sink: str) -> FaultRun:
+        """The job under ``fault`` with ``sink``; the counts of its topic."""
+        topic = new_topic(self.kafka.bootstrap, self.partitions, prefix=f"{fault}-{sink}")
+        app_id = f"faults-{uuid.uuid4().hex[:8]}"
+        attempts = Path(tempfile.mkdtemp(prefix="pidctl-attempts-"))
+        speculation = "speculation" in fault.split("+")
+        command = self._command(sink, topic, app_id, speculation, attempts)
+        started = time.monotonic()
+        proc = self._start(command)
+        codes = []
+        kills = set(fault.split("+")) - {"speculation", "none"}
+        if kills == {"executor"}:
+            self._mid_write(topic, proc)
+            victims = executor_pids(self.cluster.process_groups())
+            os.kill(victims[0], signal.SIGKILL)
+        elif kills == {"worker"}:
+            self._mid_write(topic, proc)
+            os.killpg(self.second_worker.pid, signal.SIGKILL)
+            self.second_worker.wait(30)
+        elif kills == {"driver"}:
+            self._mid_write(topic, proc)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            codes.append(proc.returncode)
+            wait_until(
+                lambda: not self.cluster.applications("activeapps"),
+                "the killed driver's application ended",
+                timeout=SUBMIT_TIMEOUT_S,
+            )
+            shutil.rmtree(attempts)
+            attempts.mkdir()
+            proc = self._start(command)  # the re-run
+        codes.append(self._finish(proc))
+        seconds = time.monotonic() - started
+        if kills == {"worker"}:
+            self.second_worker = self.cluster.add_worker(SECOND_HOST)
+        extra = sum(1 for path in attempts.iterdir() if not path.name.endswith("-0"))
+        shutil.rmtree(attempts)
+        counted = count(self.kafka.bootstrap, topic, self.rows)
+        return FaultRun(
+            fault,
+            sink,
+            counted.rows,
+            counted.duplicates,
+            counted.missing,
+            tuple(codes),
+            seconds,
+            extra,
+        )
+
+
+def report(runs: list[FaultRun]) -> list[dict[str, Any]]:
+    """The runs as JSON-friendly rows."""
+    return [run.__dict__ for run in runs]
