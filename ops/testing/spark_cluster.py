@@ -230,7 +230,7 @@ class SparkCluster:
         its own web UI port and work dir; return once the master counts it ALIVE. Its
         process group (``.pid``) holds it and the executors it starts."""
         alive = self.alive_workers()
-        name = f"worker-{len(self.processes)}"
+        name = f"added-worker-{len(self.processes)}"
         work_dir = self.directory / name
         work_dir.mkdir()
         proc = self._spawn(
