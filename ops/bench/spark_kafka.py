@@ -140,13 +140,64 @@ def producer_states(kafka: KafkaNode, topic: str, partitions: int) -> int:
     return sum(len(states) for states in found.values())
 
 
-def fault_comparison(kafka: KafkaNode, pidctl: ServerProcess) -> list[dict[str, Any]]:
-    """Both sinks under every fault, on one standalone cluster."""
+def throughput(
+    spark: Any, kafka: KafkaNode, pidctl: ServerProcess, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Both sinks on the same job, alternately, best of ``--repeats``; every row counted."""
+    df = frame(spark, args.rows, args.partitions)
+    write(frame(spark, 1000, 2), "kafka", kafka, pidctl, new_topic(kafka.bootstrap, 1))
+    write(frame(spark, 1000, 2), "pidctl-kafka", kafka, pidctl, new_topic(kafka.bootstrap, 1))
+    runs: dict[str, list[dict[str, Any]]] = {"kafka": [], "pidctl-kafka": []}
+    for _ in range(args.repeats):
+        for fmt in runs:
+            runs[fmt].append(timed(spark, df, fmt, kafka, pidctl, args.partitions))
+    best = {fmt: max(r, key=lambda x: x["rows_per_s"]) for fmt, r in runs.items()}
+    for run in best.values():
+        counted = count(kafka.bootstrap, run["topic"], args.rows)
+        run["duplicates"], run["missing"] = counted.duplicates, counted.missing
+    return {
+        "spark_kafka_sink": best["kafka"],
+        "pidctl_kafka": best["pidctl-kafka"],
+        "ratio": best["pidctl-kafka"]["rows_per_s"] / best["kafka"]["rows_per_s"],
+        "all_runs": runs,
+    }
+
+
+def wide_job(
+    spark: Any, kafka: KafkaNode, pidctl: ServerProcess, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Producer states on the broker after a job of ``--wide-partitions`` partitions."""
+    wide: dict[str, Any] = {
+        "spark_partitions": args.wide_partitions,
+        "kafka_partitions": args.wide_topic_partitions,
+    }
+    for fmt in ("kafka", "pidctl-kafka"):
+        topic = new_topic(kafka.bootstrap, args.wide_topic_partitions, prefix="wide")
+        df = frame(spark, args.wide_partitions * 20, args.wide_partitions)
+        write(df, fmt, kafka, pidctl, topic)
+        wide[fmt] = producer_states(kafka, topic, args.wide_topic_partitions)
+    return wide
+
+
+def fault_comparison(
+    kafka: KafkaNode, pidctl: ServerProcess, faults: list[str], sinks: list[str]
+) -> list[dict[str, Any]]:
+    """The sinks under the faults, on one standalone cluster; each run is also printed to
+    stderr as it ends (a long run's partial result)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    runs = []
     with SparkCluster(env={"PATH": path}) as cluster:
-        faults = KafkaFaults(cluster, kafka, pidctl)
-        runs = [faults.run(fault, sink) for fault in FAULTS for sink in SINKS]
+        harness = KafkaFaults(cluster, kafka, pidctl)
+        for fault in faults:
+            for sink in sinks:
+                runs.append(harness.run(fault, sink))
+                partial(f"fault {fault} {sink}", report(runs[-1:])[0])
     return report(runs)
+
+
+def partial(what: str, value: Any) -> None:
+    """A section's result on stderr as soon as it is measured."""
+    print(f"# {what}: {json.dumps(value)}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -157,6 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--wide-partitions", type=int, default=1000)
     parser.add_argument("--wide-topic-partitions", type=int, default=4)
     parser.add_argument("--faults", action="store_true", help="also the fault comparison")
+    parser.add_argument("--fault-list", default=",".join(FAULTS), help="faults to run")
+    parser.add_argument("--fault-sinks", default=",".join(SINKS), help="sinks under faults")
+    parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args(argv)
     jars = classpath("spark-kafka").replace(os.pathsep, ",")
     result: dict[str, Any] = {"rows": args.rows, "value_bytes": VALUE_BYTES}
@@ -167,40 +221,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ):
         spark = session(jars)
         try:
-            df = frame(spark, args.rows, args.partitions)
-            write(frame(spark, 1000, 2), "kafka", kafka, pidctl, new_topic(kafka.bootstrap, 1))
-            write(
-                frame(spark, 1000, 2), "pidctl-kafka", kafka, pidctl, new_topic(kafka.bootstrap, 1)
-            )
-            runs: dict[str, list[dict[str, Any]]] = {"kafka": [], "pidctl-kafka": []}
-            for _ in range(args.repeats):
-                for fmt in runs:
-                    runs[fmt].append(timed(spark, df, fmt, kafka, pidctl, args.partitions))
-            best = {fmt: max(r, key=lambda x: x["rows_per_s"]) for fmt, r in runs.items()}
-            for run in best.values():
-                counted = count(kafka.bootstrap, run["topic"], args.rows)
-                run["duplicates"], run["missing"] = counted.duplicates, counted.missing
-            result["spark_kafka_sink"] = best["kafka"]
-            result["pidctl_kafka"] = best["pidctl-kafka"]
-            result["ratio"] = best["pidctl-kafka"]["rows_per_s"] / best["kafka"]["rows_per_s"]
-            result["all_runs"] = runs
-            wide: dict[str, Any] = {"spark_partitions": args.wide_partitions}
-            for fmt in runs:
-                topic = new_topic(kafka.bootstrap, args.wide_topic_partitions, prefix="wide")
-                write(
-                    frame(spark, args.wide_partitions * 20, args.wide_partitions),
-                    fmt,
-                    kafka,
-                    pidctl,
-                    topic,
-                )
-                wide[fmt] = producer_states(kafka, topic, args.wide_topic_partitions)
-            wide["kafka_partitions"] = args.wide_topic_partitions
-            result["producer_states"] = wide
+            if not args.skip_throughput:
+                result |= throughput(spark, kafka, pidctl, args)
+                partial("throughput", {k: v for k, v in result.items() if k != "all_runs"})
+                result["producer_states"] = wide_job(spark, kafka, pidctl, args)
+                partial("producer_states", result["producer_states"])
         finally:
             spark.stop()
         if args.faults:
-            result["faults"] = fault_comparison(kafka, pidctl)
+            faults, sinks = args.fault_list.split(","), args.fault_sinks.split(",")
+            result["faults"] = fault_comparison(kafka, pidctl, faults, sinks)
     print(json.dumps(result, indent=2))
     return result
 
