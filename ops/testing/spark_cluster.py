@@ -4,7 +4,9 @@ Started from the pyspark package's own ``SPARK_HOME`` (``bin/spark-class``), as 
 one on a real machine, with its log files in a temporary directory. Every port it opens is a
 free one chosen here (the master's RPC, web UI and REST submission ports, the worker's web
 UI; the rest are the kernel's choice) and never moves (``spark.port.maxRetries=0``): another
-Spark on the machine, on its default ports or not, is never touched.
+Spark on the machine, on its default ports or not, is never touched. A port taken between its
+choice and the daemon's bind (another test's connection took it) makes the daemon start again
+on newly chosen ports, up to :data:`PORT_ATTEMPTS` times.
 Used by the deployment tests (``tests/ops/spark/test_cluster.py``): jobs reach it with
 ``bin/spark-submit --master`` :attr:`SparkCluster.master_url`. Needs Java 17.
 
@@ -32,6 +34,9 @@ from ops.testing.serverproc import WAIT_TIMEOUT_S, wait_until
 #: on a busy 2-core machine took up to a minute.
 START_TIMEOUT_S = 2 * WAIT_TIMEOUT_S
 
+#: How many times a daemon is started on newly chosen ports when one of its ports was taken.
+PORT_ATTEMPTS = 3
+
 #: How long a stopped daemon may take to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -41,6 +46,18 @@ def spark_home() -> Path:
     from pyspark.find_spark_home import _find_spark_home
 
     return Path(_find_spark_home())
+
+
+# A port taken meanwhile must stop the daemon, not make it move silently to the next port
+# (Spark's default: 16 retries), where the worker and spark-submit would not look.
+_NO_PORT_RETRIES = "-Dspark.port.maxRetries=0"
+
+#: What a daemon's log says when a port it was given is taken.
+_BIND_FAILED = b"java.net.BindException"
+
+
+class PortTaken(RuntimeError):
+    """A daemon could not bind a port chosen for it: someone took it meanwhile."""
 
 
 def live_processes(groups: list[int]) -> list[int]:
@@ -98,17 +115,15 @@ class SparkCluster:
             "SPARK_CONF_DIR": str(conf),
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
-        # A port taken meanwhile must stop the daemon, not make it move silently to the next
-        # port (Spark's default: 16 retries), where the worker and spark-submit would not look.
-        no_retries = "-Dspark.port.maxRetries=0"
-        daemons = {
-            "SPARK_MASTER_OPTS": f"{no_retries} -Dspark.master.rest.port={self.rest_port}",
-            "SPARK_WORKER_OPTS": no_retries,
-        }
+        daemons = {"SPARK_WORKER_OPTS": _NO_PORT_RETRIES}
         # The daemons' own environment must not hand a Python or a path to the executors.
         for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH"):
             self.env.pop(name, None)
         self.daemon_env = {**self.env, **daemons, **(env or {})}
+
+    def _master_env(self) -> dict[str, str]:
+        rest = f"-Dspark.master.rest.port={self.rest_port}"
+        return {**self.daemon_env, "SPARK_MASTER_OPTS": f"{_NO_PORT_RETRIES} {rest}"}
 
     @property
     def master_url(self) -> str:
@@ -168,6 +183,10 @@ class SparkCluster:
 
     def _wait(self, proc: subprocess.Popen[bytes], name: str, condition: Any, what: str) -> None:
         def ready() -> bool:
+            # A daemon that failed to bind can stay up without serving (seen in CI: the
+            # master waited out its whole start time): read its log for the cause.
+            if _BIND_FAILED in self.log(f"{name}.log").read_bytes():
+                raise PortTaken(f"spark {name}: {self._why(name)}")
             if proc.poll() is not None:
                 raise RuntimeError(f"spark {name} exited with {proc.returncode}: {self._why(name)}")
             return bool(condition())
@@ -180,17 +199,22 @@ class SparkCluster:
     def start(self) -> SparkCluster:
         """Start the master, then the workers; return once every worker is registered."""
         try:
-            master = self._spawn(
-                "master",
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--webui-port",
-                str(self.webui_port),
-            )
-            self._wait(master, "master", self._answers, "spark master answering and ALIVE")
+            for attempt in range(PORT_ATTEMPTS):
+                master = self._spawn(
+                    "master",
+                    "org.apache.spark.deploy.master.Master",
+                    *("--host", "127.0.0.1", "--port", str(self.port)),
+                    *("--webui-port", str(self.webui_port)),
+                    env=self._master_env(),
+                )
+                try:
+                    self._wait(master, "master", self._answers, "spark master answering and ALIVE")
+                    break
+                except PortTaken:
+                    self._kill(master)
+                    if attempt == PORT_ATTEMPTS - 1:
+                        raise
+                    self.port, self.webui_port, self.rest_port = (free_port() for _ in range(3))
             if not self.worker:
                 return self
             webui_ports = [self.worker_webui_port, *self.more_worker_webui_ports]
@@ -198,26 +222,12 @@ class SparkCluster:
                 name = "worker" if index == 0 else f"worker-{index + 1}"
                 work_dir = self.directory / ("work" if index == 0 else f"work-{index + 1}")
                 work_dir.mkdir()
-                worker = self._spawn(
+                self._start_worker(
                     name,
-                    "org.apache.spark.deploy.worker.Worker",
-                    self.master_url,
-                    "--host",
                     "127.0.0.1",
-                    "--cores",
-                    str(self.cores),
-                    "--memory",
-                    self.memory,
-                    "--webui-port",
-                    str(webui_port),
-                    "--work-dir",
-                    str(work_dir),
-                )
-                self._wait(
-                    worker,
-                    name,
+                    webui_port,
+                    work_dir,
                     lambda count=index + 1: self.alive_workers() == count,
-                    "spark worker registered",
                 )
         except BaseException:
             self.stop(keep_logs=True)
@@ -233,16 +243,32 @@ class SparkCluster:
         name = f"added-worker-{len(self.processes)}"
         work_dir = self.directory / name
         work_dir.mkdir()
-        proc = self._spawn(
-            name,
-            "org.apache.spark.deploy.worker.Worker",
-            self.master_url,
-            *("--host", host, "--cores", str(self.cores), "--memory", self.memory),
-            *("--webui-port", str(free_port()), "--work-dir", str(work_dir)),
-            env={**self.daemon_env, "SPARK_LOCAL_IP": host},
+        return self._start_worker(
+            name, host, free_port(), work_dir, lambda: self.alive_workers() > alive
         )
-        self._wait(proc, name, lambda: self.alive_workers() > alive, f"spark {name} registered")
-        return proc
+
+    def _start_worker(
+        self, name: str, host: str, webui_port: int, work_dir: Path, registered: Any
+    ) -> subprocess.Popen[bytes]:
+        """A worker on ``host``, started again on a new web UI port if its own was taken."""
+        for attempt in range(PORT_ATTEMPTS):
+            worker = self._spawn(
+                name,
+                "org.apache.spark.deploy.worker.Worker",
+                self.master_url,
+                *("--host", host, "--cores", str(self.cores), "--memory", self.memory),
+                *("--webui-port", str(webui_port), "--work-dir", str(work_dir)),
+                env={**self.daemon_env, "SPARK_LOCAL_IP": host},
+            )
+            try:
+                self._wait(worker, name, registered, f"spark {name} registered")
+                return worker
+            except PortTaken:
+                self._kill(worker)
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                webui_port = free_port()
+        raise AssertionError("unreachable")
 
     def _answers(self) -> bool:
         """The master answers, as the one leader (ALIVE, not STANDBY)."""
@@ -279,23 +305,27 @@ class SparkCluster:
         remove the directory unless ``keep_logs``."""
         groups = self.process_groups()
         for proc in reversed(self.processes):  # the worker first
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(STOP_TIMEOUT_S)
-            # Executors the worker started live in its group too; make sure none outlives it.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            self._kill(proc)
         self.processes.clear()
         wait_until(
             lambda: not live_processes(groups), "spark processes gone", timeout=STOP_TIMEOUT_S
         )
         if not keep_logs:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM the daemon's process group, SIGKILL it after :data:`STOP_TIMEOUT_S`."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(STOP_TIMEOUT_S)
+        # Executors a worker started live in its group too; make sure none outlives it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def __enter__(self) -> SparkCluster:
         return self.start()

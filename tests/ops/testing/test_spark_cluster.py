@@ -5,6 +5,7 @@ on Spark's defaults or not, is never touched)."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
@@ -24,3 +25,16 @@ def test_two_masters_side_by_side_each_on_its_own_ports() -> None:
         assert len(ports) == 2
         groups = first.process_groups() + second.process_groups()
     assert live_processes(groups) == []
+
+
+@pytest.mark.parametrize("taken", ["port", "webui_port", "rest_port"])
+def test_a_port_taken_before_the_master_binds_starts_it_on_new_ports(taken: str) -> None:
+    """Another process took one of the master's ports between its choice and the start (CI
+    saw a connection take it): the master starts on newly chosen ports and leads."""
+    cluster = SparkCluster(worker=False)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", getattr(cluster, taken)))
+        squatter.listen()
+        with cluster:
+            assert cluster.status()["status"] == "ALIVE"
+            assert getattr(cluster, taken) != squatter.getsockname()[1]
