@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter
 from typing import NamedTuple
@@ -13,9 +14,14 @@ from confluent_kafka.cimpl import NewTopic
 from ops.testing.serverproc import wait_until
 
 
+# What Kafka allows in a topic name (its Topic.validate).
+_LEGAL = re.compile(r"[^A-Za-z0-9._-]")
+
+
 def new_topic(bootstrap: str, partitions: int, prefix: str = "t") -> str:
-    """Create a topic with a fresh name (replication 1) and return the name."""
-    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    """Create a topic with a fresh name (replication 1) and return the name; characters a
+    topic name may not hold (``+`` of a fault's name, say) become ``_`` in it."""
+    name = f"{_LEGAL.sub('_', prefix)}-{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     future = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=60)[name]
     future.result(timeout=120)
