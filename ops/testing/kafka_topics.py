@@ -13,7 +13,6 @@ from confluent_kafka.cimpl import NewTopic
 
 from ops.testing.serverproc import wait_until
 
-
 # What Kafka allows in a topic name (its Topic.validate).
 _LEGAL = re.compile(r"[^A-Za-z0-9._-]")
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
