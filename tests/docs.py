@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Every Markdown file whose blocks must be run by a test, or said why not (tests/test_docs.py).
 DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
 
+#: pidctl's default ports (DESIGN.md §2): where the user's own server listens.
+_DEFAULT_PORT = re.compile(r":(9093|9464)\b")
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```$", re.S | re.M)
 _HEADING = re.compile(r"^#{1,6} (.*)$", re.M)
 
@@ -64,3 +67,15 @@ def commands(text: str) -> list[str]:
     joined = text.replace("\\\n", " ")
     lines = [line.split(" #")[0].strip() for line in joined.splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
+
+
+def moved(text: str, moves: Mapping[str, str]) -> str:
+    """``text`` (a block, or a command of one) with each written address or path replaced by
+    the test's own; no default port of pidctl's may be left in it, so that a block run as
+    written cannot talk to a server the test did not start (the user's own, beside the
+    suite)."""
+    for written, ours in moves.items():
+        text = text.replace(written, ours)
+    left = sorted({m.group(0) for m in _DEFAULT_PORT.finditer(text)})
+    assert not left, f"a default port is left in a block the test runs: {left}\n{text}"
+    return text

@@ -152,6 +152,23 @@ BLOCKS = {
     ("docs/spark-sink.md", "Idempotent re-runs: `txnAppId` and `txnVersion`", 0): run_by(
         "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
     ),
+    ("docs/spark-sink.md", "Idempotent re-runs: `txnAppId` and `txnVersion`", 1): not_run(
+        "an error message, reproduced by tests/ops/spark/test_sink_cluster.py::"
+        "test_a_lower_version_losing_a_race_fails_naming_the_winner"
+    ),
+    (
+        "docs/spark-sink.md",
+        'The exactly-once SQL sink (`write_sql`, `format("pidctl-sql")`)',
+        0,
+    ): run_by("tests/ops/spark/test_write.py::test_the_documented_write_runs_as_written"),
+    ("docs/spark-sink.md", "The table's columns, checked on the driver", 0): not_run(
+        "an error message, reproduced by tests/ops/spark/test_sink_cluster.py::"
+        "test_schema_problems_are_named_before_any_task"
+    ),
+    ("README.md", "Spark (`ops/spark/`)", 4): not_run(
+        "benchmark runs of minutes each on a two-worker cluster; the same job, small, runs in"
+        " tests/ops/spark/test_sink_cluster.py::test_the_benchmark_against_spark_jdbc_runs"
+    ),
 }
 
 

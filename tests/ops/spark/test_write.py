@@ -24,6 +24,7 @@ from pidctl.spark.sqlstore import (
     open_store,
     write_stage_table,
 )
+from tests import docs
 from tests.ops.spark.conftest import query
 
 ROWS, PARTITIONS = 3000, 6
@@ -120,6 +121,26 @@ def test_a_committed_version_is_skipped_on_the_driver_before_any_task(
     )
     assert [version for version, _ in skipped] == [6, 7]
     assert all(reason.startswith(said) for _, reason in skipped)
+
+
+SINK_DOC = "docs/spark-sink.md"
+
+
+def test_the_documented_write_runs_as_written(
+    spark: Any, pidctl: ServerProcess, postgres: PostgresProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/spark-sink.md's ``write_sql`` block as written, its addresses moved to the test's
+    and ``orders`` a DataFrame of 1,000 rows: it prints what its comment says (the state and
+    the rows), and run again, the committed version writes nothing."""
+    section = 'The exactly-once SQL sink (`write_sql`, `format("pidctl-sql")`)'
+    url = postgres.new_database()
+    moves = {"127.0.0.1:9093": pidctl.bootstrap, "postgresql://user@db/shop": url}
+    code = compile(docs.moved(docs.block(SINK_DOC, section), moves), SINK_DOC, "exec")
+    orders = spark.range(0, 1000, 1, 4).selectExpr("id", "concat('order-', id) AS name")
+    for printed in ("committed 1000", "skipped 0"):
+        exec(code, {"orders": orders})
+        assert capsys.readouterr().out == printed + "\n"
+    assert query(url, "SELECT COUNT(*), COUNT(DISTINCT id) FROM orders") == [(1000, 1000)]
 
 
 def test_schema_problems_are_named_on_the_driver_before_any_task(
