@@ -87,6 +87,8 @@ class KafkaFaults:
         self.rows, self.partitions, self.slow_ms = rows, partitions, slow_ms
         self.jars = classpath("spark-kafka").replace(os.pathsep, ",")
         self.second_worker = cluster.add_worker(SECOND_HOST)
+        #: The last submission's stdout and stderr, beside the cluster's own logs.
+        self.output = cluster.directory / "submit.log"
 
     def _command(
         self, sink: str, topic: str, app_id: str, speculation: bool, attempts: Path
@@ -116,21 +118,28 @@ class KafkaFaults:
         return command
 
     def _start(self, command: list[str]) -> subprocess.Popen[str]:
+        """``spark-submit`` in its own process group, its output in :attr:`output` (a file: a
+        pipe nobody reads while the job runs would fill and stop the driver)."""
         env = self.cluster.submit_env(PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT))
-        return subprocess.Popen(
-            command,
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # its own group: the driver JVM and its Python
-        )
+        with open(self.output, "w") as output:
+            return subprocess.Popen(
+                command,
+                env=env,
+                cwd=ROOT,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # its own group: the driver JVM and its Python
+            )
+
+    def _said(self) -> str:
+        """The end of the last submission's output (why it failed)."""
+        return self.output.read_text(errors="replace")[-3000:]
 
     def _finish(self, proc: subprocess.Popen[str]) -> int:
-        _, err = proc.communicate(timeout=SUBMIT_TIMEOUT_S)
+        proc.wait(timeout=SUBMIT_TIMEOUT_S)
         if proc.returncode:
-            sys.stderr.write(err[-3000:])
+            sys.stderr.write(self._said())
         return proc.returncode
 
     def _mid_write(self, topic: str, proc: subprocess.Popen[str]) -> None:
@@ -138,7 +147,9 @@ class KafkaFaults:
 
         def started() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(f"the job ended before the fault ({proc.returncode})")
+                raise RuntimeError(
+                    f"the job ended before the fault ({proc.returncode}):\n{self._said()}"
+                )
             return written_rows(self.kafka.bootstrap, topic) >= self.rows // 10
 
         wait_until(started, "part of the rows written", timeout=SUBMIT_TIMEOUT_S, poll=0.2)
