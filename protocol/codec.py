@@ -14,12 +14,10 @@ import io
 import operator
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kio._kio_native import read_compact_array_length, read_legacy_array_length
 from kio.serial import entity_reader, entity_writer
-from kio.serial.errors import DecodeError
 from kio.static.protocol import RequestPayload, ResponsePayload
 
 from pidctl.protocol.apis import (
@@ -33,7 +31,6 @@ from pidctl.protocol.apis import (
 from pidctl.protocol.headers import (
     RequestHeader,
     parse_request_header,
-    peek_api,
     skip_response_header,
     write_request_header,
     write_response_header,
@@ -83,8 +80,7 @@ class UnsupportedApiVersionsVersion(Exception):
         self.header = header
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """A decoded request: its header and its kio body entity."""
 
     header: RequestHeader
@@ -140,28 +136,33 @@ def decode_request(
     longer than ``max_entries`` allows its API (checked before the array is decoded), and a
     :class:`ProtocolViolation` for anything the server must close on.
     """
-    try:
-        api_key, api_version = peek_api(frame)
-    except DecodeError as e:
-        raise MalformedRequest(f"frame of {len(frame)} bytes has no request header") from e
+    if len(frame) < _API.size:
+        raise MalformedRequest(f"frame of {len(frame)} bytes has no request header")
+    api_key, api_version = _API.unpack_from(frame)
     versions = supported.get(api_key)
     if versions is None:
         raise UnknownApiKey(f"unknown API key {api_key}")
-    if api_version not in versions:
+    if not versions.min <= api_version <= versions.max:
         if api_key == ApiKey.API_VERSIONS and api_version >= 0:
             raise UnsupportedApiVersionsVersion(_parse_header(frame, api_key, api_version)[0])
         raise UnsupportedVersion(
             f"API key {api_key} version {api_version} is not supported "
             f"(supported {versions.min}-{versions.max})"
         )
-    header, offset = _parse_header(frame, api_key, api_version)
-    entries = count_entries(frame, offset, api_key, api_version)
-    if entries and max_entries is not None:
-        limit = max_entries.get(api_key)
-        if limit is not None and entries > limit:
-            raise TooManyEntries(header, entries, limit)
+    layout = _LAYOUTS.get((api_key, api_version)) or _layout(api_key, api_version)
     try:
-        body, size = entity_reader(request_class(api_key, api_version))(frame, offset)
+        header, offset = parse_request_header(frame, layout[0])
+    except Exception as e:
+        raise MalformedRequest(f"API key {api_key} v{api_version}: bad header ({e})") from e
+    entries = 0
+    if api_key in ENTRY_ARRAYS:
+        entries = count_entries(frame, offset, api_key, api_version)
+        if entries and max_entries is not None:
+            limit = max_entries.get(api_key)
+            if limit is not None and entries > limit:
+                raise TooManyEntries(header, entries, limit)
+    try:
+        body, size = layout[1](frame, offset)
     except Exception as e:
         raise MalformedRequest(
             f"API key {api_key} v{api_version}: body does not parse ({e})"
@@ -181,6 +182,22 @@ def _parse_header(frame: bytes, api_key: int, api_version: int) -> tuple[Request
         raise MalformedRequest(f"API key {api_key} v{api_version}: bad header ({e})") from e
 
 
+#: The start of every request frame: API key, API version.
+_API = struct.Struct(">hh")
+#: (API key, version) -> the request's header version and its body's kio reader.
+_LAYOUTS: dict[tuple[int, int], tuple[int, Callable[[bytes, int], Any]]] = {}
+
+
+def _layout(api_key: int, api_version: int) -> tuple[int, Callable[[bytes, int], Any]]:
+    """A request's header version and its body's kio reader, looked up once per version
+    (only for versions a server supports: the table stays small)."""
+    layout = _LAYOUTS[api_key, api_version] = (
+        request_header_version(api_key, api_version),
+        entity_reader(request_class(api_key, api_version)),
+    )
+    return layout
+
+
 _LENGTH = struct.Struct(">i")
 
 # Precompiled answers of the hot APIs (every producer's InitProducerId, every broker's
@@ -194,6 +211,8 @@ _ALLOCATE_PRODUCER_IDS_V0 = struct.Struct(">iiBihqiB")  # flexible, no tagged fi
 
 
 def _millis(throttle: datetime.timedelta) -> int:
+    if not throttle:
+        return 0  # (nearly every answer: asked on each)
     return round(throttle.total_seconds() * 1000)  # as kio writes an i32 timedelta
 
 

@@ -51,30 +51,43 @@ class FrameDecoder:
     @property
     def in_frame(self) -> bool:
         """True while part of a frame has arrived but not all of it."""
-        return self.buffered_bytes > 0
+        return len(self._buffer) > self._start
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add received bytes and return the frames (bodies, without length) now complete."""
-        self._buffer += data
-        frames: list[bytes] = []
         buffer = self._buffer
-        start = self._start
-        end = len(buffer)
-        while end - start >= LENGTH_PREFIX_BYTES:
-            (size,) = _LENGTH.unpack_from(buffer, start)
-            if size < 0 or size > self.max_frame_bytes:
-                raise FrameTooLarge(size, self.max_frame_bytes)
-            frame_end = start + LENGTH_PREFIX_BYTES + size
-            if frame_end > end:
-                break
-            frames.append(bytes(buffer[start + LENGTH_PREFIX_BYTES : frame_end]))
-            start = frame_end
+        if not buffer and type(data) is bytes:
+            # Nothing held back (a read of whole requests, the usual case): the frames are
+            # cut from ``data`` itself and only an unfinished one is kept.
+            frames, start = self._split(data, 0)
+            if start < len(data):
+                buffer += data[start:]
+            return frames
+        buffer += data
+        frames, start = self._split(buffer, self._start)
         # Drop consumed bytes once they dominate the buffer, keeping feed() amortised O(n).
         if start and start * 2 >= len(buffer):
             del buffer[:start]
             start = 0
         self._start = start
         return frames
+
+    def _split(self, data: bytes | bytearray, start: int) -> tuple[list[bytes], int]:
+        """The whole frames in ``data`` from ``start``, and where the first unfinished one
+        begins; raises :class:`FrameTooLarge` at a length prefix above the limit."""
+        frames: list[bytes] = []
+        end = len(data)
+        limit = self.max_frame_bytes
+        while end - start >= LENGTH_PREFIX_BYTES:
+            (size,) = _LENGTH.unpack_from(data, start)
+            if size < 0 or size > limit:
+                raise FrameTooLarge(size, limit)
+            frame_end = start + LENGTH_PREFIX_BYTES + size
+            if frame_end > end:
+                break
+            frames.append(bytes(data[start + LENGTH_PREFIX_BYTES : frame_end]))
+            start = frame_end
+        return frames, start
 
 
 def frame(payload: bytes) -> bytes:

@@ -15,7 +15,7 @@ import enum
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kio.static.protocol import ResponsePayload
 
@@ -57,8 +57,7 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(frozen=True, slots=True)
-class RequestReceived:
+class RequestReceived(NamedTuple):
     """A decoded request for the server to answer, in order."""
 
     request: Request
@@ -150,18 +149,19 @@ class ServerConnection:
             # The client closed its side: what it sent before is still answered.
             self._close("client", keep_pending=True)
             return
-        was_in_frame = self._decoder.in_frame
+        decoder = self._decoder
+        was_in_frame = decoder.in_frame
         try:
-            frames = self._decoder.feed(data)
+            frames = decoder.feed(data)
         except FrameError as e:
             self._close("frame_too_large", str(e))
             return
         self._frames.extend(frames)
         self._last_activity = now
-        if self._decoder.in_frame and (frames or not was_in_frame):
-            self._frame_started = now  # a new frame has begun
-        elif not self._decoder.in_frame:
+        if not decoder.in_frame:
             self._frame_started = None
+        elif frames or not was_in_frame:
+            self._frame_started = now  # a new frame has begun
 
     def next_event(self) -> Event | None:
         """The next request (or answer, or closure) in arrival order; None when more bytes

@@ -97,6 +97,11 @@ class Quotas:
     ) -> None:
         self._defaults = dict(rates)
         self._overrides = {(o.api_key, o.principal, o.client_id): o.rate for o in overrides}
+        #: Whether any API has a request quota (a default or an override above 0): without
+        #: one, :meth:`request` never throttles and the request path need not ask.
+        self.limits_requests = any(
+            rate > 0 for rate in (*self._defaults.values(), *self._overrides.values())
+        )
         self._requests = TokenBuckets(0.0, window_s)
         self._connections = TokenBuckets(connection_rate, window_s)
         # KIP-936's producer_ids_rate (never shipped by Kafka): per principal only.

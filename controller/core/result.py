@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from pidctl.controller.core.records import Record
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class ControllerResult(Generic[T]):
+class ControllerResult(NamedTuple, Generic[T]):
     """Records to make durable, and the response to give once they are.
 
     A manager returns it and never appends: the controller replays the records onto the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
 
@@ -211,8 +211,7 @@ class TransactionalIdTable:
         return cls(rows)
 
 
-@dataclass(frozen=True, slots=True)
-class ProducerIdAndEpoch:
+class ProducerIdAndEpoch(NamedTuple):
     """InitProducerId's answer (-1, -1 with an error)."""
 
     error: ErrorCode = ErrorCode.none

@@ -43,6 +43,7 @@ from pidctl.protocol.server import (
     ConnectionClosed,
     OversizedRequest,
     Phase,
+    RequestReceived,
     ServerConnection,
 )
 
@@ -321,8 +322,9 @@ class ConnectionServer:
         connection.receive_data(data, trio.current_time())
 
     def _post(self, outbox: Outbox, answers: _Answers) -> None:
-        if answers.data:
-            data = b"".join(answers.data)
+        parts = answers.data
+        if parts:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
             self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
 
     def _decide(self, connection: ServerConnection, info: ConnectionInfo, room: int) -> _Round:
@@ -341,36 +343,46 @@ class ConnectionServer:
         throttle."""
         answers = decided.answers
         budget = self.limits.max_entries_per_round
+        handle = self.controller.handle
+        quotas = self.quotas
+        limited = quotas.limits_requests
+        # The requests of one round are decided at one time (and received at one).
+        decided_at: Now | None = None
+        received = 0.0
         while len(answers.data) < room and decided.work < budget:
             event = connection.next_event()
-            if event is None:
-                break
-            if isinstance(event, ConnectionClosed):
-                decided.closed = event
-                return
-            decided.work += 1
-            if isinstance(event, AnswerReady):
-                self._count("api_versions", event.header.api_version, event.body)
-                answers.data.append(connection.send(event.header, event.body))
-                continue
-            if isinstance(event, OversizedRequest):
+            if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
+                if event is None:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    decided.closed = event
+                    return
+                decided.work += 1
+                if isinstance(event, AnswerReady):
+                    self._count("api_versions", event.header.api_version, event.body)
+                    answers.data.append(connection.send(event.header, event.body))
+                    continue
+                assert isinstance(event, OversizedRequest)
                 header = event.header
                 body = self.controller.refuse_oversized(header, event.entries, event.limit).body
                 self._count(api_name(header.api_key), header.api_version, body)
                 answers.data.append(connection.send(header, body))
                 continue
             request = event.request
-            decided.work += request.entries
+            decided.work += 1 + request.entries
             if request.api_key in _SASL_APIS:
                 decided.sasl = request
                 return
-            received = time.perf_counter()
+            if decided_at is None:
+                decided_at, received = now(), time.perf_counter()
             api = api_name(request.api_key)
-            reply = self.controller.handle(request, now(), info)
+            reply = handle(request, decided_at, info)
             body = reply.body
-            delay = self.quotas.request(
-                request.api_key, info.principal, request.header.client_id, time.monotonic()
-            )
+            delay = 0.0
+            if limited:
+                delay = quotas.request(
+                    request.api_key, info.principal, request.header.client_id, time.monotonic()
+                )
             if reply.new_producer_ids:
                 delay = max(delay, self._new_producer_ids(info.principal, reply.new_producer_ids))
             if delay:

@@ -52,7 +52,10 @@ class Outbox:
     @property
     def requests(self) -> int:
         """Requests whose answers are held: the connection reads no more past its limit."""
-        return sum(len(timings) for _, _, timings in self.held)
+        held = self.held
+        if not held:
+            return 0  # (the usual case, asked on every round)
+        return sum(len(timings) for _, _, timings in held)
 
     @property
     def unwritten_bytes(self) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import io
+import struct
 import uuid
 
 import pytest
@@ -16,6 +17,7 @@ from kio.schema.types import ProducerId
 from kio.static.primitive import i32, i32Timedelta
 
 from pidctl.controller.api.handlers import SERVED_APIS
+from pidctl.protocol import headers
 from pidctl.protocol.api_versions import (
     build_api_versions_response,
     has_valid_client_software,
@@ -82,6 +84,40 @@ def test_request_header_round_trip(
         client_id,
         len(buffer.getvalue()),
     )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@given(
+    header=st.binary(min_size=0, max_size=40),
+    client_id=st.none() | st.text(max_size=20) | st.binary(max_size=20),
+    tagged=st.binary(max_size=6),
+    rest=st.binary(max_size=6),
+)
+def test_the_usual_header_is_read_as_kio_reads_it(
+    version: int, header: bytes, client_id: str | bytes | None, tagged: bytes, rest: bytes
+) -> None:
+    # Any bytes: a well-formed header (a text or null client id; for v2 tagged fields, most
+    # often none) or not (a client id that is not UTF-8, a length past the end, tagged
+    # fields that do not parse). The fast reading gives what kio's does, or refuses it.
+    if isinstance(client_id, str):
+        encoded = client_id.encode()
+        client_id_bytes = struct.pack(">h", len(encoded)) + encoded
+    elif client_id is None:
+        client_id_bytes = struct.pack(">h", -1)
+    else:
+        client_id_bytes = struct.pack(">h", len(client_id) + 3) + client_id
+    frame = bytes.fromhex("0016 0005 0000002a") + client_id_bytes
+    frame += (b"\0" + rest if not tagged else tagged + rest) if version == 2 else rest
+    frame = frame if header[:1] != b"\xff" else header
+    try:
+        expected: object = headers._parse_with_kio(frame, version)
+    except Exception as e:
+        expected = type(e)
+    try:
+        got: object = parse_request_header(frame, version)
+    except Exception as e:
+        got = type(e)
+    assert got == expected
 
 
 @pytest.mark.parametrize(
