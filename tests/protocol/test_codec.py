@@ -40,7 +40,7 @@ from pidctl.protocol.codec import (
     encode_request,
     encode_response,
 )
-from pidctl.protocol.headers import parse_request_header, write_request_header
+from pidctl.protocol.headers import RequestHeader, parse_request_header, write_request_header
 from tests import wire
 
 SUPPORTED = supported_apis(SERVED_APIS)
@@ -86,29 +86,35 @@ def test_request_header_round_trip(
     )
 
 
-@pytest.mark.parametrize("version", [1, 2])
-@given(
-    header=st.binary(min_size=0, max_size=40),
-    client_id=st.none() | st.text(max_size=20) | st.binary(max_size=20),
-    tagged=st.binary(max_size=6),
-    rest=st.binary(max_size=6),
-)
-def test_the_usual_header_is_read_as_kio_reads_it(
-    version: int, header: bytes, client_id: str | bytes | None, tagged: bytes, rest: bytes
-) -> None:
-    # Any bytes: a well-formed header (a text or null client id; for v2 tagged fields, most
-    # often none) or not (a client id that is not UTF-8, a length past the end, tagged
-    # fields that do not parse). The fast reading gives what kio's does, or refuses it.
-    if isinstance(client_id, str):
-        encoded = client_id.encode()
-        client_id_bytes = struct.pack(">h", len(encoded)) + encoded
-    elif client_id is None:
-        client_id_bytes = struct.pack(">h", -1)
+_I16 = st.integers(min_value=-(2**15), max_value=2**15 - 1)
+_I32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+
+
+@st.composite
+def _request_header_frames(draw: st.DrawFn, version: int) -> bytes:
+    """Request frames whose header is well formed or nearly so: a text, null or non-UTF-8
+    client id under its own length or a drawn one (negative, past the end), for v2 no tagged
+    fields or any bytes there; now and then any bytes at all."""
+    if draw(st.integers(min_value=0, max_value=9)) == 0:
+        return draw(st.binary(max_size=40))
+    start = struct.pack(">hhi", draw(_I16), draw(_I16), draw(_I32))
+    client_id = draw(st.none() | st.text(max_size=20) | st.binary(max_size=20))
+    if client_id is None:
+        encoded, length = b"", -1
     else:
-        client_id_bytes = struct.pack(">h", len(client_id) + 3) + client_id
-    frame = bytes.fromhex("0016 0005 0000002a") + client_id_bytes
-    frame += (b"\0" + rest if not tagged else tagged + rest) if version == 2 else rest
-    frame = frame if header[:1] != b"\xff" else header
+        encoded = client_id.encode() if isinstance(client_id, str) else client_id
+        length = len(encoded)
+    length = draw(st.just(length) | st.integers(min_value=-3, max_value=length + 3) | _I16)
+    tagged = draw(st.just(b"\0") | st.binary(max_size=6)) if version == 2 else b""
+    return start + struct.pack(">h", length) + encoded + tagged + draw(st.binary(max_size=6))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@given(data=st.data())
+def test_the_usual_header_is_read_as_kio_reads_it(version: int, data: st.DataObject) -> None:
+    # The struct reading of a v1/v2 header gives what kio's reader gives, or leaves the
+    # frame to it (which then reads it or refuses it as before).
+    frame = data.draw(_request_header_frames(version))
     try:
         expected: object = headers._parse_with_kio(frame, version)
     except Exception as e:
@@ -118,6 +124,20 @@ def test_the_usual_header_is_read_as_kio_reads_it(
     except Exception as e:
         got = type(e)
     assert got == expected
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("client_id", [None, "", "rdkafka", "pr\u00f6ducer-\u4e00"])
+def test_the_usual_header_takes_the_struct_reading(version: int, client_id: str | None) -> None:
+    # What clients send is read without kio's entity (the point of the fast reading), and
+    # read the same.
+    buffer = io.BytesIO()
+    write_request_header(buffer, version, 22, 5, 42, client_id)
+    frame = buffer.getvalue() + b"body"
+    usual = headers._parse_usual_header(frame, version)
+    assert usual is not None
+    assert usual == headers._parse_with_kio(frame, version)
+    assert usual == (RequestHeader(22, 5, 42, client_id, version), len(frame) - 4)
 
 
 @pytest.mark.parametrize(
