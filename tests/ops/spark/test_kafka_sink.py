@@ -4,6 +4,7 @@ for bad input. Rows are counted by their unique id with a real consumer."""
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from ops.testing.kafka_topics import count, new_topic, read_values
 from ops.testing.serverproc import ServerProcess
 from pidctl.spark.allocation import PreallocationError, allocate_job_blocks
 from pidctl.spark.kafka_cluster import KafkaCluster, KafkaWriteError
+from pidctl.spark.kafka_producer import COMPRESSION
 from pidctl.spark.kafka_sink import KafkaSinkOptionError, KafkaWriter, PidctlKafkaSink
 
 ROWS = 4000
@@ -193,11 +195,29 @@ def test_bad_options_are_named(
         writer.option(option, value).save()
 
 
-def test_compression_as_asked(spark: Any, kafka: KafkaNode, pidctl: ServerProcess) -> None:
+def _codecs_on_disk(kafka: KafkaNode, topic: str) -> set[int]:
+    """The compression ids of the record batches in partition 0's first segment, as the broker
+    wrote them (a batch: base offset, length, leader epoch, magic, CRC, then its attributes,
+    whose low 3 bits are the codec)."""
+    data = (kafka.directory / "data" / f"{topic}-0" / "00000000000000000000.log").read_bytes()
+    codecs, at = set(), 0
+    while at + 23 <= len(data):
+        length = struct.unpack_from(">i", data, at + 8)[0]
+        codecs.add(struct.unpack_from(">h", data, at + 21)[0] & 0x7)
+        at += 12 + length
+    return codecs
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compression_as_asked(
+    spark: Any, kafka: KafkaNode, pidctl: ServerProcess, codec: str
+) -> None:
+    """Each codec Kafka has: the rows arrive, in batches the broker stored compressed with it."""
     topic = new_topic(kafka.bootstrap, 1)
     writer = _writer(_frame(spark, 500), kafka, pidctl, topic, "pidctl-kafka")
-    writer.option("kafka.compression.type", "gzip").save()
+    writer.option("kafka.compression.type", codec).save()
     assert count(kafka.bootstrap, topic, 500) == (500, 500, 0, 0)
+    assert _codecs_on_disk(kafka, topic) == {COMPRESSION[codec]}
 
 
 def test_a_stranger_in_the_job_range_stops_the_job(
