@@ -1,12 +1,34 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import collections
+import struct
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
+from kio.static.protocol import RequestPayload
+
+from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.core.records import Record
+from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.metrics import Metrics
+from pidctl.controller.server.sasl import CredentialStore
+from pidctl.protocol.client import ClientProtocol
 
 #: (server side, client side) of one loopback TCP connection.
 TcpPair = tuple[trio.SocketStream, trio.SocketStream]
+
+#: How long a test waits for an answer at most. Memory streams under a mock clock reach it
+#: only when nothing else can happen (then at once); real sockets on a busy machine need room.
+ANSWER_BOUND_S = 30.0
 
 
 @pytest.fixture
@@ -19,3 +41,175 @@ async def tcp_pair() -> AsyncIterator[TcpPair]:
     yield server, client
     await server.aclose()
     await client.aclose()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until ``condition()`` holds (for :data:`ANSWER_BOUND_S` at most): after every
+    other task has run as far as it can, then every millisecond."""
+    with trio.fail_after(ANSWER_BOUND_S):
+        await trio.testing.wait_all_tasks_blocked()
+        while not condition():
+            await trio.sleep(0.001)
+
+
+def limits(**changes: Any) -> ConnectionLimits:
+    """The connection settings at their shipped defaults, but for ``changes``."""
+    values: dict[str, Any] = {
+        "max_frame_bytes": 1024 * 1024,
+        "idle_timeout_s": 600.0,
+        "frame_timeout_s": 30.0,
+        "max_in_flight": 100,
+        "sasl_mechanisms": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+    }
+    values.update(changes)
+    return ConnectionLimits(**values)
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` with Kafka's int32 length prefix."""
+    return struct.pack(">i", len(payload)) + payload
+
+
+class Peer:
+    """The client side of one connection: kio requests out, typed responses in, through
+    pidctl's own sans-IO :class:`ClientProtocol` (which refuses an answer out of order)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.protocol = ClientProtocol("test")
+        self._answers: collections.deque[Any] = collections.deque()
+
+    def encode(self, *bodies: RequestPayload) -> bytes:
+        return b"".join(self.protocol.send(body)[1] for body in bodies)
+
+    async def send(self, *bodies: RequestPayload) -> None:
+        """The requests in one write."""
+        await self.stream.send_all(self.encode(*bodies))
+
+    async def receive(self) -> Any:
+        """The next answer, in order."""
+        with trio.fail_after(ANSWER_BOUND_S):
+            while not self._answers:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    raise AssertionError("the server closed the connection")
+                self._answers.extend(body for _, body in self.protocol.receive(bytes(data)))
+        return self._answers.popleft()
+
+    async def request(self, body: RequestPayload) -> Any:
+        await self.send(body)
+        return await self.receive()
+
+    async def closed(self, bound_s: float = ANSWER_BOUND_S) -> list[Any]:
+        """Read until the server closes (for ``bound_s`` at most); the answers that came
+        before."""
+        answers = list(self._answers)
+        self._answers.clear()
+        with trio.fail_after(bound_s):
+            while True:
+                try:
+                    data = await self.stream.receive_some(65536)
+                except trio.BrokenResourceError:  # a reset: closed with our bytes unread
+                    return answers
+                if not data:
+                    return answers
+                answers.extend(body for _, body in self.protocol.receive(bytes(data)))
+
+
+@dataclass
+class Served:
+    """A real :class:`ConnectionServer` in this process, as ``pidctl serve`` wires it: a real
+    controller over a real metadata log in a temporary dir, the watchdog and the poller
+    running. Connections come over memory streams (the path TLS takes: the task waits for
+    the log and writes itself) or loopback TCP (outboxes and the poller)."""
+
+    server: ConnectionServer
+    controller: Controller
+    log: MetadataLog
+    metrics: Metrics
+    nursery: trio.Nursery
+    listener: trio.SocketListener
+    #: Every record applied, in order (the controller's observers see each).
+    records: list[Record] = field(default_factory=list)
+    #: Why each connection ended (what :meth:`ConnectionServer.serve` returned), in order.
+    reasons: list[str] = field(default_factory=list)
+
+    async def start_log(self) -> None:
+        """Start the log's writer (``serving(start_log=False)``: nothing is durable before)."""
+        await self.nursery.start(self.log.run)
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    async def connect(
+        self,
+        transport: str,
+        *,
+        sasl: bool = False,
+        setup: Callable[[trio.socket.SocketType], None] | None = None,
+    ) -> Peer:
+        """A new connection, served as the admission serves one (closed once served);
+        ``setup`` is called with the server's socket first (TCP)."""
+        client: trio.abc.Stream
+        server_side: trio.abc.Stream
+        if transport == "memory":
+            client, server_side = trio.testing.memory_stream_pair()
+        else:
+            port = self.listener.socket.getsockname()[1]
+            client = await trio.open_tcp_stream("127.0.0.1", port)
+            server_side = await self.listener.accept()
+            if setup is not None:
+                setup(server_side.socket)
+        self.nursery.start_soon(self._serve, server_side, sasl)
+        return Peer(client)
+
+    async def _serve(self, stream: trio.abc.Stream, sasl: bool) -> None:
+        async with stream:
+            reason = await self.server.serve(stream, ConnectionInfo(peer="test"), sasl)
+            self.reasons.append(reason)  # before the close: a client seeing it may look
+
+
+@asynccontextmanager
+async def serving(
+    data_dir: Path,
+    *,
+    connection_limits: ConnectionLimits | None = None,
+    quotas: Quotas | None = None,
+    credentials: CredentialStore | None = None,
+    request_limits: RequestLimits | None = None,
+    start_log: bool = True,
+) -> AsyncIterator[Served]:
+    """See :class:`Served`."""
+    state = ControllerState()
+    servers: list[ConnectionServer] = []
+
+    def committed(durable_end: int) -> None:
+        servers[0].outboxes.send_durable(durable_end)
+
+    log = MetadataLog(data_dir, 0, 0, lambda: state.copy().to_snapshot, on_durable=committed)
+    controller = Controller(state, log, limits=request_limits)
+    controller.apply(state.cluster.create_cluster("test-cluster", 1), now())
+    metrics = Metrics()
+    store = credentials or CredentialStore()
+    server = ConnectionServer(
+        controller,
+        log,
+        quotas or Quotas({}),
+        metrics,
+        lambda: store,
+        connection_limits or limits(),
+    )
+    servers.append(server)
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        served = Served(server, controller, log, metrics, nursery, listener)
+        controller.observers.append(lambda offset, record: served.records.append(record))
+        server.outboxes.start_soon = nursery.start_soon
+        nursery.start_soon(server.watch)
+        nursery.start_soon(server.poll)
+        if start_log:
+            await served.start_log()
+        yield served
+        nursery.cancel_scope.cancel()
+    await listener.aclose()
