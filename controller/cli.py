@@ -23,6 +23,7 @@ examples:
   pidctl log dump --data-dir ./pidctl-data --json
   pidctl log dump --data-dir ./pidctl-data --broker 1 --since 2026-11-01T00:00:00Z --summary
   pidctl log verify --data-dir ./pidctl-data
+  pidctl log reserve --data-dir ./pidctl-data --producer-id 5000000   # controller stopped
   pidctl import-zk --zookeeper zk-1:2181 --data-dir ./pidctl-data   # controller stopped
   pidctl import-zk --zookeeper zk-1:2181 --pid-source etcd://etcd-1:2379/pidctl
   pidctl sink recover sqlite:///data/orders.db orders --older-than 0   # no write running
@@ -121,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify = log_commands.add_parser("verify", help="check checksums and invariants")
     verify.add_argument("--data-dir", type=Path, required=True)
+    reserve = log_commands.add_parser(
+        "reserve",
+        help="replace a missing or damaged reservation file (controller stopped): you know "
+        "no producer id at or above --producer-id was handed out",
+    )
+    reserve.add_argument("--data-dir", type=Path, required=True)
+    reserve.add_argument("--producer-id", type=int, required=True, metavar="N")
 
     register = commands.add_parser("register", help="register a broker; prints its epoch")
     register.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -535,8 +543,21 @@ def _log(args: argparse.Namespace) -> int:
         summary_lines,
         verify,
     )
-    from pidctl.controller.log.metalog import LogCorruption
+    from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, reserve_by_operator
 
+    if args.log_command == "reserve":
+        if args.producer_id < 0:
+            print("pidctl: --producer-id must not be negative", file=sys.stderr)
+            return 2
+        try:
+            print(reserve_by_operator(args.data_dir, args.producer_id))
+        except DataDirLocked:
+            print(f"pidctl: {args.data_dir} is in use: stop the controller first", file=sys.stderr)
+            return 1
+        except LogCorruption as e:
+            print(f"pidctl: CORRUPT: {e}", file=sys.stderr)
+            return 1
+        return 0
     if args.log_command == "dump":
         if not args.data_dir.is_dir():
             print(f"pidctl: {args.data_dir}: no such data dir", file=sys.stderr)

@@ -35,6 +35,7 @@ from pidctl.controller.core.kafka import (
 from pidctl.controller.core.producer_ids import (
     DEFAULT_LEASE_SIZE,
     DEFAULT_PREFETCH_RATIO,
+    DEFAULT_RESERVATION_SIZE,
     ProducerIdRange,
 )
 from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
@@ -301,6 +302,14 @@ class Settings:
         DEFAULT_PREFETCH_RATIO,
         "take the next lease while less than this fraction of a lease is left (0 < r <= 1)",
         parse=_fraction,
+    )
+    producer_id_reservation: int = _setting(
+        DEFAULT_RESERVATION_SIZE,
+        "PIDs reserved ahead of the grants in the data dir's reservation file (one small "
+        "atomic write per reservation); a start-up after a crash skips up to this many, "
+        "since the log's tail may have lost grants below it (docs/log-format.md)",
+        "producer ids",
+        parse=POSITIVE,
     )
     etcd_timeout_ms: int = _setting(2000, "time allowed for one etcd request", "ms", parse=POSITIVE)
     etcd_cafile: str = _setting("", "PEM CA bundle etcd's certificate is checked against")

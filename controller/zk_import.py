@@ -21,7 +21,6 @@ from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.controller.core.records import (
     ClusterCreated,
     ControllerStarted,
-    ProducerIdFloorRaised,
     Record,
     new_cluster_id,
 )
@@ -111,7 +110,7 @@ def import_into_data_dir(
         if state.cluster_id is None:
             records += [ClusterCreated(cluster_id or new_cluster_id(), node_id)]
             records += [ControllerStarted(node_id, "import-zk")]
-        records.append(ProducerIdFloorRaised(wanted, origin))
+        records += state.producer_ids.raise_floor(wanted, origin).records
 
         async def write() -> None:
             log = MetadataLog(
@@ -119,6 +118,7 @@ def import_into_data_dir(
                 state.next_offset,
                 recovery.snapshot_offset,
                 lambda: state.copy().to_snapshot,
+                reservation=recovery.reservation,
             )
             controller = Controller(state, log, node_id=node_id)
             async with trio.open_nursery() as nursery:

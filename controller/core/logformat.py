@@ -26,6 +26,7 @@ from typing import Any
 
 from pidctl.controller.core.records import (
     RECORD_VERSION,
+    ProducerIdsReserved,
     Record,
     RecordDecodeError,
     decode_payload,
@@ -68,6 +69,20 @@ def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
             f"{type(record).__name__} of {len(body)} bytes exceeds {MAX_RECORD_BYTES} bytes"
         )
     return _PREFIX.pack(len(body), zlib.crc32(body)) + body
+
+
+#: Where an encoded entry's record type is.
+_TYPE_BYTE = _PREFIX.size + 1
+
+
+def reservation_of(entry: bytes) -> int | None:
+    """The reservation an encoded entry makes (a :class:`ProducerIdsReserved`), or None:
+    how the log knows what to write to its reservation file from the bytes it is given."""
+    if entry[_TYPE_BYTE] != ProducerIdsReserved.TYPE:
+        return None
+    record = decode_payload(ProducerIdsReserved.TYPE, entry[HEADER_BYTES:])
+    assert isinstance(record, ProducerIdsReserved)
+    return record.next_producer_id
 
 
 class _Invalid(Exception):

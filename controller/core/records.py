@@ -163,6 +163,20 @@ class JobAllocationExpired:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerIdsReserved:
+    """No PID at or above ``next_producer_id`` is granted until the next reservation.
+
+    Decided before any grant (or raised floor) that passes the previous reservation, and
+    made durable twice: in the data dir's reservation file first, then here. Start-up
+    grants from the highest reservation, above anything a lost or damaged tail of the log
+    could have granted (``docs/log-format.md``). A clean shutdown lowers it to the
+    high-water mark, so that a graceful restart skips nothing."""
+
+    TYPE: ClassVar[int] = 12
+    next_producer_id: int
+
+
 Record = (
     ClusterCreated
     | ControllerStarted
@@ -175,6 +189,7 @@ Record = (
     | ProducerIdFloorRaised
     | JobBlockRecorded
     | JobAllocationExpired
+    | ProducerIdsReserved
 )
 
 RECORD_TYPES: dict[int, type[Record]] = {
@@ -191,6 +206,7 @@ RECORD_TYPES: dict[int, type[Record]] = {
         ProducerIdFloorRaised,
         JobBlockRecorded,
         JobAllocationExpired,
+        ProducerIdsReserved,
     )
 }
 

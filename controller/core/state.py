@@ -26,6 +26,7 @@ from pidctl.controller.core.records import (
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
+    ProducerIdsReserved,
     Record,
     TransactionalIdExpired,
     TransactionalIdUpdated,
@@ -63,6 +64,7 @@ class ControllerState:
             ProducerIdsGranted: producer_ids.replay,
             ProducerIdsLeased: producer_ids.replay,
             ProducerIdFloorRaised: producer_ids.replay,
+            ProducerIdsReserved: producer_ids.replay,
             TransactionalIdUpdated: transactions.replay,
             TransactionalIdExpired: transactions.replay,
             JobBlockRecorded: jobs.replay,
@@ -79,6 +81,7 @@ class ControllerState:
         transactional_id_expiration_ms: int | None = None,
         job_allocation_reuse_ms: int | None = None,
         job_allocation_expiration_ms: int | None = None,
+        reservation_size: int | None = None,
     ) -> ControllerState:
         """Set the managers' settings (not part of the durable state); returns self."""
         if pid_range is not None:
@@ -95,6 +98,8 @@ class ControllerState:
             self.jobs.reuse_ms = job_allocation_reuse_ms
         if job_allocation_expiration_ms is not None:
             self.jobs.expiration_ms = job_allocation_expiration_ms
+        if reservation_size is not None:
+            self.producer_ids.reservation_size = reservation_size
         return self
 
     def replay(self, offset: int, record: Record) -> None:

@@ -19,7 +19,13 @@ from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsLeased,
 )
-from pidctl.controller.log.metalog import LogContents, LogCorruption, read_log, rebuild_state
+from pidctl.controller.log.metalog import (
+    LogContents,
+    LogCorruption,
+    check_reservation,
+    read_log,
+    rebuild_state,
+)
 
 Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
 
@@ -89,7 +95,11 @@ def dump_lines(
             )
             yield f"{item['offset']:>10}  {item['time']}  {item['type']:<22} {fields}"
     if contents.torn_tail_bytes:
-        yield f"# torn tail: {contents.torn_tail_bytes} bytes ({contents.torn_tail_problem})"
+        yield (
+            f"# damaged tail: {contents.torn_tail_bytes} bytes that are not a record "
+            f"({contents.torn_tail_problem}): a write cut short by a crash, or damage to "
+            "acknowledged records (see `pidctl log verify`)"
+        )
 
 
 @dataclass
@@ -212,20 +222,33 @@ def verify(data_dir: Path, progress: Progress | None = None) -> VerifyReport:
     try:
         contents = read_log(data_dir, progress)
         state, replayed = rebuild_state(contents)
+        check_reservation(data_dir, contents.reservation, state)
     except LogCorruption as e:
         return VerifyReport(False, [f"CORRUPT: {e}"])
+    resume_at = state.producer_ids.resume(contents.reservation).response
+    reservation = (
+        f"up to {contents.reservation}"
+        if contents.reservation is not None
+        else "none (a log from before reservations, or nothing granted yet)"
+    )
     lines = [
         f"segments: {len(contents.segments)}, records: {len(contents.entries())}, "
         f"snapshot offset: {contents.snapshot_offset}, replayed: {replayed}",
         f"cluster id: {state.cluster_id}, next offset: {state.next_offset}, "
         f"next producer id: {state.next_producer_id}, brokers: {len(state.cluster.brokers)}, "
         f"transactional ids: {len(state.transactions.transactional_ids)}",
+        f"reservation: {reservation}; a start-up now grants from {resume_at}",
     ]
     if contents.torn_tail_bytes:
+        torn = next(s for s in contents.segments if s.scan.problem is not None)
         lines.append(
-            f"warning: torn tail of {contents.torn_tail_bytes} bytes in "
-            f"{contents.segments[-1].path.name} (a write cut short by a crash; start-up "
-            "truncates it)"
+            f"DAMAGED TAIL: the last {contents.torn_tail_bytes} bytes of {torn.path.name} are "
+            f"not a record ({contents.torn_tail_problem}). A write cut short by a crash "
+            "leaves this (never acknowledged), and so does damage to records already synced "
+            "and acknowledged (a flipped bit, a truncation): the two cannot be told apart. "
+            f"Start-up truncates them and grants from {resume_at} on, above anything they "
+            "could have held."
         )
+        return VerifyReport(False, lines)
     lines.append("OK")
     return VerifyReport(True, lines)

@@ -50,6 +50,7 @@ from pidctl.controller.core.logformat import (
     SegmentEnd,
     SegmentScan,
     encode_entry,
+    reservation_of,
     walk_segment,
 )
 from pidctl.controller.core.logformat import (
@@ -68,6 +69,12 @@ from pidctl.controller.log.disk_thread import DiskThread
 log = structlog.get_logger("pidctl.metalog")
 
 LOCK_FILE = ".lock"
+#: The reservation file: no PID at or above the value it holds was granted. Written
+#: atomically before any grant that passes it (see :class:`ProducerIdsReserved`).
+RESERVATION_FILE = "producer-ids.reserved"
+#: The next reservation is written into this file, opened ahead (so that a reservation needs
+#: no new file descriptor when there is none to be had), then renamed over the reservation.
+RESERVATION_NEXT_FILE = RESERVATION_FILE + ".next"
 
 #: Default for ``segment_max_bytes``: roll to a new segment past this size. Snapshots roll
 #: segments too, so this only matters if snapshots are disabled or rare.
@@ -88,6 +95,12 @@ _SNAPSHOT_MAGIC = b"PIDSNAP2"
 _SNAPSHOT_MAGIC_V1 = b"PIDSNAP1"
 _SNAPSHOT_HEADER = struct.Struct(">8sIQ")
 _SNAPSHOT_JSON_LENGTH = struct.Struct(">I")
+_RESERVATION_MAGIC = b"PIDRSRV1"
+#: magic, CRC-32 of the value's 8 bytes, the value (i64).
+_RESERVATION = struct.Struct(">8sIq")
+#: Back-off while no file descriptor can be had for a reservation (commits wait meanwhile).
+RESERVATION_RETRY_MIN_S = 0.05
+RESERVATION_RETRY_MAX_S = 1.0
 
 
 class DataDirLocked(Exception):
@@ -183,6 +196,95 @@ def decode_snapshot(path: Path, data: bytes | memoryview) -> tuple[int, dict[str
     return offset, state
 
 
+# -- the reservation file ----------------------------------------------------------------------
+
+
+def encode_reservation(value: int) -> bytes:
+    """The reservation file's 20 bytes: magic, CRC-32 of the value, the value."""
+    packed = struct.pack(">q", value)
+    return _RESERVATION.pack(_RESERVATION_MAGIC, zlib.crc32(packed), value)
+
+
+def read_reservation(data_dir: Path) -> int | None:
+    """The reservation file's value, None if there is none; :class:`LogCorruption` if it
+    is damaged (it is only ever replaced whole, by a rename, so damage is never a torn
+    write)."""
+    path = data_dir / RESERVATION_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise LogCorruption(f"{path}: cannot read the reservation ({e.strerror or e})") from e
+    if len(data) != _RESERVATION.size:
+        raise LogCorruption(f"{path}: reservation of {len(data)} bytes, not {_RESERVATION.size}")
+    magic, crc, value = _RESERVATION.unpack(data)
+    if magic != _RESERVATION_MAGIC or zlib.crc32(data[12:]) != crc or value < 0:
+        raise LogCorruption(f"{path}: reservation damaged (magic or checksum mismatch)")
+    return int(value)
+
+
+def write_reservation_file(data_dir: Path, value: int) -> None:
+    """Atomically replace the reservation: temporary file, fsync, rename, directory fsync."""
+    path = data_dir / RESERVATION_FILE
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = _storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(tmp, fd, encode_reservation(value))
+        _storage_call(tmp, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+    _storage_call(path, "rename", os.replace, tmp, path)
+    _storage_call(data_dir, "fsync", _fsync_dir, data_dir)
+
+
+def check_reservation(data_dir: Path, reservation: int | None, state: ControllerState) -> None:
+    """The reservation file against the log: :class:`LogCorruption` if it is missing while
+    the log reserved (its last reservation may be lost with it), or below what the log
+    granted (the file is older than the log). Either needs an operator's word: ``pidctl
+    log reserve``."""
+    path = data_dir / RESERVATION_FILE
+    logged = state.producer_ids.reserved
+    fix = (
+        f"restore the file, or if you know no producer id at or above N was handed out, "
+        f"run `pidctl log reserve --data-dir {data_dir} --producer-id N`"
+    )
+    if reservation is None and logged:
+        raise LogCorruption(
+            f"{path}: missing, but the log reserved producer ids up to {logged} (a later "
+            f"reservation may be lost with the file); {fix}"
+        )
+    if reservation is not None and reservation < state.next_producer_id:
+        raise LogCorruption(
+            f"{path}: reserves up to {reservation}, below the {state.next_producer_id} the "
+            f"log granted (the file is older than the log); {fix}"
+        )
+
+
+def reserve_by_operator(data_dir: Path, producer_id: int) -> str:
+    """``pidctl log reserve`` (the controller stopped): replace a missing or damaged
+    reservation file on an operator's word that no PID at or above ``producer_id`` was
+    handed out (never below what the log itself granted). Returns what was done."""
+    if not data_dir.is_dir():
+        raise LogCorruption(f"{data_dir}: no such data dir")
+    lock_fd = lock_data_dir(data_dir)
+    try:
+        state = _replay_streaming(data_dir)[0]
+        try:
+            before = str(read_reservation(data_dir) or "none")
+        except LogCorruption:
+            before = "damaged"
+        value = max(producer_id, state.next_producer_id)
+        write_reservation_file(data_dir, value)
+    finally:
+        os.close(lock_fd)
+    resume_at = state.producer_ids.resume(value).response
+    return (
+        f"{data_dir / RESERVATION_FILE}: reserved up to {value} (it was {before}; the log "
+        f"granted up to {state.next_producer_id}); the next start grants from {resume_at}"
+    )
+
+
 # -- reading (read-only: used by recovery, dump and verify) ------------------------------------
 
 
@@ -206,6 +308,8 @@ class LogContents:
     torn_tail_problem: str | None = None
     #: Empty segment files out of place (nothing in them to lose).
     stray_segments: list[Path] = field(default_factory=list)
+    #: The reservation file's value (None: no file).
+    reservation: int | None = None
 
     @property
     def end_offset(self) -> int:
@@ -321,6 +425,8 @@ def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None)
     contents.torn_tail_problem = walked.torn_tail_problem
     if contents.snapshot_path is not None:
         _check_snapshot_covered(contents.snapshot_path, contents.snapshot_offset, walked)
+    # After the segments: a server running meanwhile only raises it above their grants.
+    contents.reservation = read_reservation(data_dir)
     return contents
 
 
@@ -397,6 +503,8 @@ class Recovery:
     records_replayed: int
     snapshot_offset: int
     truncated_bytes: int
+    #: The reservation file's value (None: no file; the log never reserved).
+    reservation: int | None = None
 
 
 @contextlib.contextmanager
@@ -469,23 +577,35 @@ def recover(data_dir: Path) -> Recovery:
     Records are replayed as they are read (see :func:`_replay_streaming`), so what recovery
     leaves in memory is the state, not the history it was built from."""
     state, replayed, snapshot_offset, walked = _replay_streaming(data_dir)
+    reservation = read_reservation(data_dir)
+    check_reservation(data_dir, reservation, state)
     for leftover in data_dir.glob("*" + TMP_SUFFIX):
         log.warning("removing what an interrupted roll or snapshot left", file=str(leftover))
-        leftover.unlink()
+        _storage_call(leftover, "unlink", leftover.unlink)
     for stray in walked.stray_segments:
         log.warning("removing an empty segment out of place", segment=str(stray))
-        stray.unlink()
+        _storage_call(stray, "unlink", stray.unlink)
     if walked.torn_segment is not None and walked.torn_tail_bytes:
         log.warning(
             "truncating torn tail",
             segment=str(walked.torn_segment),
             bytes=walked.torn_tail_bytes,
             problem=walked.torn_tail_problem,
+            note="a write cut short by a crash, or damage to a synced record: grants go on "
+            "above the reservation",
         )
-        with open(walked.torn_segment, "r+b") as f:
-            f.truncate(walked.torn_valid_bytes)
-            os.fsync(f.fileno())
-    return Recovery(state, replayed, snapshot_offset, walked.torn_tail_bytes)
+        _truncate(walked.torn_segment, walked.torn_valid_bytes)
+    return Recovery(state, replayed, snapshot_offset, walked.torn_tail_bytes, reservation)
+
+
+def _truncate(path: Path, size: int) -> None:
+    """Cut a segment to ``size`` bytes and sync it; a failure names the file and step."""
+    fd = _storage_call(path, "open", os.open, path, os.O_WRONLY)
+    try:
+        _storage_call(path, "ftruncate", os.ftruncate, fd, size)
+        _storage_call(path, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(slots=True)
@@ -547,6 +667,7 @@ class MetadataLog:
         on_snapshot: Callable[[int], None] | None = None,
         on_failure: Callable[[StorageFailed], None] | None = None,
         on_durable: Callable[[int], None] | None = None,
+        reservation: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.end_offset = end_offset
@@ -567,6 +688,16 @@ class MetadataLog:
         self._durable_event = trio.Event()
         self._closed = False
         self._snapshot_running = False
+        #: The reservation file's value on disk, and the one the records appended ask for
+        #: (see :meth:`append_entry`).
+        self.reserved = reservation
+        self._reservation_wanted = reservation
+        # Held for the log's life: directory syncs never need a new descriptor.
+        self._dir_fd: int = _storage_call(
+            data_dir, "open", os.open, data_dir, os.O_RDONLY | os.O_DIRECTORY
+        )
+        self._spare_fd: int | None = None
+        self._open_spare()
         self._path, self._fd = self._open_active_segment()
         # Kept here rather than asked of the file after every commit (the log is the only
         # writer of its active segment: the data dir is locked).
@@ -589,9 +720,16 @@ class MetadataLog:
         return self.append_entry(encode_entry(self.end_offset, timestamp_ms, record))
 
     def append_entry(self, entry: bytes) -> int:
-        """Buffer an entry encoded for the next offset (:func:`encode_entry`)."""
+        """Buffer an entry encoded for the next offset (:func:`encode_entry`).
+
+        A reservation (:class:`ProducerIdsReserved`) also goes to the reservation file:
+        before the commit that holds it when it raises the reservation (so no grant past the
+        file is ever written), after that commit when it lowers it (a clean shutdown)."""
         if self._closed or self.failed is not None:
             raise RuntimeError("metadata log is closed")
+        reservation = reservation_of(entry)
+        if reservation is not None:
+            self._reservation_wanted = reservation
         offset = self.end_offset
         self._pending.append(entry)
         self.end_offset = offset + 1
@@ -627,8 +765,10 @@ class MetadataLog:
         finally:
             self._closed = True
             self._disk.close()
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
+            for fd in (self._fd, self._dir_fd, self._spare_fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def _fail(self, error: StorageFailed) -> None:
         if self.failed is None:
@@ -637,6 +777,7 @@ class MetadataLog:
                 self._on_failure(error)
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
+        await self._raise_reservation()
         batch, self._pending = self._pending, []
         self._pending_event = trio.Event()
         batch_end = self.end_offset
@@ -660,6 +801,9 @@ class MetadataLog:
             took = trio.current_time() - started
             self._sync_place.after(took)
             self._after_batch(len(batch), took, in_thread, batch_end)
+            lowered = self._reservation_wanted
+            if lowered is not None and self.reserved is not None and lowered < self.reserved:
+                await self._reserve(lowered, in_thread=True)
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
                 # (Rolls are rare: a worker thread of trio's, as the snapshots.)
@@ -671,6 +815,75 @@ class MetadataLog:
         except StorageFailed as e:
             self._fail(e)  # at once: /readyz fails before anything else happens
             raise
+
+    async def _raise_reservation(self) -> None:
+        """Make the reservation the pending records ask for durable before they are written.
+        With no file descriptor for it (EMFILE, and none opened ahead), the commit waits and
+        tries again."""
+        delay = RESERVATION_RETRY_MIN_S
+        while True:
+            wanted = self._reservation_wanted
+            if wanted is None or (self.reserved is not None and wanted <= self.reserved):
+                return
+            if await self._reserve(wanted, self._sync_place.in_thread):
+                return
+            log.warning("reservation postponed; commits wait", retry_in_s=delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, RESERVATION_RETRY_MAX_S)
+
+    async def _reserve(self, value: int, in_thread: bool) -> bool:
+        """Write ``value`` to the reservation file (see :meth:`_write_reservation`); False
+        if postponed."""
+        disk = self._disk
+        assert disk is not None
+        try:
+            if in_thread:
+                done = await disk.call(self._write_reservation, value)
+            else:
+                done = self._write_reservation(value)
+        except StorageFailed as e:
+            self._fail(e)
+            raise
+        if done:
+            self.reserved = value
+        return done
+
+    def _write_reservation(self, value: int) -> bool:
+        """Replace the reservation file atomically through the descriptor opened ahead
+        (written, fsynced, renamed over it, the directory fsynced), then open the next one
+        ahead. False if there is no descriptor to be had (EMFILE): nothing was changed."""
+        if self._spare_fd is None and not self._open_spare():
+            return False
+        fd, self._spare_fd = self._spare_fd, None
+        assert fd is not None
+        spare = self.data_dir / RESERVATION_NEXT_FILE
+        try:
+            data = encode_reservation(value)
+            written = _storage_call(spare, "write", os.pwrite, fd, data, 0)
+            if written != len(data):
+                raise StorageFailed(spare, "write", OSError(errno.EIO, "short write"))
+            _storage_call(spare, "fsync", os.fsync, fd)
+        finally:
+            os.close(fd)
+        path = self.data_dir / RESERVATION_FILE
+        _storage_call(path, "rename", os.replace, spare, path)
+        _storage_call(self.data_dir, "fsync", os.fsync, self._dir_fd)
+        self._open_spare()
+        return True
+
+    def _open_spare(self) -> bool:
+        """Open (empty) the file the next reservation is written into; False on EMFILE."""
+        spare = self.data_dir / RESERVATION_NEXT_FILE
+        try:
+            self._spare_fd = _storage_call(
+                spare, "open", os.open, spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+            )
+        except StorageFailed as e:
+            if e.errno not in _FD_EXHAUSTED:
+                raise
+            log.warning("no file descriptor for the next reservation yet", error=e.errno_name)
+            return False
+        return True
 
     def _after_batch(self, records: int, took: float, in_thread: bool, batch_end: int) -> None:
         if self._on_batch is not None:

@@ -184,6 +184,7 @@ class PidctlServer:
             transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
             job_allocation_reuse_ms=settings.job_allocation_reuse_ms,
             job_allocation_expiration_ms=settings.job_allocation_expiration_ms,
+            reservation_size=settings.producer_id_reservation,
         )
         state.cluster.restore_sessions(now().mono_ms)
         self.metrics.recovery_seconds.set(time.monotonic() - started)
@@ -212,6 +213,7 @@ class PidctlServer:
             on_snapshot=self.metrics.snapshot_written,
             on_failure=self._storage_failed,
             on_durable=self._committed,
+            reservation=recovery.reservation,
         )
         limits = RequestLimits(
             max_coordinator_keys=settings.max_coordinator_keys,
@@ -251,6 +253,7 @@ class PidctlServer:
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(controller)
+            self._resume(controller, recovery.reservation)
             await metalog.flush()
             background.start_soon(self._expire_transactional_ids, controller, metalog)
             if lease_keeper is not None:
@@ -262,6 +265,9 @@ class PidctlServer:
                         await lease_keeper.leased.wait()
             try:
                 await self._serve(connections, task_status)
+                await metalog.flush()
+                # Everything granted is durable: the next start need skip nothing.
+                controller.apply(state.producer_ids.release_reservation(), now())
                 await metalog.flush()
             finally:
                 if lease_keeper is not None:
@@ -421,6 +427,21 @@ class PidctlServer:
                 await metalog.wait_durable(offset)
             if total:
                 log.info("job allocations expired", count=total)
+
+    def _resume(self, controller: Controller, reservation: int | None) -> None:
+        """Raise the high-water mark above whatever the log's tail may have lost (the
+        reservation), before anything is served."""
+        producer_ids = controller.state.producer_ids
+        before = producer_ids.next_producer_id
+        floor, _ = controller.apply(producer_ids.resume(reservation), now())
+        if floor > before:
+            log.warning(
+                "producer ids go on above the reservation",
+                next_producer_id_in_log=before,
+                next_producer_id=floor,
+                skipped=floor - before,
+                reason="the log's tail may have lost grants below it (a crash, or damage)",
+            )
 
     def _initialise_cluster(self, controller: Controller) -> None:
         cluster, wanted = controller.state.cluster, self.settings.cluster_id

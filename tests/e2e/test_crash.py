@@ -2,7 +2,8 @@
 
 Several brokers allocate concurrently (pipelining up to 4 requests each) while the server is
 killed at a random moment. After every restart: every block acknowledged before the kill is
-below the next grant, no two acknowledged blocks overlap, and `pidctl log verify` passes.
+below the next grant, no two acknowledged blocks overlap, and `pidctl log verify` passes
+(or reports only a damaged tail, what a write cut short leaves).
 Snapshots are taken every few records so crashes also land inside snapshot writes and
 segment deletions.
 """
@@ -109,7 +110,13 @@ def test_sigkill_under_load_never_loses_an_acknowledged_block(
             assert len(acked) > before, "no grant was acknowledged in this round"
 
             verify = _verify(data_dir)
-            assert verify.returncode == 0, verify.stdout + verify.stderr
+            # A SIGKILL may cut the last write short: verify reports that, and only that, as
+            # a damaged tail (it cannot be told from damage to acknowledged records, so it is
+            # never OK: docs/log-format.md, "Reservations"); start-up truncates it.
+            said = verify.stdout.strip().splitlines()
+            assert verify.returncode == 0 or (
+                verify.returncode == 1 and said[-1].startswith("DAMAGED TAIL")
+            ), verify.stdout + verify.stderr
 
             server.start()
             with SyncClient(server.bootstrap) as probe:

@@ -19,7 +19,7 @@ from pidctl.broker.lifecycle import BrokerLifecycle
 from pidctl.broker.pid_manager import AllocationRefused
 from pidctl.client import SyncClient
 from pidctl.controller.core.records import ProducerIdsLeased
-from pidctl.controller.log.metalog import read_log
+from pidctl.controller.log.metalog import read_log, read_reservation
 from pidctl.protocol import requests
 
 CLUSTER_ID = "fleetFleetFleetFleet01"
@@ -215,18 +215,24 @@ async def test_a_controller_without_etcd_refuses_init_producer_id_until_it_has_a
 async def test_restart_continues_inside_its_lease_even_without_etcd(
     tmp_path: Path, etcd: EtcdProcess
 ) -> None:
-    server = _controller(tmp_path, etcd, 1, "--pid-lease-size", "50000")
+    server = _controller(
+        tmp_path, etcd, 1, "--pid-lease-size", "50000", "--producer-id-reservation", "10000"
+    )
     await trio.to_thread.run_sync(server.start)
     with SyncClient(server.bootstrap) as client:
         before = [_allocate_job(client) for _ in range(3)]
     counter = etcd.counter()
     server.kill()
+    reserved = read_reservation(server.data_dir)
+    assert reserved == 11_000  # reserved at the first grant, [0, 1000): 10,000 ahead
     await trio.to_thread.run_sync(etcd.kill)
     await trio.to_thread.run_sync(server.start)
     try:
         with SyncClient(server.bootstrap) as client:
             after = [_allocate_job(client) for _ in range(3)]
-        assert [f for _, f, _ in after] == [3000, 4000, 5000]  # where the log says it stopped
+        # Where the reservation says (the log's tail may have lost grants below it), still
+        # inside the lease.
+        assert [f for _, f, _ in after] == [11_000, 12_000, 13_000]
         assert [f for _, f, _ in before] == [0, 1000, 2000]
     finally:
         server.kill()

@@ -127,13 +127,23 @@ def test_a_write_that_takes_no_byte_stops_the_server(tmp_path: Path) -> None:
     _restart_and_check(data_dir, acked)
 
 
-# fsync serves rolls and snapshots only (records use fdatasync), two per roll: the new
-# segment's, then the directory's. 3 and 4 fail the second roll at each of them.
-@pytest.mark.parametrize("when", ["3", "4"])
+#: One reservation, at the first grant of the faulty run (the prepared data dir's was
+#: released by its clean stop), and none after it: the system calls below are counted.
+ONE_RESERVATION = ("--producer-id-reservation", str(10**12))
+
+
+# fsync serves rolls, snapshots and reservations only (records use fdatasync): the first
+# grant's reservation takes two (its file's, the directory's), then two per roll (the new
+# segment's, the directory's). 5 and 6 fail the second roll at each of them.
+@pytest.mark.parametrize("when", ["5", "6"])
 def test_a_roll_that_fails_half_way_leaves_a_startable_directory(tmp_path: Path, when: str) -> None:
     data_dir = tmp_path / "d"
     acked, status = _fault_under_load(
-        data_dir, strace_prefix("fsync", "EIO", when), "--segment-max-bytes", "4000"
+        data_dir,
+        strace_prefix("fsync", "EIO", when),
+        "--segment-max-bytes",
+        "4000",
+        *ONE_RESERVATION,
     )
     assert status == EXIT_STORAGE_FAILED
     _restart_and_check(data_dir, acked)
@@ -141,9 +151,14 @@ def test_a_roll_that_fails_half_way_leaves_a_startable_directory(tmp_path: Path,
 
 def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
     data_dir = tmp_path / "d"
-    # The first rename is the roll before the snapshot, the second the snapshot's own.
+    # The first rename is the first grant's reservation, the second the roll before the
+    # snapshot, the third the snapshot's own.
     acked, status = _fault_under_load(
-        data_dir, strace_prefix("rename", "EIO", "2"), "--snapshot-interval-records", "200"
+        data_dir,
+        strace_prefix("rename", "EIO", "3"),
+        "--snapshot-interval-records",
+        "200",
+        *ONE_RESERVATION,
     )
     assert status == EXIT_STORAGE_FAILED
     _restart_and_check(data_dir, acked)

@@ -7,11 +7,16 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.jobs import JobKey, parse_job_key
-from pidctl.controller.core.producer_ids import Block, ProducerIdRange
+from pidctl.controller.core.producer_ids import (
+    DEFAULT_RESERVATION_SIZE,
+    Block,
+    ProducerIdRange,
+)
 from pidctl.controller.core.records import (
     JobAllocationExpired,
     JobBlockRecorded,
     ProducerIdsGranted,
+    ProducerIdsReserved,
 )
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state, replay
@@ -57,6 +62,7 @@ def test_first_run_grants_and_records_then_a_rerun_gets_the_same_blocks() -> Non
     key = JobKey("app", 7, 0)
     result = state.jobs.allocate(key, now_ms=5, principal="User:j", client_id=key.client_id())
     assert result.records == (
+        ProducerIdsReserved(2**62 + 1000 + DEFAULT_RESERVATION_SIZE),
         ProducerIdsGranted(-1, -1, 2**62, 2**62 + 1000, "User:j", key.client_id(), "job"),
         JobBlockRecorded("app", 7, 0, 2**62, 5),
     )

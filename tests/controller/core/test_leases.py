@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
 from pidctl.controller.core.producer_ids import (
+    DEFAULT_RESERVATION_SIZE,
     Block,
     Lease,
     ProducerIdRange,
@@ -20,6 +21,7 @@ from pidctl.controller.core.producer_ids import (
 from pidctl.controller.core.records import (
     ProducerIdFloorRaised,
     ProducerIdsGranted,
+    ProducerIdsReserved,
 )
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state
@@ -136,7 +138,10 @@ def test_job_grant_needs_no_broker_and_names_the_job() -> None:
     state.producer_ids.pid_range = ProducerIdRange()
     result = state.producer_ids.allocate_for_job(principal="User:spark", client_id="app-42")
     assert result.response == Block(ErrorCode.none, 0, BLOCK_SIZE)
-    assert result.records == (ProducerIdsGranted(-1, -1, 0, 1000, "User:spark", "app-42", "job"),)
+    assert result.records == (
+        ProducerIdsReserved(1000 + DEFAULT_RESERVATION_SIZE),
+        ProducerIdsGranted(-1, -1, 0, 1000, "User:spark", "app-42", "job"),
+    )
 
 
 @given(

@@ -3,9 +3,15 @@ from __future__ import annotations
 import pytest
 from kio.schema.errors import ErrorCode
 
+from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
-from pidctl.controller.core.producer_ids import Block, ProducerIdRange
-from pidctl.controller.core.records import ProducerIdFloorRaised, ProducerIdsGranted
+from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, Block, ProducerIdRange
+from pidctl.controller.core.records import (
+    ProducerIdFloorRaised,
+    ProducerIdsGranted,
+    ProducerIdsLeased,
+    ProducerIdsReserved,
+)
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state, replay
 
@@ -31,7 +37,10 @@ def test_blocks_of_1000_from_zero() -> None:
 def test_the_grant_record_stores_broker_epoch_and_next_pid() -> None:
     state = _state()
     result = state.producer_ids.allocate(broker_id=7, broker_epoch=1, principal="User:b")
-    assert result.records == (ProducerIdsGranted(7, 1, 0, 1000, "User:b", None, "broker"),)
+    assert result.records == (
+        ProducerIdsReserved(1000 + DEFAULT_RESERVATION_SIZE),
+        ProducerIdsGranted(7, 1, 0, 1000, "User:b", None, "broker"),
+    )
     assert state.next_producer_id == 0  # deciding changes nothing; replaying does
 
 
@@ -81,3 +90,83 @@ def test_replayed_grants_must_strictly_increase() -> None:
 def test_invalid_ranges(first: int, last: int) -> None:
     with pytest.raises(ValueError):
         ProducerIdRange(first, last)
+
+
+# -- reservations: start-up grants above whatever the log's tail may have lost ----------------
+
+
+def _reservations(state: ControllerState, result: object) -> list[int]:
+    records = getattr(result, "records", ())
+    return [r.next_producer_id for r in records if isinstance(r, ProducerIdsReserved)]
+
+
+def test_a_grant_past_the_reservation_reserves_first_and_ahead() -> None:
+    state = _state().configure(reservation_size=5000)
+    first = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
+    assert isinstance(first.records[0], ProducerIdsReserved)  # before the grant
+    assert _reservations(state, first) == [6000]
+    apply(state, first)
+    for _ in range(5):  # 1000..6000: inside the reservation
+        result = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
+        assert _reservations(state, result) == []
+        apply(state, result)
+    seventh = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
+    assert _reservations(state, seventh) == [12_000]
+    apply(state, seventh)
+    assert state.producer_ids.reserved == 12_000
+
+
+def test_the_reservation_stops_at_the_end_of_the_range_or_the_lease() -> None:
+    narrow = _state(pid_range=ProducerIdRange(0, 2999)).configure(reservation_size=10_000)
+    assert _reservations(narrow, narrow.producer_ids.allocate(broker_id=7, broker_epoch=1)) == [
+        3000
+    ]
+    leased = _state().configure(reservation_size=10_000)
+    replay(leased, ProducerIdsLeased(0, 4000, "etcd://x/p"))
+    result = leased.producer_ids.allocate(broker_id=7, broker_epoch=1)
+    assert _reservations(leased, result) == [4000]
+
+
+def test_resume_goes_on_above_the_reservation_the_log_or_the_file_holds() -> None:
+    state = _state().configure(reservation_size=5000)
+    _grant(state)  # reserves 6000 in the log
+    assert state.producer_ids.resume(None).response == 6000
+    assert state.producer_ids.resume(9000).response == 9000  # the file is ahead of the log
+    result = state.producer_ids.resume(6000)
+    assert result.records == (
+        ProducerIdFloorRaised(
+            6000, "start-up: the reservation (the log's tail may have lost grants below it)"
+        ),
+    )
+    apply(state, result)
+    assert _grant(state).first == 6000
+
+
+def test_resume_of_a_log_from_before_reservations_adds_one_margin() -> None:
+    state = _state().configure(reservation_size=5000)
+    replay(state, ProducerIdsGranted(7, 1, 0, 1000))  # written before reservations
+    result = state.producer_ids.resume(None)
+    assert result.response == 6000
+    apply(state, result)
+    assert state.producer_ids.reserved == 6000
+    fresh = _state()
+    assert fresh.producer_ids.resume(None).records == ()
+
+
+def test_a_clean_shutdown_releases_the_reservation_to_the_high_water_mark() -> None:
+    state = _state()
+    _grant(state)
+    apply(state, state.producer_ids.release_reservation())
+    assert state.producer_ids.reserved == 1000
+    assert state.producer_ids.resume(1000).records == ()
+    assert state.producer_ids.release_reservation().records == ()
+
+
+def test_replay_refuses_a_grant_past_the_reservation_or_one_below_the_mark() -> None:
+    state = _state()
+    replay(state, ProducerIdsReserved(2000), ProducerIdsGranted(7, 1, 0, 1000))
+    with pytest.raises(InvariantViolation, match="past the reservation 2000"):
+        replay(state, ProducerIdsGranted(7, 1, 1000, 3000))
+    with pytest.raises(InvariantViolation, match="below the high-water mark"):
+        replay(state, ProducerIdsReserved(500))
+    assert ControllerState.from_snapshot(state.to_snapshot()).producer_ids.reserved == 2000

@@ -8,9 +8,10 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import EPOCH_EXHAUSTED, INT64_MAX
-from pidctl.controller.core.producer_ids import ProducerIdRange
+from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdsGranted,
+    ProducerIdsReserved,
     Record,
     TransactionalIdExpired,
     TransactionalIdUpdated,
@@ -64,7 +65,8 @@ def test_first_use_grants_the_pool_a_block_and_takes_its_first_pid() -> None:
     state = _state()
     result = state.transactions.init_transactional("tx", timeout_ms=60_000, expected=None, now_ms=5)
     assert result.response == ProducerIdAndEpoch(OK, 0, 0)
-    grant, update = result.records
+    reservation, grant, update = result.records
+    assert reservation == ProducerIdsReserved(1000 + DEFAULT_RESERVATION_SIZE)
     assert grant == ProducerIdsGranted(1, -1, 0, 1000, holder="controller")
     assert update == TransactionalIdUpdated("tx", 0, 0, 0, -1, 60_000, 5)
     apply(state, result)
@@ -140,7 +142,10 @@ def test_idempotent_pids_come_from_blocks_refilled_at_ninety_percent() -> None:
     transactions = state.transactions
     first = transactions.init_idempotent()
     assert first.response == ProducerIdAndEpoch(OK, 0, 0)
-    assert first.records == (ProducerIdsGranted(1, -1, 0, 1000, holder="controller"),)
+    assert first.records == (
+        ProducerIdsReserved(1000 + DEFAULT_RESERVATION_SIZE),
+        ProducerIdsGranted(1, -1, 0, 1000, holder="controller"),
+    )
     apply(state, first)
     refills: list[Record] = []
     for expected in range(1, 1500):

@@ -19,19 +19,23 @@ from pidctl.controller.core.records import (
     BrokerRegistered,
     ClusterCreated,
     ProducerIdsGranted,
+    ProducerIdsReserved,
     Record,
     TransactionalIdUpdated,
 )
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import (
     QUICK_SYNCS_BEFORE_THE_LOOP,
+    RESERVATION_FILE,
     DataDirLocked,
     LogCorruption,
     MetadataLog,
     SyncPlace,
     lock_data_dir,
     read_log,
+    read_reservation,
     recover,
+    reserve_by_operator,
     segment_name,
     snapshot_name,
     write_snapshot_file,
@@ -392,3 +396,69 @@ def test_recovery_holds_the_state_not_the_history(tmp_path: Path, snapshot: bool
     kept, peak = recovery_memory(tmp_path)
     assert kept < 200 * len(ids)
     assert peak < 1.3 * kept
+
+
+# -- the reservation file ------------------------------------------------------------------
+
+
+def reserving_history() -> list[Record]:
+    return [
+        ClusterCreated("c", 1),
+        BrokerRegistered(1, "inc", 1),
+        ProducerIdsReserved(3000),
+        grant(0),
+        grant(1),
+        ProducerIdsReserved(6000),
+        grant(2),
+    ]
+
+
+async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path: Path) -> None:
+    seen: list[tuple[int | None, int]] = []
+    state = ControllerState()
+
+    def committed(durable_end: int) -> None:
+        seen.append((read_reservation(tmp_path), durable_end))
+
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_durable=committed)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in reserving_history():
+            state.replay(metalog.append(record, 0), record)
+            await metalog.flush()  # one commit each
+        release = ProducerIdsReserved(3000)  # a clean stop lowers it to the mark
+        state.replay(metalog.append(release, 0), release)
+        await metalog.flush()
+        nursery.cancel_scope.cancel()
+    # Each commit: the file already held the reservation its records needed.
+    assert seen[:7] == [
+        (None, 1),
+        (None, 2),
+        (3000, 3),
+        (3000, 4),
+        (3000, 5),
+        (6000, 6),
+        (6000, 7),
+    ]
+    assert read_reservation(tmp_path) == 3000  # lowered after the release was durable
+    assert recover(tmp_path).reservation == 3000
+
+
+def test_a_damaged_missing_or_stale_reservation_file_stops_start_up(tmp_path: Path) -> None:
+    write_segment(tmp_path, reserving_history())
+    with pytest.raises(LogCorruption, match="missing, but the log reserved producer ids up"):
+        recover(tmp_path)
+    reservation = tmp_path / RESERVATION_FILE
+    reservation.write_bytes(b"PIDRSRV1" + struct.pack(">Iq", 0, 6000))  # a wrong checksum
+    with pytest.raises(LogCorruption, match="reservation damaged"):
+        recover(tmp_path)
+    said = reserve_by_operator(tmp_path, 1000)  # never below what the log granted
+    assert "reserved up to 3000 (it was damaged; the log granted up to 3000)" in said
+    assert said.endswith("the next start grants from 6000")  # the log's own reservation
+    assert recover(tmp_path).reservation == 3000
+    reserve_by_operator(tmp_path, 8000)
+    assert recover(tmp_path).state.producer_ids.resume(8000).response == 8000
+    packed = struct.pack(">q", 2000)
+    reservation.write_bytes(b"PIDRSRV1" + struct.pack(">I", zlib.crc32(packed)) + packed)
+    with pytest.raises(LogCorruption, match="below the 3000 the log granted"):
+        recover(tmp_path)
