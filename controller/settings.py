@@ -403,6 +403,16 @@ class Settings:
         "connections",
         parse=POSITIVE,
     )
+    # Prometheus and a container's probes open one connection at a time each, for
+    # milliseconds: a few dozen leave room for several scrapers.
+    metrics_max_connections: int = _setting(
+        32,
+        "connections to the metrics and health endpoint open at once; more wait in the "
+        "kernel's backlog until one ends (counted in the file-descriptor budget with "
+        "max_connections)",
+        "connections",
+        parse=POSITIVE,
+    )
     max_connections_per_address: int = _setting(
         1000,
         "connections open at once from one source address; more are closed at once",

@@ -710,8 +710,7 @@ class MetadataLog:
             path = segments[-1]
             return path, _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
         path = self.data_dir / segment_name(self.end_offset)
-        _create_segment(path)
-        return path, _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
+        return path, _create_segment(path, self._dir_fd)
 
     def append(self, record: Record, timestamp_ms: int) -> int:
         """Buffer a record for the next group commit and return its offset. Never waits;
@@ -924,8 +923,7 @@ class MetadataLog:
         if path.exists():
             raise LogCorruption(f"{path}: a segment already starts at offset {base_offset}")
         try:
-            _create_segment(path)
-            fd = _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
+            fd = _create_segment(path, self._dir_fd)
         except StorageFailed as e:
             if e.errno not in _FD_EXHAUSTED:
                 raise
@@ -936,19 +934,30 @@ class MetadataLog:
         return True
 
     def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int | None:
+        """Write the snapshot at ``offset``, then delete what it covers; None if postponed.
+
+        Only the snapshot's temporary file needs a new file descriptor (the directory is
+        synced through the log's own), and it is the first step: without one (EMFILE) the
+        snapshot is postponed with nothing changed, and taken again after the next batch."""
         try:
-            path = write_snapshot_file(self.data_dir, offset, state())
+            path = write_snapshot_file(self.data_dir, offset, state(), self._dir_fd)
         except StorageFailed as e:
             if e.errno not in _FD_EXHAUSTED:
                 raise
             log.warning("snapshot postponed", offset=offset, error=e.errno_name)
             return None
-        size = path.stat().st_size
+        size: int = _storage_call(path, "stat", os.stat, path).st_size
         for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
             if offset_of(old) < offset:
                 _storage_call(old, "unlink", old.unlink)
-        # Segments wholly below the snapshot are not needed for recovery; keep the newest of
-        # them up to retention_bytes as an audit trail for `pidctl log dump`.
+        self._delete_covered_segments(offset)
+        _storage_call(self.data_dir, "fsync", os.fsync, self._dir_fd)
+        log.info("snapshot written", offset=offset, bytes=size)
+        return size
+
+    def _delete_covered_segments(self, offset: int) -> None:
+        """Segments wholly below the snapshot are not needed for recovery; the newest of
+        them are kept up to ``retention_bytes``, as an audit trail for `pidctl log dump`."""
         covered = sorted(
             (p for p in self.data_dir.glob("*" + SEGMENT_SUFFIX) if offset_of(p) < offset),
             key=offset_of,
@@ -956,15 +965,12 @@ class MetadataLog:
         )
         kept = 0
         for index, segment in enumerate(covered):
-            kept += segment.stat().st_size
+            kept += _storage_call(segment, "stat", os.stat, segment).st_size
             if kept > self.retention_bytes:
                 # Delete oldest first, so a crash midway never leaves a gap between segments.
                 for old in reversed(covered[index:]):
                     _storage_call(old, "unlink", old.unlink)
                 break
-        _storage_call(self.data_dir, "fsync", _fsync_dir, self.data_dir)
-        log.info("snapshot written", offset=offset, bytes=size)
-        return size
 
 
 def _write_all(path: Path, fd: int, data: bytes) -> int:
@@ -983,21 +989,29 @@ def _write_all(path: Path, fd: int, data: bytes) -> int:
 _APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
-def _create_segment(path: Path) -> None:
-    """Create an empty segment atomically: a temporary file, synced, renamed, and the
-    directory synced, so that a segment file either exists whole or not at all."""
+def _create_segment(path: Path, dir_fd: int) -> int:
+    """Create an empty segment atomically (a temporary file, synced, renamed, the directory
+    synced through ``dir_fd``), so that a segment file either exists whole or not at all;
+    return it open for appending. Only the first step needs a new file descriptor: an
+    EMFILE can only come before anything changed."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = _storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    flags = _APPEND_FLAGS | os.O_TRUNC
+    fd: int = _storage_call(tmp, "open", os.open, tmp, flags, 0o644)
     try:
         _storage_call(tmp, "fsync", os.fsync, fd)
-    finally:
+        _storage_call(path, "rename", os.replace, tmp, path)
+        _storage_call(path.parent, "fsync", os.fsync, dir_fd)
+    except BaseException:
         os.close(fd)
-    _storage_call(path, "rename", os.replace, tmp, path)
-    _storage_call(path.parent, "fsync", _fsync_dir, path.parent)
+        raise
+    return fd
 
 
-def write_snapshot_file(data_dir: Path, offset: int, state: dict[str, Any]) -> Path:
-    """Atomically write a snapshot: temporary file, fsync, rename, directory fsync."""
+def write_snapshot_file(
+    data_dir: Path, offset: int, state: dict[str, Any], dir_fd: int | None = None
+) -> Path:
+    """Atomically write a snapshot: temporary file, fsync, rename, directory fsync (through
+    ``dir_fd`` if given, so that only the temporary file needs a new file descriptor)."""
     path = data_dir / snapshot_name(offset)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     data = encode_snapshot(offset, state)
@@ -1008,5 +1022,8 @@ def write_snapshot_file(data_dir: Path, offset: int, state: dict[str, Any]) -> P
     finally:
         os.close(fd)
     _storage_call(path, "rename", os.replace, tmp, path)
-    _storage_call(data_dir, "fsync", _fsync_dir, data_dir)
+    if dir_fd is None:
+        _storage_call(data_dir, "fsync", _fsync_dir, data_dir)
+    else:
+        _storage_call(data_dir, "fsync", os.fsync, dir_fd)
     return path

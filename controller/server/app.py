@@ -56,24 +56,28 @@ class ResourceLimit(Exception):
     """The process may not open enough files for the configured connections."""
 
 
-#: File descriptors kept free beside client connections: the log's segment and directory,
-#: a snapshot being written, listeners, the metrics endpoint, etcd, stdio and trio's own.
+#: File descriptors kept free beside client and metrics connections: the log's segment,
+#: directory and next reservation, a snapshot or roll being written, listeners, etcd,
+#: stdio and trio's own.
 RESERVED_FILE_DESCRIPTORS = 64
 
 
-def raise_file_limit(max_connections: int) -> int:
+def raise_file_limit(max_connections: int, metrics_max_connections: int = 0) -> int:
     """Raise the soft RLIMIT_NOFILE to the hard limit (soft 1,024 is common) and check that
-    ``max_connections`` fits beside the reserve; return the limit now in force."""
+    ``max_connections`` client and ``metrics_max_connections`` metrics connections fit
+    beside the reserve; return the limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
-    if max_connections + RESERVED_FILE_DESCRIPTORS > soft:
+    needed = max_connections + metrics_max_connections + RESERVED_FILE_DESCRIPTORS
+    if needed > soft:
         raise ResourceLimit(
-            f"max_connections {max_connections} needs {max_connections + RESERVED_FILE_DESCRIPTORS}"
-            f" file descriptors (with {RESERVED_FILE_DESCRIPTORS} reserved) but the limit is "
-            f"{soft} (ulimit -n); lower max_connections or raise the limit"
+            f"max_connections {max_connections} and metrics_max_connections "
+            f"{metrics_max_connections} need {needed} file descriptors (with "
+            f"{RESERVED_FILE_DESCRIPTORS} reserved) but the limit is {soft} (ulimit -n); "
+            "lower them or raise the limit"
         )
     return soft
 
@@ -97,7 +101,7 @@ class PidctlServer:
         )
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
-        self.http = HttpEndpoint(self.metrics)
+        self.http = HttpEndpoint(self.metrics, settings.metrics_max_connections)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
         self._outboxes: Outboxes | None = None
@@ -154,7 +158,8 @@ class PidctlServer:
         data_dir = Path(self.settings.data_dir)
         check_formatted(data_dir)  # before anything is created: a wrong path stops here
         log.info("allocator", mmap_threshold_pinned=pin_mmap_threshold())
-        limit = raise_file_limit(self.settings.max_connections)
+        settings = self.settings
+        limit = raise_file_limit(settings.max_connections, settings.metrics_max_connections)
         log.info("file descriptors", limit=limit)
         lock_fd = lock_data_dir(data_dir)
         try:

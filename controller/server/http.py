@@ -9,11 +9,17 @@ a container's health check need.
 from __future__ import annotations
 
 import contextlib
+import errno
 
+import structlog
 import trio
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from pidctl.controller.server.admission import open_listeners
+from pidctl.controller.server.admission import (
+    ACCEPT_CAPACITY_ERRNOS,
+    ACCEPT_RETRY_S,
+    open_listeners,
+)
 from pidctl.controller.server.metrics import Metrics
 from pidctl.protocol.addresses import HostPort
 
@@ -21,27 +27,70 @@ from pidctl.protocol.addresses import HostPort
 MAX_REQUEST_HEAD_BYTES = 8192
 #: Time a client may take to send its request head.
 REQUEST_TIMEOUT_S = 5.0
+#: Time a connection may take in all (its head, then reading the answer): a client that
+#: never reads cannot hold one of the few connections for ever.
+CONNECTION_TIMEOUT_S = 10.0
+
+log = structlog.get_logger("pidctl.http")
 
 _TEXT = "text/plain; charset=utf-8"
 
 
 class HttpEndpoint:
     """Answers /metrics, /healthz (the process is up) and /readyz (log recovered, listeners
-    bound, and the log not failed)."""
+    bound, and the log not failed), on at most ``max_connections`` connections at once
+    (setting ``metrics_max_connections``)."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, max_connections: int) -> None:
         self.metrics = metrics
         self.ready = False
         self.port = 0
+        self.max_connections = max_connections
         self._listeners: list[trio.SocketListener] = []
+        # One slot per open connection, taken before accept(): at the bound nothing is
+        # accepted (no descriptor is taken) until a connection ends, as Kafka's acceptor
+        # does at max.connections.
+        self._slots = trio.Semaphore(max_connections)
 
     async def bind(self, address: HostPort) -> None:
         self._listeners = await open_listeners(address)
         self.port = self._listeners[0].socket.getsockname()[1]
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        await trio.serve_listeners(self._handle, self._listeners)
+        """Accept on every listener until cancelled, at most ``max_connections`` open."""
+        async with trio.open_nursery() as nursery:
+            for listener in self._listeners:
+                nursery.start_soon(self._accept_on, listener, nursery)
+            task_status.started()
+
+    async def _accept_on(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            if self._slots.value == 0:
+                self.metrics.http_connections_waited.inc()
+            await self._slots.acquire()
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                self._slots.release()
+                if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                log.error("metrics accept failed; retrying", error=errno.errorcode[e.errno])
+                await trio.sleep(ACCEPT_RETRY_S)
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            nursery.start_soon(self._connection, stream)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        self.metrics.http_connections.inc()
+        try:
+            with trio.move_on_after(CONNECTION_TIMEOUT_S):
+                await self._handle(stream)
+        finally:
+            stream.socket.close()
+            self.metrics.http_connections.dec()
+            self._slots.release()
 
     def answer(self, method: str, path: str) -> tuple[str, str, bytes]:
         """(status line, content type, body) for a request."""

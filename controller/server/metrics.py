@@ -298,6 +298,18 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.http_connections = Gauge(
+            "pidctl_http_connections",
+            "Open connections to the metrics and health endpoint (at most "
+            "metrics_max_connections).",
+            registry=r,
+        )
+        self.http_connections_waited = LoopCounter(
+            "pidctl_http_connections_waited",
+            "Times the metrics endpoint stopped accepting because metrics_max_connections "
+            "were open (further connections wait in the kernel's backlog).",
+            registry=r,
+        )
         self._blocks_granted: dict[tuple[str, int], Any] = {}
         self.grant_rate = RateWindow()
         self.last_snapshot_time: float | None = None

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,11 @@ from pidctl.client import SyncClient
 from pidctl.controller.cli import EXIT_STORAGE_FAILED
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
 from pidctl.controller.log.metalog import QUICK_SYNCS_BEFORE_THE_LOOP, read_log, segment_name
+from pidctl.controller.server.app import RESERVED_FILE_DESCRIPTORS
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_response, encode_request
 from pidctl.protocol.framing import FrameDecoder
-from tests.e2e.test_operations import scrape
+from tests.e2e.test_operations import http_status, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -249,10 +251,100 @@ def test_max_connections_the_file_limit_cannot_carry_is_refused(tmp_path: Path) 
         ServerProcess(tmp_path / "d", "--max-connections", "1000", prefix=low).start()
 
 
+class HttpFlood:
+    """Connections to the metrics port that never send a byte (a scraper gone wrong), kept
+    at ``connections`` open: one closed (by the server's request timeout, or by the flood
+    itself, oldest first) is replaced."""
+
+    def __init__(self, port: int, connections: int) -> None:
+        self.port = port
+        self.connections = connections
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> HttpFlood:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        held: list[socket.socket] = []
+        try:
+            while not self._stop.is_set():
+                while len(held) < self.connections:
+                    sock = socket.socket()
+                    sock.setblocking(False)
+                    sock.connect_ex(("127.0.0.1", self.port))
+                    held.append(sock)
+                    self.opened += 1
+                # A few replaced each round, so the flood goes on past the server's timeout.
+                for sock in held[:5]:
+                    sock.close()
+                del held[:5]
+                self._stop.wait(0.05)
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_metrics_connections_cannot_take_the_descriptors_the_log_needs(tmp_path: Path) -> None:
+    """Hundreds of HTTP connections to the metrics port under a real low RLIMIT_NOFILE,
+    while grants make rolls and snapshots due: the endpoint holds at most
+    metrics_max_connections (the rest wait in the kernel's backlog), the server's
+    descriptors stay within its budget, and every roll and snapshot is taken on time."""
+    limit, clients, metrics = 200, 40, 8
+    budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
+    server = ServerProcess(
+        tmp_path / "d",
+        "--max-connections",
+        str(clients),
+        "--metrics-max-connections",
+        str(metrics),
+        "--snapshot-interval-records",
+        "40",
+        prefix=["prlimit", f"--nofile={limit}:{limit}"],
+    )
+    with server, SyncClient(server.bootstrap) as client:
+        assert server.proc is not None
+        pid = server.proc.pid
+
+        def open_descriptors() -> int:
+            return len(os.listdir(f"/proc/{pid}/fd"))
+
+        before = open_descriptors()
+        descriptors: list[int] = []
+        with HttpFlood(server.metrics_port, 3 * limit) as flood:
+            wait_until(lambda: flood.opened >= 3 * limit, "the flood's connections")
+            wait_until(lambda: open_descriptors() >= before + metrics, "the endpoint full")
+            for _ in range(240):  # six snapshots due, each with its roll
+                assert client.request(requests.allocate(-1, -1)).error_code == 0
+                descriptors.append(open_descriptors())
+                time.sleep(0.02)  # pacing the load, not waiting for anything
+            wait_until(
+                lambda: sum(e.get("event") == "snapshot written" for e in server.events) >= 5,
+                "the snapshots due",
+            )
+            assert server.proc.poll() is None
+        assert max(descriptors) <= budget, (max(descriptors), budget)
+        postponed = [e for e in server.events if "postponed" in str(e.get("event"))]
+        assert postponed == []
+        assert not [e for e in server.events if e.get("event") == "storage_failed"]
+        wait_until(lambda: http_status(server.metrics_url + "/readyz") == 200, "ready after it")
+        samples = scrape(server.metrics_url)
+        assert samples["pidctl_http_connections_waited_total"] > 0
+        assert samples["pidctl_http_connections"] <= metrics
+
+
 def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
     tmp_path: Path,
 ) -> None:
-    server = ServerProcess(tmp_path / "d", "--segment-max-bytes", "2000")
+    server = ServerProcess(
+        tmp_path / "d", "--segment-max-bytes", "2000", "--snapshot-interval-records", "50"
+    )
     with server, SyncClient(server.bootstrap) as client:
         assert server.proc is not None
         pid = server.proc.pid
@@ -290,8 +382,13 @@ def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
         asking.join(30)
         newcomer.close()
         assert late == [0]
-        allocate(20)
+        allocate(40)
         assert len(list(server.data_dir.glob("*.log"))) > segments  # rolled once it could
+        # The snapshot due meanwhile (a roll first) was postponed too, and taken once it could.
+        wait_until(
+            lambda: any(e.get("event") == "snapshot written" for e in server.events),
+            "the snapshot after the limit was raised",
+        )
         assert server.proc.poll() is None
     verdict = check_data_dir(server.data_dir, Acknowledged())
     assert verdict.lost == []

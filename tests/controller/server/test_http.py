@@ -22,7 +22,7 @@ async def _get(port: int, request: bytes) -> bytes:
 
 
 async def test_paths_statuses_and_methods() -> None:
-    endpoint = HttpEndpoint(Metrics())
+    endpoint = HttpEndpoint(Metrics(), 4)
     await endpoint.bind(HostPort("127.0.0.1", 0))
     async with trio.open_nursery() as nursery:
         await nursery.start(endpoint.serve)
@@ -49,4 +49,35 @@ async def test_paths_statuses_and_methods() -> None:
         with contextlib.suppress(trio.BrokenResourceError):
             assert await status(endless) == b"HTTP/1.1 431 Request Header Fields Too Large"
         assert await status(b"GET /healthz HTTP/1.1\r\n\r\n") == b"HTTP/1.1 200 OK"
+        nursery.cancel_scope.cancel()
+
+
+async def test_at_most_max_connections_are_open_and_the_rest_wait() -> None:
+    metrics = Metrics()
+    endpoint = HttpEndpoint(metrics, 2)
+    await endpoint.bind(HostPort("127.0.0.1", 0))
+
+    def sample(name: str) -> float:
+        return metrics.registry.get_sample_value(name) or 0.0
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(endpoint.serve)
+        silent = [await trio.open_tcp_stream("127.0.0.1", endpoint.port) for _ in range(2)]
+        while sample("pidctl_http_connections") < 2:
+            await trio.sleep(0.01)
+        answer: list[bytes] = []
+
+        async def third() -> None:
+            answer.append(await _get(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n"))
+
+        nursery.start_soon(third)
+        while sample("pidctl_http_connections_waited_total") == 0:
+            await trio.sleep(0.01)
+        assert answer == []  # in the kernel's backlog: not accepted, no descriptor taken
+        await silent.pop().aclose()
+        while not answer:
+            await trio.sleep(0.01)
+        assert answer[0].startswith(b"HTTP/1.1 200 OK")
+        assert sample("pidctl_http_connections") <= 2
+        await silent.pop().aclose()
         nursery.cancel_scope.cancel()
