@@ -100,6 +100,9 @@ class ProducerIdControlManager:
     #: The last reservation (:class:`ProducerIdsReserved`): nothing at or above it was
     #: granted. 0: this log never reserved (new, or from before reservations).
     reserved: int = 0
+    #: The end of the highest lease this log ever took: the shared counter was at least this
+    #: high, and a counter seen below it went back (corruption of the shared source).
+    highest_lease_end: int = 0
     #: PIDs reserved ahead of the grants at a time (setting ``producer_id_reservation``).
     reservation_size: int = field(default=DEFAULT_RESERVATION_SIZE, compare=False)
 
@@ -295,6 +298,7 @@ class ProducerIdControlManager:
                     raise InvariantViolation(f"offset {offset}: empty or inverted lease")
                 self.lease_mode = True
                 self.leases.append(Lease(record.first_producer_id, record.next_producer_id))
+                self.highest_lease_end = max(self.highest_lease_end, record.next_producer_id)
             case ProducerIdFloorRaised():
                 if record.next_producer_id <= self.next_producer_id:
                     raise InvariantViolation(
@@ -342,6 +346,7 @@ class ProducerIdControlManager:
             self.lease_mode,
             list(self.leases),
             self.reserved,
+            self.highest_lease_end,
             self.reservation_size,
         )
 
@@ -352,6 +357,7 @@ class ProducerIdControlManager:
             "lease_mode": self.lease_mode,
             "leases": [[lease.first, lease.end] for lease in self.leases],
             "reserved_producer_id": self.reserved,
+            "highest_lease_end": self.highest_lease_end,
         }
 
     def restore(self, data: dict[str, Any]) -> None:
@@ -360,3 +366,6 @@ class ProducerIdControlManager:
         self.lease_mode = data.get("lease_mode", False)
         self.leases = [Lease(first, end) for first, end in data.get("leases", [])]
         self.reserved = data.get("reserved_producer_id", 0)
+        # Snapshots from before this field: the leases they still hold are a lower bound.
+        held = max([0] + [lease.end for lease in self.leases])
+        self.highest_lease_end = data.get("highest_lease_end", held)

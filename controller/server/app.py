@@ -32,7 +32,7 @@ from pidctl.controller.server.admission import Admission, bind_listeners
 from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.http import HttpEndpoint
-from pidctl.controller.server.lease_keeper import LeaseKeeper, etcd_counter
+from pidctl.controller.server.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
 from pidctl.controller.server.logs import log_each
 from pidctl.controller.server.metrics import Metrics, StateView
 from pidctl.controller.server.outbox import Outboxes
@@ -365,7 +365,16 @@ class PidctlServer:
             lease_size=settings.pid_lease_size,
             prefetch_ratio=settings.pid_lease_prefetch_ratio,
             on_lease=lambda size: self.metrics.leases.inc(),
+            on_counter_went_back=self._counter_went_back,
         )
+
+    def _counter_went_back(self, error: CounterWentBack | None) -> None:
+        """The etcd counter went back (or is back): counted, and ``/readyz`` fails meanwhile."""
+        if error is None:
+            self.http.faults.pop("etcd_counter", None)
+            return
+        self.metrics.etcd_counter_regressions.inc()
+        self.http.faults["etcd_counter"] = str(error)
 
     def _observer(self, lease_keeper: LeaseKeeper | None) -> Callable[[int, Record], None]:
         """What happens beside the log when a record is applied: grants are counted, wait

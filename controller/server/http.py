@@ -44,6 +44,9 @@ class HttpEndpoint:
     def __init__(self, metrics: Metrics, max_connections: int) -> None:
         self.metrics = metrics
         self.ready = False
+        #: Why the server is not ready although it serves (``/readyz`` says 503 and names
+        #: them): e.g. the shared counter went back, or no producer id is left.
+        self.faults: dict[str, str] = {}
         self.port = 0
         self.max_connections = max_connections
         self._listeners: list[trio.SocketListener] = []
@@ -99,9 +102,10 @@ class HttpEndpoint:
         if path == "/healthz":
             return "200 OK", _TEXT, b"ok\n"
         if path == "/readyz":
-            if self.ready:
+            if self.ready and not self.faults:
                 return "200 OK", _TEXT, b"ready\n"
-            return "503 Service Unavailable", _TEXT, b"not ready\n"
+            reasons = "".join(f"{name}: {text}\n" for name, text in sorted(self.faults.items()))
+            return "503 Service Unavailable", _TEXT, b"not ready\n" + reasons.encode()
         if path in ("/metrics", "/"):
             return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
         return "404 Not Found", _TEXT, b"not found\n"

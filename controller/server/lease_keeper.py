@@ -32,6 +32,23 @@ log = structlog.get_logger("pidctl.leases")
 #: Back-off between attempts while etcd does not answer, doubling up to the maximum.
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 2.0
+#: While the counter is below what was seen (corruption), it is read again this often.
+REGRESSION_RETRY_S = 1.0
+#: A refused lease is logged at most once per this many seconds (and when it changes).
+REGRESSION_LOG_INTERVAL_S = 30.0
+
+
+class CounterWentBack(Exception):
+    """The shared counter is below the highest lease this controller has seen: it was
+    deleted or reset. Leasing from it would hand out ranges other controllers hold."""
+
+    def __init__(self, counter: int, highest: int) -> None:
+        self.counter = counter
+        self.highest = highest
+        super().__init__(
+            f"the etcd counter says {counter}, below {highest}, the highest lease seen: it was "
+            "deleted or set back; refusing to lease until it is at least that again"
+        )
 
 
 def etcd_ssl_context(settings: Settings) -> ssl.SSLContext | None:
@@ -73,6 +90,7 @@ class LeaseKeeper:
         lease_size: int,
         prefetch_ratio: float,
         on_lease: Callable[[int], None] = lambda size: None,
+        on_counter_went_back: Callable[[CounterWentBack | None], None] = lambda error: None,
     ) -> None:
         self.counter = counter
         self.controller = controller
@@ -81,8 +99,14 @@ class LeaseKeeper:
         self.lease_size = lease_size
         self.prefetch_ratio = prefetch_ratio
         self._on_lease = on_lease
+        self._on_counter_went_back = on_counter_went_back
         self._wake = trio.Event()
         self._last_seen: Counter | None = None
+        #: The highest counter value seen from etcd in this process.
+        self._highest_seen = 0
+        #: While the counter is below it: the refusal, and when it was last logged.
+        self._refused: CounterWentBack | None = None
+        self._refusal_logged = 0.0
         #: Set once a lease was taken by this process.
         self.leased = trio.Event()
 
@@ -109,6 +133,9 @@ class LeaseKeeper:
                 continue
             try:
                 await self.take_lease()
+            except CounterWentBack as e:
+                await self._refuse(e)
+                continue
             except (EtcdUnavailable, EtcdRefused) as e:
                 left = self.controller.state.producer_ids.lease_remaining()
                 if left == 0 and out_since is None:
@@ -138,12 +165,47 @@ class LeaseKeeper:
                     "producer ids available again", outage_s=round(time.monotonic() - out_since, 3)
                 )
                 out_since = None
+            if self._refused is not None:
+                log.warning("etcd counter at or above the highest lease seen again; leasing")
+                self._refused = None
+                self._on_counter_went_back(None)
             delay = RETRY_MIN_S
 
+    async def _refuse(self, error: CounterWentBack) -> None:
+        """No lease while the counter went back: counted and reported (``/readyz`` fails),
+        logged at once and then at most every ``REGRESSION_LOG_INTERVAL_S``; the counter is
+        read again (not the cached value) until an operator puts it back."""
+        moment = time.monotonic()
+        changed = self._refused is None or self._refused.counter != error.counter
+        if changed or moment - self._refusal_logged >= REGRESSION_LOG_INTERVAL_S:
+            log.error(
+                "etcd counter went back",
+                source=str(self.location),
+                counter=error.counter,
+                highest_lease_seen=error.highest,
+                lease_remaining=self.controller.state.producer_ids.lease_remaining(),
+                error=str(error),
+            )
+            self._refusal_logged = moment
+        self._refused = error
+        self._on_counter_went_back(error)
+        self._last_seen = None
+        await trio.sleep(REGRESSION_RETRY_S)
+
+    def _check(self, seen: Counter) -> None:
+        """A counter below the highest lease seen (in this log, or from etcd in this process)
+        went back: :class:`CounterWentBack`."""
+        highest = max(self._highest_seen, self.controller.state.producer_ids.highest_lease_end)
+        if seen.value < highest:
+            raise CounterWentBack(seen.value, highest)
+        self._highest_seen = max(self._highest_seen, seen.value)
+
     async def take_lease(self) -> tuple[int, int]:
-        """One lease: compare-and-swap until it succeeds, then log it and wait until durable."""
+        """One lease: compare-and-swap until it succeeds, then log it and wait until durable.
+        Raises :class:`CounterWentBack` rather than lease from a counter that went back."""
         seen = self._last_seen if self._last_seen is not None else await self.counter.read()
         while True:
+            self._check(seen)
             first, end = self.controller.state.producer_ids.lease_bounds(
                 seen.value, self.lease_size
             )
@@ -151,6 +213,7 @@ class LeaseKeeper:
             seen = swap.counter
             self._last_seen = seen
             if swap.succeeded:
+                self._highest_seen = max(self._highest_seen, end)
                 break
         lease = self.controller.state.producer_ids.lease(
             first, end, str(self.location), swap.revision

@@ -298,6 +298,12 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.etcd_counter_regressions = LoopCounter(
+            "pidctl_etcd_counter_regressions",
+            "Times the etcd counter was seen below the highest lease seen (deleted or set "
+            "back): no lease is taken from it.",
+            registry=r,
+        )
         self.http_connections = Gauge(
             "pidctl_http_connections",
             "Open connections to the metrics and health endpoint (at most "

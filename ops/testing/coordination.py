@@ -135,6 +135,23 @@ class EtcdProcess:
             kvs = json.load(reply).get("kvs", [])
         return int(base64.b64decode(kvs[0]["value"])) if kvs else None
 
+    def _kv(self, operation: str, body: dict[str, str]) -> None:
+        request = urllib.request.Request(
+            f"http://{self.endpoint}/v3/kv/{operation}", data=json.dumps(body).encode()
+        )
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            reply.read()
+
+    def set_counter(self, value: int, prefix: str = "pidctl") -> None:
+        """Overwrite the shared counter (an operator's mistake, a restored old backup)."""
+        key = base64.b64encode(f"{prefix}/next_producer_id".encode()).decode()
+        self._kv("put", {"key": key, "value": base64.b64encode(str(value).encode()).decode()})
+
+    def delete_counter(self, prefix: str = "pidctl") -> None:
+        """Delete the shared counter's key."""
+        key = base64.b64encode(f"{prefix}/next_producer_id".encode()).decode()
+        self._kv("deleterange", {"key": key})
+
     def __enter__(self) -> EtcdProcess:
         return self.start()
 

@@ -7,6 +7,7 @@ import random
 import re
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from pidctl.client import SyncClient
 from pidctl.controller.core.records import ProducerIdsLeased
 from pidctl.controller.log.metalog import read_log, read_reservation
 from pidctl.protocol import requests
+from tests.e2e.test_operations import http_status
 
 CLUSTER_ID = "fleetFleetFleetFleet01"
 
@@ -262,3 +264,56 @@ def test_tls_to_etcd_is_a_setting(tmp_path: Path, tls_etcd: tuple[EtcdProcess, P
         with SyncClient(untrusting.bootstrap) as client:
             assert _allocate_job(client)[0] == 7
         assert any("CERTIFICATE_VERIFY_FAILED" in str(e.get("error")) for e in untrusting.events)
+
+
+def _regression_counted(server: ServerProcess) -> Callable[[], bool]:
+    return lambda: _metric(server, "pidctl_etcd_counter_regressions_total") > 0
+
+
+def _ready(server: ServerProcess) -> Callable[[], bool]:
+    return lambda: http_status(server.metrics_url + "/readyz") == 200
+
+
+@pytest.mark.parametrize("fault", ["deleted", "set back"])
+async def test_a_counter_that_goes_back_never_makes_two_controllers_share_a_range(
+    tmp_path: Path, etcd: EtcdProcess, fault: str
+) -> None:
+    """Two controllers on one etcd; the counter key is deleted, or set back below the
+    leases taken, while they serve. Neither leases from it (their leases would be ranges
+    the other holds): each refuses, says so in its log, counts it and fails /readyz, and
+    serves what it holds; once an operator puts the counter back, both lease again."""
+    first = _controller(tmp_path, etcd, 1, "--pid-lease-size", "10000")
+    second = _controller(tmp_path, etcd, 2, "--pid-lease-size", "10000")
+    for server in (first, second):
+        await trio.to_thread.run_sync(server.start)  # each takes a lease before listening
+    try:
+        with SyncClient(first.bootstrap) as one, SyncClient(second.bootstrap) as two:
+            granted = [_allocate_job(client) for client in (one, two) for _ in range(2)]
+            assert etcd.counter() == 20_000
+            if fault == "deleted":
+                await trio.to_thread.run_sync(etcd.delete_counter)
+            else:
+                await trio.to_thread.run_sync(etcd.set_counter, 5000)
+            # Past the prefetch point and past the end of both leases.
+            for _ in range(12):
+                granted += [_allocate_job(one), _allocate_job(two)]
+            blocks = [(start, length) for error, start, length in granted if error == 0]
+            _no_overlap(blocks)
+            assert {error for error, _, _ in granted} <= {0, 7}  # 7: REQUEST_TIMED_OUT
+            assert len(blocks) == 20  # each controller served its whole lease, no more
+            for server in (first, second):
+                await wait_until_async(_regression_counted(server), "the regression counted")
+                assert http_status(server.metrics_url + "/readyz") == 503
+                refused = next(e for e in server.events if e["event"] == "etcd counter went back")
+                assert refused["level"] == "error" and refused["highest_lease_seen"] >= 10_000
+            # The operator puts the counter back where it was: both lease again, ready.
+            await trio.to_thread.run_sync(etcd.set_counter, 20_000)
+            for server, client in ((first, one), (second, two)):
+                await wait_until_async(_ready(server), "ready again")
+                after = _allocate_job(client)
+                assert after[0] == 0 and after[1] >= 20_000
+                blocks.append((after[1], after[2]))
+            _no_overlap(blocks)
+    finally:
+        first.kill()
+        second.kill()

@@ -176,3 +176,15 @@ def test_every_grant_lies_in_a_lease_and_none_overlap(ops: list[tuple[str, int, 
     assert lease_remaining(state) + sum(e - f for f, e in granted) == sum(
         (e - f) // BLOCK_SIZE * BLOCK_SIZE for f, e in leased
     )
+
+
+def test_the_highest_lease_taken_is_remembered_after_its_ids_are_used() -> None:
+    """What a counter in etcd must never be seen below again (the lease keeper refuses)."""
+    state = _state()
+    _lease(state, 0, 2000)
+    _lease(state, 5000, 6000)
+    for _ in range(3):
+        _grant(state)
+    assert state.producer_ids.leases == [] and state.producer_ids.highest_lease_end == 6000
+    again = ControllerState.from_snapshot(state.to_snapshot())
+    assert again.producer_ids.highest_lease_end == 6000
