@@ -530,8 +530,8 @@ class Settings:
         round(DEFAULT_INLINE_SYNC_MAX_S * 1000),
         "a group commit's write and fdatasync run on the event loop while they take less "
         "than this, and in the log's own thread after a slower one (until 64 in a row there "
-        "are quick), so a slow disk does not hold up what does not wait for it; 0: always "
-        "in the thread",
+        "are quick; twice as many after each slow one soon after coming back), so a slow "
+        "disk does not hold up what does not wait for it; 0: always in the thread",
         "ms",
     )
     log_retention_bytes: int = _setting(

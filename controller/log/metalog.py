@@ -89,6 +89,12 @@ DEFAULT_INLINE_SYNC_MAX_S = 0.010
 #: quick: a disk slow now and then (one sync in five, say) keeps them in the thread, rather
 #: than holding the loop up for every other slow sync.
 QUICK_SYNCS_BEFORE_THE_LOOP = 64
+#: A slow sync on the loop within this many times the quick syncs needed (since commits came
+#: back to the loop) doubles them: the disk is slow now and then, not once.
+BACK_OFF_WINDOW = 8
+#: The most quick syncs in a row the thread waits for (a disk slow once in this many
+#: commits holds the loop up once in as many).
+MAX_QUICK_SYNCS_BEFORE_THE_LOOP = 64 * 1024
 
 _SNAPSHOT_MAGIC = b"PIDSNAP2"
 #: Snapshots written before the binary sections (JSON only); still read.
@@ -611,13 +617,23 @@ def _truncate(path: Path, size: int) -> None:
 @dataclass(slots=True)
 class SyncPlace:
     """Where the next commit's ``write`` and ``fdatasync`` run: on the event loop while they
-    take less than ``max_s``; after a slower one in the log's thread, until
-    ``QUICK_SYNCS_BEFORE_THE_LOOP`` in a row there were quick. ``max_s`` 0: always in the
-    thread."""
+    take less than ``max_s``; after a slower one in the log's thread, until ``quick_needed``
+    in a row there were quick (``QUICK_SYNCS_BEFORE_THE_LOOP`` at first). ``max_s`` 0:
+    always in the thread.
+
+    A slow sync on the loop soon after coming back (within ``BACK_OFF_WINDOW`` times
+    ``quick_needed`` quick syncs there) doubles ``quick_needed``, up to
+    ``MAX_QUICK_SYNCS_BEFORE_THE_LOOP``: a disk slow about every 65th sync would otherwise
+    hold the loop up once per 130 commits for ever; now it holds it up twice, then commits
+    stay in the thread. A whole window of quick syncs on the loop halves it again."""
 
     max_s: float
     in_thread: bool = field(init=False)
     quick_in_thread: int = field(default=0, init=False)
+    quick_needed: int = field(default=QUICK_SYNCS_BEFORE_THE_LOOP, init=False)
+    #: Quick syncs on the loop since commits came back to it from the thread, while that
+    #: is recent (None: not recently).
+    quick_since_back: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.in_thread = self.max_s <= 0
@@ -626,10 +642,24 @@ class SyncPlace:
         """The commit just made (where ``in_thread`` said) took ``took`` seconds."""
         slow = self.max_s <= 0 or took >= self.max_s
         if not self.in_thread:
-            self.in_thread, self.quick_in_thread = slow, 0
+            self._after_on_loop(slow)
             return
         self.quick_in_thread = 0 if slow else self.quick_in_thread + 1
-        self.in_thread = self.quick_in_thread < QUICK_SYNCS_BEFORE_THE_LOOP
+        if self.quick_in_thread >= self.quick_needed:
+            self.in_thread, self.quick_since_back = False, 0
+
+    def _after_on_loop(self, slow: bool) -> None:
+        back = self.quick_since_back
+        if slow:
+            if back is not None:  # slow again soon after coming back: back off further
+                self.quick_needed = min(2 * self.quick_needed, MAX_QUICK_SYNCS_BEFORE_THE_LOOP)
+            self.in_thread, self.quick_in_thread, self.quick_since_back = True, 0, None
+        elif back is not None:
+            back += 1
+            if back >= BACK_OFF_WINDOW * self.quick_needed:
+                self.quick_needed = max(QUICK_SYNCS_BEFORE_THE_LOOP, self.quick_needed // 2)
+                back = None
+            self.quick_since_back = back
 
 
 class MetadataLog:

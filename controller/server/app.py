@@ -89,6 +89,7 @@ class PidctlServer:
         self.settings = settings
         self.ports: list[int] = []
         self.metrics = Metrics()
+        self.metrics.slow_commit_s = settings.log_inline_sync_max_ms / 1000
         self.quotas = Quotas(
             {
                 ApiKey.ALLOCATE_PRODUCER_IDS: settings.allocate_producer_ids_quota,

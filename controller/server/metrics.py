@@ -259,6 +259,13 @@ class Metrics:
             "sync before each took log_inline_sync_max_ms or more.",
             registry=r,
         )
+        self.slow_commits_on_loop = LoopCounter(
+            "pidctl_log_slow_commits_on_loop",
+            "Group commits on the event loop that took log_inline_sync_max_ms or more (each "
+            "held the loop up that long; a disk slow now and then sends commits to the "
+            "thread for longer each time).",
+            registry=r,
+        )
         self.batch = LoopHistogram(
             "pidctl_log_commit_batch_records",
             "Records per group commit.",
@@ -319,6 +326,9 @@ class Metrics:
         self._blocks_granted: dict[tuple[str, int], Any] = {}
         self.grant_rate = RateWindow()
         self.last_snapshot_time: float | None = None
+        #: A commit on the loop this slow or slower counts in ``slow_commits_on_loop``
+        #: (``log_inline_sync_max_ms``; 0: every commit runs in the thread).
+        self.slow_commit_s = float("inf")
         self.state_view: StateView | None = None
         r.register(_StateCollector(self))
 
@@ -326,6 +336,8 @@ class Metrics:
         self.log_appends.inc(records)
         if in_thread:
             self.commits_in_thread.inc()
+        elif seconds >= self.slow_commit_s:
+            self.slow_commits_on_loop.inc()
         self.batch.observe(records)
         self.fsync.observe(seconds)
 
