@@ -31,7 +31,12 @@ from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.server.connection import now
 from pidctl.controller.server.etcd import EtcdCounter, EtcdLocation
-from pidctl.controller.server.lease_keeper import RETRY_MAX_S, RETRY_MIN_S, LeaseKeeper
+from pidctl.controller.server.lease_keeper import (
+    RETRY_MAX_S,
+    RETRY_MIN_S,
+    CounterWentBack,
+    LeaseKeeper,
+)
 from tests.controller.server.conftest import ANSWER_BOUND_S, until
 
 _prefixes = itertools.count()
@@ -55,6 +60,8 @@ class Kept:
     prefix: str
     #: What ``on_lease`` was told: the size of each lease, once durable.
     leases: list[int] = field(default_factory=list)
+    #: What ``on_counter_went_back`` was told, in order (None: leasing again).
+    went_back: list[CounterWentBack | None] = field(default_factory=list)
 
     def grant(self) -> Block:
         """A block, as a job's AllocateProducerIds takes one; the keeper is poked after, as
@@ -72,12 +79,16 @@ class Kept:
     async def counter(self) -> int | None:
         return await trio.to_thread.run_sync(self.etcd.counter, self.prefix)
 
-    async def set_counter(self, text: str) -> None:
-        """Write the shared counter's key directly (as an operator, or another tool)."""
+    async def set_counter(self, text: str | None) -> None:
+        """Write the shared counter's key directly, or delete it (None), as an operator or
+        another tool might."""
         key = base64.b64encode(f"{self.prefix}/next_producer_id".encode()).decode()
-        body = {"key": key, "value": base64.b64encode(text.encode()).decode()}
+        body = {"key": key}
+        if text is not None:
+            body["value"] = base64.b64encode(text.encode()).decode()
+        operation = "put" if text is not None else "deleterange"
         request = urllib.request.Request(
-            f"http://{self.etcd.endpoint}/v3/kv/put", data=json.dumps(body).encode()
+            f"http://{self.etcd.endpoint}/v3/kv/{operation}", data=json.dumps(body).encode()
         )
 
         def put() -> None:
@@ -107,6 +118,7 @@ async def keeping(
     prefix = f"keeper{next(_prefixes)}"
     counter = EtcdCounter(EtcdLocation.parse(etcd.pid_source(prefix)), timeout_s=5.0)
     leases: list[int] = []
+    went_back: list[CounterWentBack | None] = []
     keeper = LeaseKeeper(
         counter,
         controller,
@@ -115,12 +127,13 @@ async def keeping(
         lease_size=lease_size,
         prefetch_ratio=prefetch_ratio,
         on_lease=leases.append,
+        on_counter_went_back=went_back.append,
     )
     try:
         async with trio.open_nursery() as nursery:
             if start_log:
                 await nursery.start(log.run)
-            yield Kept(keeper, controller, log, nursery, etcd, prefix, leases)
+            yield Kept(keeper, controller, log, nursery, etcd, prefix, leases, went_back)
             nursery.cancel_scope.cancel()
     finally:
         await counter.aclose()
@@ -219,6 +232,35 @@ async def test_while_etcd_is_away_what_is_held_is_granted_then_refused_until_it_
     for attempt, failure in enumerate(_failures(logs)):
         if not _exhausted(failure):
             assert failure["retry_in_s"] == min(RETRY_MIN_S * 2**attempt, RETRY_MAX_S)
+
+
+@pytest.mark.parametrize("back_to", ["1000", None], ids=["set-back", "deleted"])
+async def test_no_lease_is_taken_from_a_counter_that_went_back_until_it_is_put_back(
+    tmp_path: Path, shared_etcd: EtcdProcess, back_to: str | None
+) -> None:
+    """Below the highest lease seen, the counter would hand out ranges other controllers
+    hold: refused, logged and reported (the server fails /readyz on it), until an operator
+    puts it back; grants go on from what is held meanwhile."""
+    with structlog.testing.capture_logs() as logs:
+        async with keeping(tmp_path, shared_etcd) as kept:
+            await kept.nursery.start(kept.keeper.run)
+            with trio.fail_after(ANSWER_BOUND_S):
+                await kept.keeper.leased.wait()
+            await kept.set_counter(back_to)
+            assert [kept.grant().first for _ in range(2)] == [0, 1000]  # a lease is wanted
+            await until(lambda: kept.went_back != [])
+            refusal = kept.went_back[0]
+            assert refusal is not None and (refusal.counter, refusal.highest) == (
+                int(back_to or 0),
+                3000,
+            )
+            assert kept.held() == [(0, 3000)] and kept.grant().first == 2000
+            [logged] = _events(logs, "etcd counter went back")
+            assert (logged["counter"], logged["highest_lease_seen"]) == (int(back_to or 0), 3000)
+            await kept.set_counter("3000")
+            await until(lambda: len(kept.leases) == 2)
+            assert kept.held() == [(3000, 6000)] and kept.went_back[-1] is None
+            assert _events(logs, "etcd counter at or above the highest lease seen again")
 
 
 async def test_a_counter_etcd_refuses_to_read_is_retried_until_it_is_mended(
