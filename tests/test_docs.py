@@ -5,6 +5,7 @@ A new block fails :func:`test_every_block_is_run_or_says_why_not` until it is li
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -17,13 +18,14 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
 from kazoo.client import KazooClient
 
 from ops.testing.coordination import EtcdProcess, ZooKeeperProcess, free_port
-from ops.testing.serverproc import ServerProcess, add_sasl_user, wait_until
+from ops.testing.serverproc import ServerProcess, add_sasl_user, stored_cluster_id, wait_until
 from pidctl.client import SyncClient
 from pidctl.controller.core.records import RECORD_TYPES
 from pidctl.protocol import requests
@@ -215,19 +217,34 @@ def _shell(
 @pytest.fixture
 def dev_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """`ops/dev.sh serve` as the Quick start has it running, in a checkout-like folder
-    (``.venv`` there), on free ports: (bootstrap, metrics address)."""
+    (``.venv`` there), on ports the kernel picks as it binds them (so no other process can
+    take one first and answer in its place): (bootstrap, metrics address), from its log
+    (serve.log, kept with a failed test's folder)."""
     (tmp_path / ".venv").symlink_to(VENV_BIN.parent)
-    port, metrics = free_port(), free_port()
-    ports = ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}"]
-    proc = subprocess.Popen(
-        [str(ROOT / "ops" / "dev.sh"), "serve", *ports],
-        cwd=tmp_path,
-        env={**os.environ, "VENV": str(VENV_BIN.parent)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "serve.log"
+    ports = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [str(ROOT / "ops" / "dev.sh"), "serve", *ports],
+            cwd=tmp_path,
+            env={**os.environ, "VENV": str(VENV_BIN.parent)},
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
+    events: dict[str, dict[str, Any]] = {}
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ops/dev.sh serve exited with {proc.returncode}: {log.read_text()}")
+        for line in log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                events[event["event"]] = event
+        return "listening" in events
+
     try:
-        wait_until(lambda: _listening(port), "the dev server listening", timeout=120)
+        wait_until(listening, "the dev server listening", timeout=120)
+        port, metrics = events["listening"]["ports"][0], events["metrics listening"]["port"]
         yield f"127.0.0.1:{port}", f"127.0.0.1:{metrics}"
     finally:
         proc.terminate()
@@ -248,8 +265,8 @@ def test_quick_start_as_written(dev_server: tuple[str, str], tmp_path: Path) -> 
     comment below a command is what that command prints. Then the kafka-python example, twice:
     the second producer has the same PID, one epoch higher."""
     bootstrap, metrics = dev_server
-    moved = docs.block("README.md", "Quick start", 0)
-    moved = moved.replace("127.0.0.1:9093", bootstrap).replace("127.0.0.1:9464", metrics)
+    ports = {"127.0.0.1:9093": bootstrap, "127.0.0.1:9464": metrics}
+    moved = docs.moved(docs.block("README.md", "Quick start", 0), ports)
     lines = moved.replace("\\\n", " ").splitlines()
     for at, line in enumerate(lines):
         if not line.strip() or line.startswith("#"):
@@ -261,11 +278,12 @@ def test_quick_start_as_written(dev_server: tuple[str, str], tmp_path: Path) -> 
             assert done.stdout.strip() == said[2:], line
         elif "log dump" in line:
             assert "ProducerIdsGranted" in done.stdout
-        elif "status" in line:
-            assert "cluster id:" in done.stdout and "broker 1" in done.stdout
+        elif "status" in line:  # the test's server answered, not another on the machine
+            cluster = stored_cluster_id(tmp_path / "pidctl-data")
+            assert f"cluster id:  {cluster}" in done.stdout and "broker 1" in done.stdout
         elif "curl" in line:
             assert done.stdout.strip() == "pidctl_next_producer_id 1000.0"
-    example = docs.block("README.md", "Quick start", 1).replace("127.0.0.1:9093", bootstrap)
+    example = docs.moved(docs.block("README.md", "Quick start", 1), ports)
     (tmp_path / "producer.py").write_text(example)
     printed = re.search(r"\)  # (.*)\n", example)
     assert printed is not None
@@ -374,9 +392,7 @@ def test_the_fleet_and_the_import_as_written(etcd: EtcdProcess, tmp_path: Path) 
     }
 
     def moved(text: str) -> str:
-        for written, ours in moves.items():
-            text = text.replace(written, ours)
-        return text
+        return docs.moved(text, moves)
 
     fleet = docs.commands(moved(docs.block("README.md", "A fleet of controllers (etcd)", 0)))
     formats, serves = fleet[0], fleet[1:]

@@ -14,6 +14,7 @@ import pytest
 from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import new_topic, read_values
 from ops.testing.serverproc import ServerProcess
+from tests import docs
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,10 +51,9 @@ def test_example_runs_and_writes_every_row_once(
     rows: int,
 ) -> None:
     fresh = new_topic(kafka.bootstrap, 2, prefix=topic)
+    addresses = {"127.0.0.1:9092": kafka.bootstrap, "127.0.0.1:9093": pidctl.bootstrap}
     code = (
-        blocks[0]
-        .replace("127.0.0.1:9092", kafka.bootstrap)
-        .replace("127.0.0.1:9093", pidctl.bootstrap)
+        docs.moved(blocks[0], addresses)
         .replace(f'"{topic}"', f'"{fresh}"')
         .replace('"nightly-orders"', f'"nightly-{uuid.uuid4().hex[:8]}"')
     )

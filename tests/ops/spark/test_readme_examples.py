@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ops.testing.serverproc import ServerProcess
+from tests import docs
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 SPARK_SPEC = README.parent / "docs" / "spark-sink.md"
@@ -42,10 +43,8 @@ def test_the_examples_run_as_written(pidctl: ServerProcess, tmp_path: Path) -> N
     database = tmp_path / "orders.db"
     names = []
     for index, block in enumerate(_spark_blocks()):
-        code = block.replace("127.0.0.1:9093", pidctl.bootstrap)
-        (tmp_path / f"example{index + 1}.py").write_text(
-            code.replace("/tmp/orders.db", str(database))
-        )
+        moves = {"127.0.0.1:9093": pidctl.bootstrap, "/tmp/orders.db": str(database)}
+        (tmp_path / f"example{index + 1}.py").write_text(docs.moved(block, moves))
         names.append(f"example{index + 1}.py")
     (tmp_path / "run.py").write_text(RUNNER)
     # `./pidctl-data` is where `ops/dev.sh serve` keeps its log: here, the test server's.

@@ -16,6 +16,7 @@ import pytest
 
 from ops.testing.serverproc import ServerProcess, kill_group_when
 from pidctl.spark.sqlstore import open_store, stage_table
+from tests import docs
 
 ROOT = Path(__file__).resolve().parents[3]
 FILES, PER_FILE = 3, 1000
@@ -140,13 +141,14 @@ def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: 
     PYSPARK_PYTHON: the example's local session runs its workers with this Python)."""
     source, url = _source(tmp_path / "in"), f"sqlite://{tmp_path / 'events.db'}"
     written = _readme_command()
-    command = shlex.split(
-        written.replace(".venv/bin/python", sys.executable)
-        .replace("127.0.0.1:9093", pidctl.bootstrap)
-        .replace("/tmp/incoming", str(source))
-        .replace("/tmp/checkpoints/events", str(tmp_path / "checkpoint"))
-        .replace("sqlite:///tmp/events.db", url)
-    )
+    moves = {
+        ".venv/bin/python": sys.executable,
+        "127.0.0.1:9093": pidctl.bootstrap,
+        "/tmp/incoming": str(source),
+        "/tmp/checkpoints/events": str(tmp_path / "checkpoint"),
+        "sqlite:///tmp/events.db": url,
+    }
+    command = shlex.split(docs.moved(written, moves))
     assert "/tmp/" not in " ".join(command[1:]).replace(str(tmp_path), "")
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYSPARK")}
     env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
