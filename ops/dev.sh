@@ -3,7 +3,9 @@
 #   ops/dev.sh serve [FLAGS]   start `pidctl serve` on its embedded defaults (or FLAGS); the
 #                              default data dir ./pidctl-data is formatted on first use
 #   ops/dev.sh test [ARGS]     lint, type-check and run the whole test suite (ARGS go to pytest),
-#                              in TEST_WORKERS processes (default 2; pytest-xdist; 0: one)
+#                              in TEST_WORKERS processes (default 2; pytest-xdist; 0: one); a
+#                              `serve` running beside it must be left alone (TEST_USER_SERVER=
+#                              start: it plays one on the default ports, on a machine of its own)
 #   ops/dev.sh bench [ARGS]    the benchmark suite against its baselines (ARGS go to the suite)
 #   ops/dev.sh fetch           fetch Apache Kafka's jars from Maven Central (test and bench do it)
 set -euo pipefail
@@ -41,6 +43,8 @@ ensure_debian_packages() {
     command -v mvn >/dev/null || missing+=(maven)
     command -v strace >/dev/null || missing+=(strace)  # the storage-fault tests inject with it
     command -v faketime >/dev/null || missing+=(faketime)  # a wall clock before 1970, for real
+    # util-linux (essential on Debian): TEST_USER_SERVER=start's server dies with the run.
+    command -v setpriv >/dev/null || missing+=(util-linux)
     # PostgreSQL's JDBC driver: the Spark sink's write_sql path and its df.write.jdbc baseline.
     [[ -f /usr/share/java/postgresql.jar ]] || missing+=(libpostgresql-jdbc-java)
     if (( ${#missing[@]} )); then

@@ -101,12 +101,16 @@ USER_SERVER = pytest.StashKey[UserServerCheck]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The user's server beside the suite (ops/testing/user_server.py): once per run, in the
-    controlling process (xdist's workers have ``workerinput``); ``TEST_USER_SERVER=0`` skips
-    it, and the summary says so."""
+    controlling process (xdist's workers have ``workerinput``). ``TEST_USER_SERVER=start``
+    plays the user's server when the default ports are free (on a machine of its own: CI);
+    ``TEST_USER_SERVER=0`` skips the check, and the summary says so."""
     config = session.config
-    if hasattr(config, "workerinput") or os.environ.get("TEST_USER_SERVER") == "0":
+    mode = os.environ.get("TEST_USER_SERVER", "")
+    if hasattr(config, "workerinput") or mode == "0":
         return
-    check = UserServerCheck()
+    if mode not in ("", "start"):
+        raise pytest.UsageError(f"TEST_USER_SERVER={mode}: expected start or 0 (or unset)")
+    check = UserServerCheck(play_user=mode == "start")
     config.stash[USER_SERVER] = check
     try:
         check.start()

@@ -47,7 +47,7 @@ def not_run(reason: str) -> str:
 BLOCKS = {
     ("README.md", "Set-up: two commands", 0): run_by(
         "tests/e2e/test_operations.py::test_readme_command_serves_metrics_and_readiness"
-        " (`ops/dev.sh serve`; and ops/testing/user_server.py beside every run); its second"
+        " (`ops/dev.sh serve`; and ops/testing/user_server.py beside a run); its second"
         " command, `ops/dev.sh test`, is this suite"
     ),
     ("README.md", "Quick start", 0): run_by("tests/test_docs.py::test_quick_start_as_written"),
