@@ -118,7 +118,10 @@ BLOCKS = {
         " tests/ops/testing/test_conformance.py::test_record_refuses_unknown_cases"
     ),
     ("docs/spark-deployment.md", "(a) Recommended: install the wheel on every machine", 0): (
-        run_by("tests/ops/spark/test_cluster.py::packages (into a temporary folder)")
+        run_by(
+            "tests/ops/spark/test_cluster.py::packages (as (b)'s first command, in a copy of"
+            " the checkout)"
+        )
     ),
     ("docs/spark-deployment.md", "(a) Recommended: install the wheel on every machine", 1): (
         not_run(
@@ -133,7 +136,9 @@ BLOCKS = {
         )
     ),
     ("docs/spark-deployment.md", "(b) Ship pidctl with the job: `--py-files`", 0): run_by(
-        "tests/ops/spark/test_cluster.py::packages and test_py_files_zip_writes_every_row_once"
+        "tests/ops/spark/test_cluster.py::packages (the build, in a copy of the checkout) and"
+        " tests/ops/spark/test_cluster.py::test_py_files_zip_writes_every_row_once (the"
+        " spark-submit, against the test's master, pidctl and database)"
     ),
     ("docs/spark-deployment.md", "What happens without either: `ModuleNotFoundError`", 0): (
         not_run(

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -31,8 +31,11 @@ import pytest
 from ops.testing.postgres import PostgresProcess
 from ops.testing.serverproc import ServerProcess, wait_until
 from ops.testing.spark_cluster import SparkCluster, live_processes
+from tests import docs
 
 ROOT = Path(__file__).resolve().parents[3]
+DEPLOYMENT = "docs/spark-deployment.md"
+WHEEL_SECTION = "(a) Recommended: install the wheel on every machine"
 EXAMPLE = ROOT / "ops" / "spark" / "examples" / "cluster_write.py"
 ROWS = 3000
 SUBMIT_TIMEOUT_S = 600
@@ -43,6 +46,7 @@ SUBMIT_OPTIONS = ("--conf", "spark.executor.memory=512m", "--conf", "spark.log.l
 
 @dataclass
 class Packages:
+    checkout: Path  # a copy of the checkout: the page's commands run in its top folder
     wheel: Path  # pip wheel --no-deps of the project
     zip: Path  # the wheel's pidctl/ tree, zipped for --py-files
     bare_python: Path  # a venv without pidctl: what the workers have
@@ -68,16 +72,31 @@ def _venv(directory: Path) -> Path:
     return python
 
 
+#: What a copy of the checkout leaves out: what .gitignore does (environments, caches,
+#: build output, a data dir) and git's own files.
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+    ".hypothesis", "build", "dist", "*.egg-info", "pidctl-data", "results", ".build",
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
-    """The wheel, the zip and the two environments, built as docs/spark-deployment.md says."""
+    """The wheel, the zip and the two environments, built as docs/spark-deployment.md says:
+    (b)'s commands as written, ``python`` the test venv's, in the top folder of a copy of the
+    checkout (building a wheel writes build/ and pidctl.egg-info/ into the folder it builds:
+    the test's copy, not the checkout)."""
     base = tmp_path_factory.mktemp("packages")
-    dist = base / "dist"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dist, ROOT)
-    (wheel,) = dist.glob("pidctl-*.whl")
-    tree = base / "tree"
-    _run(sys.executable, "-m", "zipfile", "-e", wheel, tree)
-    _run(sys.executable, "-m", "zipfile", "-c", base / "pidctl.zip", "pidctl", cwd=tree)
+    checkout = base / "checkout"
+    shutil.copytree(ROOT, checkout, ignore=NOT_SOURCES)
+    section = "(b) Ship pidctl with the job: `--py-files`"
+    build = [c for c in docs.commands(docs.block(DEPLOYMENT, section)) if "spark-submit" not in c]
+    # (a)'s wheel is (b)'s first command.
+    assert docs.commands(docs.block(DEPLOYMENT, WHEEL_SECTION)) == build[:1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for command in build:
+        subprocess.run(["bash", "-c", command], cwd=checkout, env=env, check=True, timeout=300)
+    (wheel,) = (checkout / "dist").glob("pidctl-*.whl")
     bare = _venv(base / "bare")
     wheel_python = _venv(base / "wheel-venv")
     _run(
@@ -91,7 +110,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
         "--no-index",
         wheel,
     )
-    return Packages(wheel, base / "pidctl.zip", bare, wheel_python)
+    return Packages(checkout, wheel, checkout / "pidctl.zip", bare, wheel_python)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +121,22 @@ def cluster(packages: Packages) -> Iterator[SparkCluster]:
         groups = running.process_groups()
         yield running
     assert live_processes(groups) == []  # stop() left no master, worker or executor behind
+
+
+def _documented_submit(cluster: SparkCluster, section: str, moves: dict[str, str]) -> list[str]:
+    """docs/spark-deployment.md's ``spark-submit`` line of ``section`` as written, with
+    ``moves`` made (the test's addresses and files), against the test's cluster (its
+    spark-submit and master, and the small machine's SUBMIT_OPTIONS); to be run in the top
+    folder of the checkout's copy, as the page says."""
+    in_section = [b.text for b in docs.blocks(DEPLOYMENT) if b.section == section]
+    [line] = [c for text in in_section for c in docs.commands(text) if "spark-submit" in c]
+    for written in moves:
+        assert written in line, written
+    line = docs.moved(line, moves)
+    written_submit = ["spark-submit", "--master", "spark://HOST:7077"]
+    argv = shlex.split(line)
+    assert argv[:3] == written_submit, argv
+    return [*cluster.submit_command(), *SUBMIT_OPTIONS, *argv[3:]]
 
 
 def _submit(
@@ -203,24 +238,6 @@ def test_wheel_renamed_to_zip_cannot_be_imported(packages: Packages, tmp_path: P
 
 
 @pytest.mark.slow
-def test_cluster_start_names_a_taken_port() -> None:
-    """The harness does not let Spark move to the next port (where nobody would look): a
-    taken master port stops the start with the cause in one line, and the logs are kept."""
-    cluster = SparkCluster()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", cluster.port))
-        taken.listen()
-        with pytest.raises(RuntimeError) as failed:
-            cluster.start()
-    message = str(failed.value)
-    assert "\n" not in message
-    assert "spark master exited" in message
-    assert "Address already in use" in message
-    assert cluster.log("master.log").exists()
-    shutil.rmtree(cluster.directory)
-
-
-@pytest.mark.slow
 def test_executors_without_pidctl_fail_naming_it(
     cluster: SparkCluster, pidctl: ServerProcess, tmp_path: Path
 ) -> None:
@@ -252,17 +269,23 @@ def test_executors_without_pidctl_fail_naming_it(
 def test_py_files_zip_writes_every_row_once(
     cluster: SparkCluster, packages: Packages, pidctl: ServerProcess, tmp_path: Path
 ) -> None:
-    """(a) ``--py-files pidctl.zip``: driver and executors run the bare Python; pidctl comes
-    only from the zip."""
+    """(b) ``--py-files pidctl.zip``, the page's command in the folder where its build
+    commands left the zip: driver and executors run the bare Python; pidctl comes only from
+    the zip."""
     db = tmp_path / "events.db"
     before = _jobs_done(cluster)
-    result = _submit(
-        cluster,
-        pidctl,
-        db,
-        "--py-files",
-        str(packages.zip),
-        env={"PYSPARK_PYTHON": str(packages.bare_python)},
+    moves = {
+        "PIDCTL_HOST:9093": pidctl.bootstrap,
+        "postgresql://user@db/app": str(db),
+    }
+    command = _documented_submit(cluster, "(b) Ship pidctl with the job: `--py-files`", moves)
+    result = subprocess.run(
+        command,
+        cwd=packages.checkout,
+        env=cluster.submit_env(PYSPARK_PYTHON=str(packages.bare_python)),
+        capture_output=True,
+        text=True,
+        timeout=SUBMIT_TIMEOUT_S,
     )
     _check_every_row_once(result, _sqlite_check(db))
     _ran_on(cluster, before)
@@ -272,7 +295,7 @@ def test_py_files_zip_writes_every_row_once(
 def test_installed_wheel_writes_every_row_once(
     cluster: SparkCluster, packages: Packages, pidctl: ServerProcess, tmp_path: Path
 ) -> None:
-    """(b) ``spark.pyspark.python`` names a venv where the wheel is installed."""
+    """(a) ``spark.pyspark.python`` names a venv where the wheel is installed (into SQLite)."""
     db = tmp_path / "events.db"
     before = _jobs_done(cluster)
     result = _submit(
@@ -291,22 +314,27 @@ def test_installed_wheel_writes_every_row_once(
 def test_installed_wheel_writes_every_row_once_to_postgresql(
     cluster: SparkCluster, packages: Packages, pidctl: ServerProcess, postgres: PostgresProcess
 ) -> None:
-    """The database the docs recommend on a real cluster: executors write to PostgreSQL
-    (psycopg in the executors' Python)."""
+    """(a)'s command as the page writes it, into the database it recommends on a real
+    cluster: executors write to PostgreSQL (psycopg in the executors' Python)."""
     import psycopg
 
     before = _jobs_done(cluster)
-    result = _submit(
-        cluster,
-        pidctl,
-        postgres.url,
-        "--conf",
-        f"spark.pyspark.python={packages.wheel_python}",
-        env={},
-        table="cluster_events",
+    url = postgres.new_database()
+    moves = {
+        "/opt/pidctl/bin/python": str(packages.wheel_python),
+        "PIDCTL_HOST:9093": pidctl.bootstrap,
+        "postgresql://user@db/app": url,
+    }
+    result = subprocess.run(
+        _documented_submit(cluster, WHEEL_SECTION, moves),
+        cwd=packages.checkout,
+        env=cluster.submit_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBMIT_TIMEOUT_S,
     )
-    with psycopg.connect(postgres.url) as connection:
-        row = connection.execute(CHECK.format(table="cluster_events")).fetchone()
+    with psycopg.connect(url) as connection:
+        row = connection.execute(CHECK.format(table="events")).fetchone()
     assert row is not None
     _check_every_row_once(result, tuple(int(value) for value in row))
     _ran_on(cluster, before)
