@@ -67,6 +67,17 @@ def closed_because(connection: ServerConnection) -> str | None:
     return event.reason if isinstance(event, ConnectionClosed) else None
 
 
+def assert_refused(
+    outcome: SaslOutcome,
+    connection: ServerConnection,
+    error: ErrorCode = ErrorCode.sasl_authentication_failed,
+) -> None:
+    """Answered ``error``, nobody authenticated, and the connection closes after it."""
+    assert outcome.body.error_code == error
+    assert outcome.principal is None
+    assert closed_because(connection) == "authentication_failed"
+
+
 async def _accepted(session: SaslSession, mechanism: str) -> SaslOutcome:
     outcome = await session.handle(handshake(mechanism))
     assert outcome.body.error_code == ErrorCode.none
@@ -116,10 +127,9 @@ async def test_plain_with_a_wrong_password_or_user_is_refused_and_closes(
 ) -> None:
     await _accepted(session, "PLAIN")
     outcome = await session.handle(authenticate(plain_token(user, password)))
-    assert outcome.body.error_code == ErrorCode.sasl_authentication_failed
+    assert_refused(outcome, connection)
     assert outcome.body.error_message == INVALID
-    assert (outcome.principal, outcome.mechanism, outcome.failure) == (None, "PLAIN", INVALID)
-    assert closed_because(connection) == "authentication_failed"
+    assert (outcome.mechanism, outcome.failure) == ("PLAIN", INVALID)
 
 
 async def test_scram_with_a_wrong_password_is_refused_at_the_proof_and_closes(
@@ -130,9 +140,8 @@ async def test_scram_with_a_wrong_password_is_refused_at_the_proof_and_closes(
     first = await session.handle(authenticate(client.first()))
     assert first.body.error_code == ErrorCode.none  # the salt is no secret
     final = await session.handle(authenticate(client.final(first.body.auth_bytes)))
-    assert final.body.error_code == ErrorCode.sasl_authentication_failed
-    assert final.body.error_message == INVALID and final.principal is None
-    assert closed_because(connection) == "authentication_failed"
+    assert_refused(final, connection)
+    assert final.body.error_message == INVALID
 
 
 async def test_scram_for_an_unknown_user_is_refused_at_once_and_closes(
@@ -141,9 +150,8 @@ async def test_scram_for_an_unknown_user_is_refused_at_once_and_closes(
     await _accepted(session, "SCRAM-SHA-256")
     client = ScramClient("SCRAM-SHA-256", "mallory", "wonderland")
     outcome = await session.handle(authenticate(client.first()))
-    assert outcome.body.error_code == ErrorCode.sasl_authentication_failed
+    assert_refused(outcome, connection)
     assert outcome.body.error_message == INVALID
-    assert closed_because(connection) == "authentication_failed"
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"])
@@ -157,18 +165,15 @@ async def test_a_mechanism_not_enabled_is_refused_naming_those_that_are(
     assert phase(connection) is not Phase.READY
     # No exchange began: a token now is out of order.
     refused = await session.handle(authenticate(plain_token("alice", "wonderland")))
-    assert refused.body.error_code == ErrorCode.illegal_sasl_state
-    assert closed_because(connection) == "authentication_failed"
+    assert_refused(refused, connection, ErrorCode.illegal_sasl_state)
 
 
 async def test_saslauthenticate_before_the_handshake_is_illegal_and_closes(
     session: SaslSession, connection: ServerConnection
 ) -> None:
     outcome = await session.handle(authenticate(plain_token("alice", "wonderland")))
-    assert outcome.body.error_code == ErrorCode.illegal_sasl_state
+    assert_refused(outcome, connection, ErrorCode.illegal_sasl_state)
     assert outcome.body.error_message == "SASL handshake first"
-    assert outcome.principal is None
-    assert closed_because(connection) == "authentication_failed"
 
 
 async def test_a_second_handshake_is_illegal(
@@ -203,10 +208,7 @@ async def test_malformed_plain_is_refused_and_closes(
     session: SaslSession, connection: ServerConnection, token: bytes
 ) -> None:
     await _accepted(session, "PLAIN")
-    outcome = await session.handle(authenticate(token))
-    assert outcome.body.error_code == ErrorCode.sasl_authentication_failed
-    assert outcome.principal is None
-    assert closed_because(connection) == "authentication_failed"
+    assert_refused(await session.handle(authenticate(token)), connection)
 
 
 async def test_scram_messages_out_of_order_are_refused_and_close(
@@ -216,10 +218,7 @@ async def test_scram_messages_out_of_order_are_refused_and_close(
     await _accepted(session, "SCRAM-SHA-256")
     client = ScramClient("SCRAM-SHA-256", "alice", "wonderland")
     server_first = b"r=" + client.first().split(b"r=")[1] + b"xyz,s=c2FsdA==,i=4096"
-    outcome = await session.handle(authenticate(client.final(server_first)))
-    assert outcome.body.error_code == ErrorCode.sasl_authentication_failed
-    assert outcome.principal is None
-    assert closed_because(connection) == "authentication_failed"
+    assert_refused(await session.handle(authenticate(client.final(server_first))), connection)
 
 
 async def test_the_credentials_in_force_when_the_password_is_checked_are_used(
