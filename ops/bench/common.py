@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -32,6 +33,17 @@ def first_overlap(blocks: Iterable[tuple[int, int]]) -> tuple[int, int] | None:
         if a + a_length > b:
             return a, b
     return None
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (a timeout's, a closing session's) end the benchmark as Ctrl-C does: by
+    an exception, so that its ``with`` blocks stop the servers it started and remove its
+    temporary directories instead of leaving them behind."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
 
 
 def rss_kib(pid: int | str = "self") -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from ops.bench.common import ROOT, run_json
+from ops.bench.common import ROOT, exit_on_sigterm, run_json
 from ops.testing.serverproc import ServerProcess
 from pidctl.controller.api.handlers import Controller, Now
 from pidctl.controller.core.records import BrokerRegistered, ClusterCreated, ProducerIdsGranted
@@ -179,4 +179,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()

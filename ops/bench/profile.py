@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ops.bench.common import ROOT, ceiling_process, run_json
+from ops.bench.common import ROOT, ceiling_process, exit_on_sigterm, run_json
 from ops.bench.suite import STORM_LIMITS
 from ops.testing.serverproc import ServerProcess, wait_until
 
@@ -152,4 +152,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench import cloadgen
-from ops.bench.common import ROOT, ceiling_process, rss_kib, run_json
+from ops.bench.common import ROOT, ceiling_process, exit_on_sigterm, rss_kib, run_json
 from ops.bench.core import build_history, disk_rate, time_restart
 from ops.bench.stalls import stall_probe
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
@@ -746,4 +746,5 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()
