@@ -31,8 +31,8 @@ ensure_venv() {
 }
 
 # Debian packages the tests start (etcd, ZooKeeper, PostgreSQL and its JDBC driver), Java 17
-# with javac for Spark, Kafka and the Java client's test program, Maven to fetch Kafka, and
-# strace; installed only when missing (needs root, as on CI machines).
+# with javac for Spark, Kafka and the Java client's test program, Maven to fetch Kafka,
+# strace and valgrind; installed only when missing (needs root, as on CI machines).
 ensure_debian_packages() {
     local missing=()
     command -v etcd >/dev/null || missing+=(etcd-server)
@@ -45,6 +45,7 @@ ensure_debian_packages() {
     command -v faketime >/dev/null || missing+=(faketime)  # a wall clock before 1970, for real
     # util-linux (essential on Debian): TEST_USER_SERVER=start's server dies with the run.
     command -v setpriv >/dev/null || missing+=(util-linux)
+    command -v valgrind >/dev/null || missing+=(valgrind)  # ops.bench.instructions (callgrind)
     # PostgreSQL's JDBC driver: the Spark sink's write_sql path and its df.write.jdbc baseline.
     [[ -f /usr/share/java/postgresql.jar ]] || missing+=(libpostgresql-jdbc-java)
     if (( ${#missing[@]} )); then

@@ -8,7 +8,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,10 +62,11 @@ def ceiling_server() -> Iterator[str]:
 
 
 @contextmanager
-def ceiling_process() -> Iterator[tuple[str, int]]:
-    """:func:`ceiling_server`, yielding its HOST:PORT and its process id (for a profiler)."""
+def ceiling_process(prefix: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """:func:`ceiling_server`, yielding its HOST:PORT and its process id (for a profiler);
+    ``prefix`` runs it under another command that keeps its process (valgrind)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
+        [*prefix, sys.executable, "-m", "ops.bench.ceiling", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
