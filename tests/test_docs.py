@@ -104,6 +104,11 @@ BLOCKS = {
     ),
     ("docs/bench-kafka.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
     ("docs/bench-request-path.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
+    (
+        "docs/bench-request-path.md",
+        "2026-11-25, a saturated machine (at 900b64d)",
+        0,
+    ): not_run("benchmark runs (as the README's)"),
     ("docs/bench-request-path.md", "Instructions per request (callgrind)", 0): not_run(
         "9 minutes under valgrind; tests/ops/bench/test_instructions.py runs a row of it"
     ),
