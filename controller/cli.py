@@ -537,8 +537,10 @@ def _progress(label: str) -> Any:
 def _log(args: argparse.Namespace) -> int:
     from pidctl.controller.log.logtools import (
         DumpFilter,
-        dump_lines,
+        format_dump,
         parse_time,
+        removed_before,
+        removed_note,
         selected,
         summary_lines,
         verify,
@@ -572,10 +574,15 @@ def _log(args: argparse.Namespace) -> int:
             print(f"pidctl: --since/--until: {e}", file=sys.stderr)
             return 2
         try:
+            contents, entries = selected(args.data_dir, keep, _progress("reading"))
+            removed = removed_before(contents)
             if args.summary:
-                lines = summary_lines(selected(args.data_dir, keep, _progress("reading"))[1])
+                lines = [f"# {removed_note(removed)}"] if removed else []
+                lines += summary_lines(entries)
             else:
-                lines = list(dump_lines(args.data_dir, args.json, keep, _progress("reading")))
+                lines = list(format_dump(contents, entries, args.json))
+                if args.json and removed:  # stdout stays one JSON object per line
+                    print(f"pidctl: {removed_note(removed)}", file=sys.stderr)
             for line in lines:
                 print(line)
         except LogCorruption as e:

@@ -42,6 +42,8 @@ from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
     DEFAULT_INLINE_SYNC_MAX_S,
+    DEFAULT_RETENTION_BYTES,
+    DEFAULT_RETENTION_MS,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
 )
@@ -534,11 +536,23 @@ class Settings:
         "disk does not hold up what does not wait for it; 0: always in the thread",
         "ms",
     )
+    # Kafka keeps its metadata log after snapshots up to metadata.max.retention.bytes
+    # (100 MiB) and .ms (7 days); the same defaults keep weeks of grants here (a grant
+    # record is ~100 bytes).
     log_retention_bytes: int = _setting(
-        0,
-        "segments already covered by a snapshot are kept up to this total size, as an audit "
-        "trail for `pidctl log dump`; 0 deletes them at once",
+        DEFAULT_RETENTION_BYTES,
+        "segments already covered by a snapshot are kept up to this total size, as the audit "
+        "trail of `pidctl log dump` (the newest kept); 0 deletes them at once",
         "bytes",
+        parse=NON_NEGATIVE,
+    )
+    log_retention_ms: int = _setting(
+        DEFAULT_RETENTION_MS,
+        "segments already covered by a snapshot are kept this long after their last write, "
+        "as the audit trail of `pidctl log dump`; 0 deletes them at once (checked at each "
+        "snapshot)",
+        "ms",
+        parse=NON_NEGATIVE,
     )
     shutdown_grace_ms: int = _setting(
         5000, "on SIGTERM/SIGINT, time allowed for in-flight requests to finish", "ms"

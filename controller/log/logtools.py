@@ -76,14 +76,23 @@ def dump_lines(
 ) -> Iterator[str]:
     """Every (selected) record kept in the data dir, oldest first, as text or JSON lines."""
     contents, entries = selected(data_dir, keep or DumpFilter(), progress)
+    return format_dump(contents, entries, as_json)
+
+
+def format_dump(contents: LogContents, entries: list[LogEntry], as_json: bool) -> Iterator[str]:
+    """:func:`dump_lines` of records already read: text lines say what the snapshot holds,
+    that records before an offset were removed, and a damaged tail; JSON lines are only the
+    records."""
+    removed = removed_before(contents)
     if not as_json and contents.snapshot_path is not None:
         state = contents.snapshot_state or {}
         yield (
             f"# snapshot at offset {contents.snapshot_offset}: "
             f"next_producer_id={state.get('next_producer_id')} "
-            f"brokers={len(state.get('brokers', []))} "
-            f"(records before it are gone unless log_retention_bytes keeps them)"
+            f"brokers={len(state.get('brokers', []))}"
         )
+    if not as_json and removed:
+        yield f"# {removed_note(removed)}"
     for entry in entries:
         item = entry_to_dict(entry)
         if as_json:
@@ -100,6 +109,23 @@ def dump_lines(
             f"({contents.torn_tail_problem}): a write cut short by a crash, or damage to "
             "acknowledged records (see `pidctl log verify`)"
         )
+
+
+def removed_before(contents: LogContents) -> int:
+    """The offset before which records were removed (covered by a snapshot, and past the
+    audit trail's retention); 0 if the log still holds every record from the first."""
+    if contents.segments:
+        return contents.segments[0].base_offset
+    return contents.snapshot_offset
+
+
+def removed_note(offset: int) -> str:
+    """What ``pidctl log dump`` and ``verify`` say when records before ``offset`` are gone."""
+    return (
+        f"records before offset {offset} were removed: a snapshot covers them and they were "
+        "past log_retention_bytes or log_retention_ms (the snapshot keeps their effect, not "
+        "the records)"
+    )
 
 
 @dataclass
@@ -239,6 +265,9 @@ def verify(data_dir: Path, progress: Progress | None = None) -> VerifyReport:
         f"transactional ids: {len(state.transactions.transactional_ids)}",
         f"reservation: {reservation}; a start-up now grants from {resume_at}",
     ]
+    removed = removed_before(contents)
+    if removed:
+        lines.append(removed_note(removed))
     if contents.torn_tail_bytes:
         torn = next(s for s in contents.segments if s.scan.problem is not None)
         lines.append(

@@ -24,6 +24,7 @@ import json
 import mmap
 import os
 import struct
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -82,6 +83,11 @@ DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 #: Default for ``snapshot_interval_records``: a snapshot after this many records bounds the
 #: replay at start-up (about 10 ms per 10,000 grant records here) whatever the history length.
 DEFAULT_SNAPSHOT_INTERVAL_RECORDS = 10_000
+#: Defaults for ``log_retention_bytes`` and ``log_retention_ms``: segments a snapshot covers
+#: are kept as the audit trail (``pidctl log dump``) up to 100 MiB and 7 days, as Kafka keeps
+#: its metadata log after snapshots (``metadata.max.retention.bytes`` and ``.ms``).
+DEFAULT_RETENTION_BYTES = 100 * 1024 * 1024
+DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 #: Default for ``inline_sync_max_s``. A local disk syncs a commit in well under a millisecond
 #: (p99 0.4 ms on the development machine); a network volume or a failing disk takes longer.
 DEFAULT_INLINE_SYNC_MAX_S = 0.010
@@ -342,19 +348,36 @@ class _SegmentsWalked:
     torn_tail_problem: str | None = None
 
 
+def _covers_before(following: Path, offset: int) -> bool:
+    """Whether the segment before ``following`` holds only records below ``offset``:
+    ``following`` starts at or below it, and is no empty segment out of place (which says
+    nothing about where the one before ends) unless it starts at ``offset`` exactly (the
+    segment a snapshot rolled to, empty until the next record)."""
+    base = offset_of(following)
+    return base == offset or (base < offset and following.stat().st_size > 0)
+
+
 def _walk_segments(
     data_dir: Path,
     visit: Callable[[LogEntry], object],
     segment_done: Callable[[Path, int, SegmentEnd], object] = lambda *_: None,
     progress: Callable[[int, int], None] | None = None,
+    skip_below: int = 0,
 ) -> _SegmentsWalked:
     """Check every segment in order, mapped one at a time, calling ``visit`` with each valid
     record as it is read and ``segment_done`` after each segment: segments follow on from one
     another, an empty one out of place is set aside, and only the last non-empty segment may
     end in a torn tail. Raises :class:`LogCorruption` for anything else. The one walk behind
-    :func:`read_log` (the tools keep every record) and :func:`recover` (replays each at once)."""
+    :func:`read_log` (the tools keep every record) and :func:`recover` (replays each at once).
+
+    Segments wholly below ``skip_below`` (the next one starts at or below it) are not read:
+    :func:`recover` passes the snapshot's offset, since the snapshot holds their effect and
+    they are only kept as the audit trail (``log_retention_bytes``, up to 100 MiB by
+    default, whose reading would slow every start-up). ``pidctl log verify`` reads all."""
     walked = _SegmentsWalked()
     paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
+    while len(paths) > 1 and _covers_before(paths[1], skip_below):
+        paths = paths[1:]
     total = sum(p.stat().st_size for p in paths)
     done = 0
     for index, path in enumerate(paths):
@@ -400,14 +423,42 @@ def _check_snapshot_covered(path: Path, offset: int, walked: _SegmentsWalked) ->
         )
 
 
+#: ``pidctl log dump`` and ``verify`` may read a data dir a server is writing: between the
+#: listing and the reading a roll, a snapshot or its cleaning may rename or delete a file, and
+#: the newest segment may end in a record being written. Such a read starts again (after a
+#: pause, at most this many times), so that what it reports is one consistent state of the
+#: directory, never the server's work in progress.
+LIVE_READ_ATTEMPTS = 20
+LIVE_READ_PAUSE_S = 0.05
+
+
 def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None) -> LogContents:
     """Read and check every file in ``data_dir`` without changing anything.
 
     ``progress(bytes_read, bytes_total)`` is called after each segment.
 
     Raises :class:`LogCorruption` for damage anywhere but a torn tail of the last segment,
-    which is reported in ``torn_tail_bytes`` instead.
-    """
+    which is reported in ``torn_tail_bytes`` instead. Safe while a server writes the data
+    dir: a read that met its changes (a file gone, a log that no longer starts where the
+    snapshot read says, a record half-written at the end) is read again, up to
+    ``LIVE_READ_ATTEMPTS`` times, while a server holds the data dir's lock."""
+    attempt = 1
+    while True:
+        try:
+            contents = _read_log_once(data_dir, progress)
+        except (FileNotFoundError, LogCorruption):
+            if attempt >= LIVE_READ_ATTEMPTS or lock_holder(data_dir) is None:
+                raise
+        else:
+            if not contents.torn_tail_bytes or attempt >= LIVE_READ_ATTEMPTS:
+                return contents
+            if lock_holder(data_dir) is None:
+                return contents
+        attempt += 1
+        time.sleep(LIVE_READ_PAUSE_S)
+
+
+def _read_log_once(data_dir: Path, progress: Callable[[int, int], None] | None) -> LogContents:
     contents = LogContents()
     if not data_dir.is_dir():
         return contents
@@ -478,7 +529,7 @@ def lock_data_dir(data_dir: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        holder = _lock_holder(data_dir)
+        holder = lock_holder(data_dir) or "unknown"
         raise DataDirLocked(
             f"data dir {data_dir} is in use by another pidctl process (pid {holder})"
         ) from None
@@ -487,9 +538,10 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-def _lock_holder(data_dir: Path) -> str:
-    """The pid holding the flock on ``data_dir``, from the kernel's table of locks (so it
-    is known even when the .lock file was deleted)."""
+def lock_holder(data_dir: Path) -> str | None:
+    """The pid holding the flock on ``data_dir`` (a running server), from the kernel's table
+    of locks (so it is known even when the .lock file was deleted); None if no process
+    holds it. Asking takes no lock: a server starting meanwhile is never refused."""
     try:
         st = os.stat(data_dir)
         device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
@@ -500,7 +552,7 @@ def _lock_holder(data_dir: Path) -> str:
                 return fields[4]
     except OSError:
         pass
-    return "unknown"
+    return None
 
 
 @dataclass(slots=True)
@@ -570,7 +622,7 @@ def _replay_streaming(data_dir: Path) -> tuple[ControllerState, int, int, _Segme
                 raise LogCorruption(f"invariant broken: {e}") from e
             replayed += 1
 
-    walked = _walk_segments(data_dir, replay)
+    walked = _walk_segments(data_dir, replay, skip_below=snapshot_offset)
     if snapshot_path is not None:
         _check_snapshot_covered(snapshot_path, snapshot_offset, walked)
     return state, replayed, snapshot_offset, walked
@@ -691,7 +743,8 @@ class MetadataLog:
         *,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         snapshot_interval_records: int = DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
-        retention_bytes: int = 0,
+        retention_bytes: int = DEFAULT_RETENTION_BYTES,
+        retention_ms: int = DEFAULT_RETENTION_MS,
         inline_sync_max_s: float = DEFAULT_INLINE_SYNC_MAX_S,
         on_batch: Callable[[int, float, bool], None] | None = None,
         on_snapshot: Callable[[int], None] | None = None,
@@ -706,6 +759,7 @@ class MetadataLog:
         self.segment_max_bytes = segment_max_bytes
         self.snapshot_interval_records = snapshot_interval_records
         self.retention_bytes = retention_bytes
+        self.retention_ms = retention_ms
         self._sync_place = SyncPlace(inline_sync_max_s)
         self.failed: StorageFailed | None = None
         self._snapshot_source = snapshot_source
@@ -728,6 +782,11 @@ class MetadataLog:
         )
         self._spare_fd: int | None = None
         self._open_spare()
+        # The segments and snapshots in the data dir, by offset, oldest first: listed once
+        # here, then kept by the log (the only writer: the data dir is locked), so that
+        # cleaning up after a snapshot needs no file descriptor to list the directory.
+        self._segments = sorted(offset_of(p) for p in data_dir.glob("*" + SEGMENT_SUFFIX))
+        self._snapshots = sorted(offset_of(p) for p in data_dir.glob("*" + SNAPSHOT_SUFFIX))
         self._path, self._fd = self._open_active_segment()
         # Kept here rather than asked of the file after every commit (the log is the only
         # writer of its active segment: the data dir is locked).
@@ -735,12 +794,13 @@ class MetadataLog:
         self._disk: DiskThread | None = None
 
     def _open_active_segment(self) -> tuple[Path, int]:
-        segments = sorted(self.data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
-        if segments:
-            path = segments[-1]
+        if self._segments:
+            path = self.data_dir / segment_name(self._segments[-1])
             return path, _storage_call(path, "open", os.open, path, _APPEND_FLAGS, 0o644)
         path = self.data_dir / segment_name(self.end_offset)
-        return path, _create_segment(path, self._dir_fd)
+        fd = _create_segment(path, self._dir_fd)
+        self._segments.append(self.end_offset)
+        return path, fd
 
     def append(self, record: Record, timestamp_ms: int) -> int:
         """Buffer a record for the next group commit and return its offset. Never waits;
@@ -960,6 +1020,7 @@ class MetadataLog:
             log.warning("segment roll postponed", segment=str(path), error=e.errno_name)
             return False
         old, self._fd, self._path, self._size = self._fd, fd, path, 0
+        self._segments.append(base_offset)
         os.close(old)
         return True
 
@@ -977,9 +1038,9 @@ class MetadataLog:
             log.warning("snapshot postponed", offset=offset, error=e.errno_name)
             return None
         size: int = _storage_call(path, "stat", os.stat, path).st_size
-        for old in self.data_dir.glob("*" + SNAPSHOT_SUFFIX):
-            if offset_of(old) < offset:
-                _storage_call(old, "unlink", old.unlink)
+        older, self._snapshots = [o for o in self._snapshots if o < offset], [offset]
+        for old in older:
+            _remove(self.data_dir / snapshot_name(old))
         self._delete_covered_segments(offset)
         _storage_call(self.data_dir, "fsync", os.fsync, self._dir_fd)
         log.info("snapshot written", offset=offset, bytes=size)
@@ -987,20 +1048,36 @@ class MetadataLog:
 
     def _delete_covered_segments(self, offset: int) -> None:
         """Segments wholly below the snapshot are not needed for recovery; the newest of
-        them are kept up to ``retention_bytes``, as an audit trail for `pidctl log dump`."""
-        covered = sorted(
-            (p for p in self.data_dir.glob("*" + SEGMENT_SUFFIX) if offset_of(p) < offset),
-            key=offset_of,
-            reverse=True,
-        )
-        kept = 0
-        for index, segment in enumerate(covered):
-            kept += _storage_call(segment, "stat", os.stat, segment).st_size
-            if kept > self.retention_bytes:
-                # Delete oldest first, so a crash midway never leaves a gap between segments.
-                for old in reversed(covered[index:]):
-                    _storage_call(old, "unlink", old.unlink)
+        them are kept as the audit trail for `pidctl log dump`, up to ``retention_bytes`` in
+        all and for ``retention_ms`` after their last write. The rest go, oldest first, so a
+        crash midway never leaves a gap between segments."""
+        covered = [base for base in self._segments if base < offset]
+        kept, now = 0, time.time()
+        for index in range(len(covered) - 1, -1, -1):
+            segment = self.data_dir / segment_name(covered[index])
+            try:
+                st = os.stat(segment)
+            except FileNotFoundError:  # removed by hand: nothing to keep or delete
+                self._segments.remove(covered[index])
+                continue
+            except OSError as e:
+                raise StorageFailed(segment, "stat", e) from e
+            kept += st.st_size
+            if kept > self.retention_bytes or (now - st.st_mtime) * 1000 >= self.retention_ms:
+                for old in covered[: index + 1]:
+                    _remove(self.data_dir / segment_name(old))
+                    self._segments.remove(old)
                 break
+
+
+def _remove(path: Path) -> None:
+    """Delete a file the log no longer needs; one already gone is no failure."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise StorageFailed(path, "unlink", e) from e
 
 
 def _write_all(path: Path, fd: int, data: bytes) -> int:

@@ -214,6 +214,7 @@ class PidctlServer:
             segment_max_bytes=settings.segment_max_bytes,
             snapshot_interval_records=settings.snapshot_interval_records,
             retention_bytes=settings.log_retention_bytes,
+            retention_ms=settings.log_retention_ms,
             inline_sync_max_s=settings.log_inline_sync_max_ms / 1000,
             on_batch=self.metrics.log_batch,
             on_snapshot=self.metrics.snapshot_written,

@@ -7,7 +7,8 @@ the fields the record types share (``broker_id``, ``broker_epoch``, ``first_prod
 ``next_producer_id``, ``holder``, ``principal``, ``client_id``, ``transactional_id``,
 ``producer_id``, ``producer_epoch``), and ``record``: the whole record as the JSON line
 ``pidctl log dump --json`` prints. Records already covered by a snapshot are only there while
-``log_retention_bytes`` keeps their segments.
+``log_retention_bytes`` and ``log_retention_ms`` keep their segments (100 MiB and 7 days by
+default).
 
 The data dir must be readable where the tasks run (a shared volume on a cluster).
 """

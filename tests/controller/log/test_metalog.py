@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import structlog
 import trio
 
-from pidctl.controller.core.logformat import encode_entry, scan_segment
+from pidctl.controller.core.logformat import encode_entry, offset_of, scan_segment
 from pidctl.controller.core.records import (
     BrokerRegistered,
     ClusterCreated,
@@ -231,6 +232,80 @@ async def test_retention_keeps_covered_segments_for_the_audit_trail(tmp_path: Pa
     contents = read_log(tmp_path)
     assert contents.entries()[0].offset == 0  # the whole history is still there
     assert contents.snapshot_offset > 0
+
+
+async def test_start_up_reads_no_segment_a_snapshot_covers(tmp_path: Path) -> None:
+    """The audit trail's segments (wholly below the snapshot) are not read at start-up, so
+    their size (up to log_retention_bytes) never slows it; `log verify` reads them."""
+    state = await run_log(
+        tmp_path, history(100), snapshot_interval_records=25, retention_bytes=10**9
+    )
+    oldest = sorted(tmp_path.glob("*.log"))[0]
+    data = bytearray(oldest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # damage inside the oldest, covered segment
+    oldest.write_bytes(bytes(data))
+    recovery = recover(tmp_path)
+    assert recovery.state == state and recovery.snapshot_offset > offset_of(oldest)
+    assert recovery.records_replayed == state.next_offset - recovery.snapshot_offset
+    with pytest.raises(LogCorruption, match=oldest.name):
+        read_log(tmp_path)
+
+
+async def write_and_snapshot(
+    metalog: MetadataLog, state: ControllerState, batch: list[Record]
+) -> None:
+    """Append ``batch`` as one commit and wait for the snapshot it makes due."""
+    for record in batch:
+        state.replay(metalog.append(record, 0), record)
+    await metalog.flush()
+    with trio.fail_after(60):
+        while metalog.snapshot_offset < state.next_offset:
+            await trio.sleep(0.01)
+
+
+def retaining_log(data_dir: Path, state: ControllerState, retention_ms: int) -> MetadataLog:
+    return MetadataLog(
+        data_dir,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        snapshot_interval_records=25,
+        retention_bytes=10**9,
+        retention_ms=retention_ms,
+    )
+
+
+async def test_retention_by_time_removes_covered_segments_past_it(tmp_path: Path) -> None:
+    """Within log_retention_bytes, a covered segment is kept only while its last write is
+    younger than log_retention_ms; the oldest go first and the log stays whole."""
+    records, state = history(60), ControllerState()
+    metalog = retaining_log(tmp_path, state, retention_ms=86_400_000)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        await write_and_snapshot(metalog, state, records[:32])  # segment 0 covered, kept
+        assert sorted(p.name for p in tmp_path.glob("*.log")) == [
+            segment_name(0),
+            segment_name(32),
+        ]
+        eight_days_ago = time.time() - 8 * 86_400
+        os.utime(tmp_path / segment_name(0), (eight_days_ago, eight_days_ago))
+        # A snapshot at 62: segment 0 is past a day and goes, 32 is not and stays.
+        await write_and_snapshot(metalog, state, records[32:])
+        nursery.cancel_scope.cancel()
+    assert sorted(p.name for p in tmp_path.glob("*.log")) == [segment_name(32), segment_name(62)]
+    assert read_log(tmp_path).entries()[0].offset == 32
+    assert recover(tmp_path).state == state
+
+
+async def test_retention_of_zero_time_deletes_covered_segments_at_once(tmp_path: Path) -> None:
+    records, state = history(60), ControllerState()
+    metalog = retaining_log(tmp_path, state, retention_ms=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        await write_and_snapshot(metalog, state, records[:32])
+        await write_and_snapshot(metalog, state, records[32:])
+        nursery.cancel_scope.cancel()
+    assert sorted(p.name for p in tmp_path.glob("*.log")) == [segment_name(62)]
 
 
 def test_torn_tail_is_truncated_with_a_warning(tmp_path: Path) -> None:
