@@ -413,10 +413,32 @@ def _walk_segments(
     return walked
 
 
+def _check_log_start(data_dir: Path, snapshot: Path | None) -> None:
+    """Without a snapshot the log must start at offset 0: a first segment further on means
+    the records before it went with a snapshot that is gone (deleted, or not restored)."""
+    if snapshot is not None:
+        return
+    segments = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
+    if segments and offset_of(segments[0]) > 0:
+        first = offset_of(segments[0])
+        raise LogCorruption(
+            f"{data_dir}: the log starts at offset {first} ({segments[0].name}) and no "
+            f"snapshot holds the records before it: the snapshot that covered offsets 0 to "
+            f"{first - 1} was deleted or not restored; restore it (a *{SNAPSHOT_SUFFIX} file "
+            f"at offset {first} or later) from a backup. Nothing was changed."
+        )
+
+
 def _check_snapshot_covered(path: Path, offset: int, walked: _SegmentsWalked) -> None:
     """A snapshot must lie within the log: a segment holds its offset, the log reaches it."""
-    if walked.first_base is None or walked.end_offset is None or walked.first_base > offset:
-        raise LogCorruption(f"{path}: no segment holds offset {offset}")
+    if walked.first_base is None or walked.end_offset is None:
+        raise LogCorruption(f"{path}: no segment holds offset {offset} (no segment at all)")
+    if walked.first_base > offset:
+        raise LogCorruption(
+            f"{path}: the newest snapshot is at offset {offset}, but the log starts at offset "
+            f"{walked.first_base}: the records between are gone (a newer snapshot deleted or "
+            "not restored?); restore the newer snapshot from a backup. Nothing was changed."
+        )
     if walked.end_offset < offset:
         raise LogCorruption(
             f"log ends at offset {walked.end_offset}, before the snapshot at {offset}"
@@ -469,6 +491,7 @@ def _read_log_once(data_dir: Path, progress: Callable[[int, int], None] | None) 
         contents.snapshot_path = latest
         contents.snapshot_offset = offset
         contents.snapshot_state = state
+    _check_log_start(data_dir, contents.snapshot_path)
     entries: list[LogEntry] = []
 
     def segment_done(path: Path, base: int, end: SegmentEnd) -> None:
@@ -611,6 +634,7 @@ def _replay_streaming(data_dir: Path) -> tuple[ControllerState, int, int, _Segme
         snapshot_offset, state = _restore_snapshot(snapshot_path)
     else:
         snapshot_offset, state = 0, ControllerState()
+    _check_log_start(data_dir, snapshot_path)
     replayed = 0
 
     def replay(entry: LogEntry) -> None:

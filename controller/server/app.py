@@ -181,7 +181,11 @@ class PidctlServer:
     async def _run(self, data_dir: Path, task_status: trio.TaskStatus[None]) -> None:
         settings = self.settings
         started = time.monotonic()
-        recovery = await trio.to_thread.run_sync(recover, data_dir)
+        try:
+            recovery = await trio.to_thread.run_sync(recover, data_dir)
+        except StorageFailed as e:  # e.g. truncating a torn tail: named like any other
+            self._storage_failed(e)
+            raise
         state = recovery.state.configure(
             pid_range=settings.pid_range,
             node_id=settings.node_id,

@@ -1,10 +1,12 @@
 """The log as an operator meets it, each case produced for real: `pidctl log dump` and `verify`
 on a data dir a loaded server is rolling and snapshotting; the audit trail kept by default
-after snapshots."""
+after snapshots; errors that name the file and the operation (EIO on the stat of a new
+snapshot, on the truncation of a torn tail; a deleted snapshot)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +14,14 @@ from pathlib import Path
 import pytest
 
 from ops.testing.grants import Acknowledged, GrantLoad
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, format_data_dir, strace_prefix, wait_until
 from pidctl.client import SyncClient
-from pidctl.controller.log.metalog import SNAPSHOT_SUFFIX
+from pidctl.controller.cli import EXIT_STORAGE_FAILED
+from pidctl.controller.log.metalog import (
+    SNAPSHOT_SUFFIX,
+    segment_name,
+    snapshot_name,
+)
 from pidctl.protocol import requests
 
 pytestmark = pytest.mark.slow
@@ -87,3 +94,80 @@ def test_the_audit_trail_is_kept_after_snapshots_by_default(tmp_path: Path) -> N
         assert all(line.startswith("{") for line in as_json.stdout.splitlines())
         verify = _pidctl("log", "verify", "--data-dir", str(data_dir))
         assert verify.returncode == 0 and "were removed" in verify.stdout
+
+
+def _snapshot_candidates(data_dir: Path, offsets: range) -> list[str]:
+    """strace's -P for each offset a first snapshot may be written at."""
+    return [arg for o in offsets for arg in ("-P", str(data_dir / snapshot_name(o)))]
+
+
+def test_eio_on_the_stat_of_a_new_snapshot_stops_with_storage_failed(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    format_data_dir(data_dir)
+    fail_stat = [
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        *_snapshot_candidates(data_dir, range(15, 90)),
+        "-e",
+        "trace=newfstatat,statx,stat,lstat",
+        "-e",
+        "inject=newfstatat,statx,stat,lstat:error=EIO",
+    ]
+    server = ServerProcess(data_dir, "--snapshot-interval-records", "20", prefix=fail_stat)
+    server.start()
+    try:
+        with SyncClient(server.bootstrap) as client:
+            try:
+                for _ in range(60):
+                    client.request(requests.allocate(-1, -1))
+            except (ConnectionError, OSError):
+                pass  # the server stopped under it
+        assert server.proc is not None
+        assert server.proc.wait(60) == EXIT_STORAGE_FAILED
+    finally:
+        server.kill()
+    failed = [e for e in server.events if e.get("event") == "storage_failed"]
+    assert len(failed) == 1, server.stderr_lines[-5:]
+    assert failed[0]["operation"] == "stat" and failed[0]["error"] == "EIO"
+    assert failed[0]["file"].endswith(SNAPSHOT_SUFFIX)
+    assert any("storage failed, stopping: stat of" in line for line in server.stderr_lines)
+    # What is on disk starts again.
+    with ServerProcess(data_dir) as again, SyncClient(again.bootstrap) as client:
+        assert client.request(requests.allocate(-1, -1)).error_code == 0
+
+
+def test_an_io_error_truncating_a_torn_tail_names_the_file_and_the_operation(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "d"
+    with ServerProcess(data_dir) as server, SyncClient(server.bootstrap) as client:
+        assert client.request(requests.allocate(-1, -1)).error_code == 0
+    segment = data_dir / segment_name(0)
+    segment.write_bytes(segment.read_bytes() + b"\x00\x00\x01")  # a torn tail to truncate
+    fail = strace_prefix("ftruncate", "EIO", "1", segment)
+    broken = ServerProcess(data_dir, prefix=fail)
+    with pytest.raises(RuntimeError, match=f"exited with {EXIT_STORAGE_FAILED}"):
+        broken.start()
+    failed = [e for e in broken.events if e.get("event") == "storage_failed"]
+    assert failed and failed[0]["operation"] == "ftruncate"
+    assert failed[0]["file"] == str(segment) and failed[0]["error"] == "EIO"
+    assert any(f"ftruncate of {segment} failed" in line for line in broken.stderr_lines)
+    with ServerProcess(data_dir) as server:  # without the fault: truncated, serving
+        assert server.event("truncating torn tail")["bytes"] == 3
+
+
+def test_a_deleted_snapshot_is_named_not_an_invariant(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    with ServerProcess(data_dir, *CHURN, *DELETE_COVERED) as server:
+        _grants_until_a_snapshot(server)
+    for snapshot in data_dir.glob("*" + SNAPSHOT_SUFFIX):
+        snapshot.unlink()
+    said = r"the log starts at offset \d+ \(\d{20}\.log\) and no snapshot holds the records"
+    with pytest.raises(RuntimeError, match=said):
+        ServerProcess(data_dir).start()
+    verify = _pidctl("log", "verify", "--data-dir", str(data_dir))
+    assert verify.returncode == 1 and re.search(said, verify.stdout), verify.stdout
+    assert "invariant" not in verify.stdout
