@@ -226,6 +226,7 @@ _LATENCY_KEYS = (
     "server_cpu_us_per_request",
     "server_cpu_share",
     "loadgen_cpu_share",
+    "others_cores",
 )
 
 
@@ -241,7 +242,7 @@ def probed_load(
     are reported with the latencies; and the server's CPU time over the measured window, per
     request (its efficiency, steadier than a rate on a machine whose speed varies from hour
     to hour) and as a share of one core (whether it was the limit), with the load
-    generator's own share."""
+    generator's own share and the other work on the machine meanwhile (``others_cores``)."""
     with stall_probe() as stalls:
         result = cloadgen.run(bootstrap, load, pids=[server_pid], **options)
     result.update(stalls.summary())
@@ -249,6 +250,10 @@ def probed_load(
     result["server_cpu_us_per_request"] = server["cpu_s"] * 1e6 / max(1, result["requests"])
     result["server_cpu_share"] = server["cpu_share"]
     result["loadgen_cpu_share"] = result["client_cpu_share"]
+    # The machine's other work meanwhile (other processes; in cores): what holds a baseline
+    # below a core when its load generator does not.
+    others = result["machine_busy_cores"] - server["cpu_share"] - result["client_cpu_share"]
+    result["others_cores"] = round(max(0.0, others), 2)
     return result
 
 
@@ -318,7 +323,8 @@ def _curves(
     if not counted:
         verdict["why"] = (
             f"client-bound: the ceiling used at most {base['server_cpu_share']:.2f} of a core"
-            f" (< {SATURATED_CORE_SHARE}); not counted"
+            f" (< {SATURATED_CORE_SHARE}), other work on the machine"
+            f" {base['others_cores']:.2f} cores; not counted"
         )
     run.row(
         key,

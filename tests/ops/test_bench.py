@@ -93,11 +93,13 @@ def test_suite_short_mode_reports_every_ratio_row(tmp_path: Path) -> None:
             assert row["ratio"] is None and row["client_bound"], name
             assert ceiling["server_cpu_share"] < suite.SATURATED_CORE_SHARE, name
             assert row["why"].startswith("client-bound"), name
+            assert f"other work on the machine {ceiling['others_cores']:.2f}" in row["why"], name
         # Beside the latencies: how long the machine stopped everything (the stall probe),
         # both servers' CPU per request and share of a core, the load generator's share.
         assert row["stalled_ms_per_s"] >= 0, name
         assert row["server_cpu_us_per_request"] > 0, name
         assert row["cpu_per_request_ratio"] > 0, name
+        assert row["others_cores"] >= 0 and ceiling["others_cores"] >= 0, name
         assert row["server_cpu_share"] > 0 and row["loadgen_cpu_share"] > 0, name
         assert ceiling["longest_stall_ms"] >= 0 and ceiling["server_cpu_share"] > 0, name
 
