@@ -38,7 +38,8 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_FRAME_TIMEOUT_S = 30.0
 
 #: What a SASL listener answers before authentication; anything else closes the connection
-#: ("Unexpected Kafka request ... during SASL handshake", as Kafka).
+#: ("Unexpected Kafka request ... during SASL handshake", as Kafka), and so does a
+#: SaslAuthenticate before the SaslHandshake.
 ALLOWED_BEFORE_AUTHENTICATION = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}
 )
@@ -198,11 +199,18 @@ class ServerConnection:
             return OversizedRequest(e.header, e.entries, e.limit)
         except ProtocolViolation as e:
             return ConnectionClosed("protocol_error", str(e))
-        if not self._authenticated and request.api_key not in ALLOWED_BEFORE_AUTHENTICATION:
-            return ConnectionClosed(
-                "unauthenticated_request",
-                f"API key {request.api_key} before SASL authentication",
-            )
+        if not self._authenticated:
+            if request.api_key not in ALLOWED_BEFORE_AUTHENTICATION:
+                return ConnectionClosed(
+                    "unauthenticated_request",
+                    f"API key {request.api_key} before SASL authentication",
+                )
+            if request.api_key == ApiKey.SASL_AUTHENTICATE and self.phase is Phase.HANDSHAKE:
+                # Kafka takes only ApiVersions and SaslHandshake before the handshake: a
+                # token is no Kafka request there, and closes without an answer.
+                return ConnectionClosed(
+                    "unauthenticated_request", "SaslAuthenticate before SaslHandshake"
+                )
         return RequestReceived(request)
 
     # -- output -----------------------------------------------------------------------------

@@ -171,9 +171,13 @@ def test_request_before_authentication_closes_the_connection(secured: Secured) -
         assert client.request(requests.api_versions()).error_code == 0
 
 
-def test_unknown_mechanism(secured: Secured) -> None:
+@pytest.mark.parametrize("mechanism", ["GSSAPI", "plain"])
+def test_unknown_mechanism_is_answered_then_closed(secured: Secured, mechanism: str) -> None:
+    """As Kafka: names the enabled mechanisms (matched exactly), then closes."""
     with SyncClient(secured.sasl_plaintext) as client:
-        response = client.request(requests.sasl_handshake("GSSAPI"))
+        response = client.request(requests.sasl_handshake(mechanism))
+        with pytest.raises(ConnectionError):
+            client.request(requests.api_versions())
     assert response.error_code == ErrorCode.unsupported_sasl_mechanism
     assert set(response.mechanisms) == {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 

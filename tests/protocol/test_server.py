@@ -101,6 +101,22 @@ def test_sasl_listener_serves_only_the_handshake_apis_before_authentication() ->
     ]
 
 
+def test_a_token_before_the_handshake_closes_unanswered() -> None:
+    """As Kafka: before SaslHandshake only ApiVersions and SaslHandshake are Kafka requests;
+    a SaslAuthenticate closes the connection. After the handshake it is the exchange."""
+    connection = _connection(sasl=True)
+    connection.receive_data(_frame(requests.sasl_authenticate(b"\0alice\0secret")), now=0.0)
+    assert _events(connection) == [
+        ConnectionClosed("unauthenticated_request", "SaslAuthenticate before SaslHandshake")
+    ]
+    connection = _connection(sasl=True)
+    connection.receive_data(_frame(requests.sasl_handshake("PLAIN")), now=0.0)
+    assert isinstance(connection.next_event(), RequestReceived)
+    connection.handshake_accepted()
+    connection.receive_data(_frame(requests.sasl_authenticate(b"\0alice\0secret")), now=0.0)
+    assert isinstance(connection.next_event(), RequestReceived)
+
+
 def test_after_authentication_every_api() -> None:
     connection = _connection(sasl=True)
     connection.handshake_accepted()

@@ -328,6 +328,19 @@ def _alice() -> CredentialStore:
     )
 
 
+#: The mechanisms the connection tests' servers enable (conftest.limits).
+ENABLED = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+async def _until_closed(tmp_path: Path, transport: str, *bodies: Any) -> tuple[list[Any], Served]:
+    """``bodies`` in one write on a new connection to a SASL listener (alice's password:
+    wonderland): the answers that came before the server closed it, and the server."""
+    async with serving(tmp_path, credentials=_alice()) as served:
+        peer = await served.connect(transport, sasl=True)
+        await peer.send(*bodies)
+        return await peer.closed(), served
+
+
 async def test_requests_after_sasl_in_the_same_read_act_as_the_authenticated_user(
     tmp_path: Path, transport: str
 ) -> None:
@@ -349,15 +362,13 @@ async def test_requests_after_sasl_in_the_same_read_act_as_the_authenticated_use
 async def test_a_failed_authentication_is_answered_then_closed_and_nothing_after_it_served(
     tmp_path: Path, transport: str
 ) -> None:
-    async with serving(tmp_path, credentials=_alice()) as served:
-        peer = await served.connect(transport, sasl=True)
-        await peer.send(
-            requests.sasl_handshake("PLAIN"),
-            requests.sasl_authenticate(plain_token("alice", "not-the-password")),
-            job(),
-        )
-        handshake, refusal = await peer.receive(), await peer.receive()
-        assert await peer.closed() == []
+    (handshake, refusal), served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_authenticate(plain_token("alice", "not-the-password")),
+        job(),
+    )
     assert handshake.error_code == 0
     assert refusal.error_code == 58  # SASL_AUTHENTICATION_FAILED
     assert refusal.error_message == "Authentication failed: invalid username or password"
@@ -369,10 +380,89 @@ async def test_a_failed_authentication_is_answered_then_closed_and_nothing_after
 async def test_a_request_before_authentication_closes_the_connection(
     tmp_path: Path, transport: str
 ) -> None:
-    async with serving(tmp_path, credentials=_alice()) as served:
-        peer = await served.connect(transport, sasl=True)
-        await peer.send(requests.api_versions(), job())
-        [versions] = await peer.closed()
+    [versions], served = await _until_closed(tmp_path, transport, requests.api_versions(), job())
     assert versions.error_code == 0  # ApiVersions is served before authentication
     assert served.reasons == ["unauthenticated_request"]
     assert not any(isinstance(r, ProducerIdsGranted) for r in served.records)
+
+
+@pytest.mark.parametrize("mechanism", ["GSSAPI", "plain"])
+async def test_a_mechanism_not_enabled_is_answered_then_closed_and_counted(
+    tmp_path: Path, transport: str, mechanism: str
+) -> None:
+    """As Kafka's SaslServerAuthenticator: UNSUPPORTED_SASL_MECHANISM naming the enabled
+    mechanisms (a name matches exactly, case included), then the connection closes."""
+    [refusal], served = await _until_closed(
+        tmp_path, transport, requests.sasl_handshake(mechanism), requests.api_versions()
+    )
+    assert refusal.error_code == 33  # UNSUPPORTED_SASL_MECHANISM
+    assert list(refusal.mechanisms) == ENABLED
+    assert served.reasons == ["authentication_failed"]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="unknown") == 1
+
+
+async def test_a_token_before_the_handshake_closes_unanswered(
+    tmp_path: Path, transport: str
+) -> None:
+    """As Kafka: before the handshake a SaslAuthenticate is no request it answers."""
+    [versions], served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.api_versions(),
+        requests.sasl_authenticate(plain_token("alice", "wonderland")),
+        requests.sasl_handshake("PLAIN"),
+    )
+    assert versions.error_code == 0
+    assert served.reasons == ["unauthenticated_request"]
+
+
+async def test_a_second_handshake_is_answered_then_closed(tmp_path: Path, transport: str) -> None:
+    """During the exchange Kafka takes SaslAuthenticate alone: a handshake gets
+    ILLEGAL_SASL_STATE (no mechanisms), then the connection closes."""
+    (accepted, refusal), served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_authenticate(plain_token("alice", "wonderland")),
+    )
+    assert (accepted.error_code, list(accepted.mechanisms)) == (0, ENABLED)
+    assert (refusal.error_code, list(refusal.mechanisms)) == (34, [])  # ILLEGAL_SASL_STATE
+    assert served.reasons == ["authentication_failed"]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="PLAIN") == 1
+
+
+@pytest.mark.parametrize("sasl", [True, False], ids=["authenticated", "no-sasl"])
+async def test_sasl_requests_after_authentication_are_illegal_and_the_connection_stays(
+    tmp_path: Path, transport: str, sasl: bool
+) -> None:
+    """As Kafka's KafkaApis answers them once authenticated (or on a listener without SASL):
+    ILLEGAL_SASL_STATE, SaslAuthenticate's with its message, and requests go on being
+    served as the principal authenticated (a wrong password in the token changes
+    nothing)."""
+    principal = "User:alice" if sasl else "User:ANONYMOUS"
+    async with serving(tmp_path, credentials=_alice()) as served:
+        peer = await served.connect(transport, sasl=sasl)
+        if sasl:
+            await peer.send(
+                requests.sasl_handshake("PLAIN"),
+                requests.sasl_authenticate(plain_token("alice", "wonderland")),
+            )
+            assert [(await peer.receive()).error_code for _ in range(2)] == [0, 0]
+        await peer.send(
+            requests.sasl_authenticate(plain_token("alice", "not-the-password")),
+            requests.sasl_handshake("PLAIN"),
+            job(),
+        )
+        token, shake, grant = [await peer.receive() for _ in range(3)]
+        assert (await peer.request(job())).error_code == 0
+        assert served.reasons == []
+    assert token.error_code == 34  # ILLEGAL_SASL_STATE
+    assert token.error_message == (
+        "SaslAuthenticate request received after successful authentication"
+    )
+    assert (shake.error_code, list(shake.mechanisms)) == (34, [])
+    assert grant.error_code == 0
+    grants = [r for r in served.records if isinstance(r, ProducerIdsGranted)]
+    assert [g.principal for g in grants] == [principal, principal]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="PLAIN") == 0

@@ -3,7 +3,8 @@ real SaslHandshake and SaslAuthenticate requests decoded from their bytes, the c
 sans-IO state beside it, pidctl's own SCRAM client on the other side. PLAIN and SCRAM
 succeed with the right password and name the principal; a wrong password, a mechanism not
 enabled and an exchange out of order are answered with Kafka's error codes, and those Kafka
-closes on close the connection."""
+closes on close the connection (its SaslServerAuthenticator's choices); once authenticated,
+or without SASL, both requests are answered as Kafka's KafkaApis answers them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.api.handlers import SERVED_APIS
 from pidctl.controller.server.sasl import SCRAM_MECHANISMS, CredentialStore, ScramCredential
-from pidctl.controller.server.sasl_session import SaslOutcome, SaslSession
+from pidctl.controller.server.sasl_session import (
+    MECHANISM_LOGGED,
+    SaslOutcome,
+    SaslSession,
+)
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, request_class, supported_apis
 from pidctl.protocol.codec import Request, decode_request, encode_request
@@ -25,6 +30,8 @@ from pidctl.protocol.server import ConnectionClosed, Phase, ServerConnection
 SUPPORTED = supported_apis(SERVED_APIS)
 ENABLED = ("PLAIN", "SCRAM-SHA-256")
 INVALID = "Authentication failed: invalid username or password"
+#: KafkaApis' message for a SaslAuthenticate on an authenticated connection.
+AFTER_SUCCESS = "SaslAuthenticate request received after successful authentication"
 
 
 @pytest.fixture
@@ -93,6 +100,7 @@ async def test_plain_authenticates_and_names_the_principal(
     assert phase(connection) is Phase.AUTHENTICATE
     outcome = await session.handle(authenticate(plain_token("alice", "wonderland"), version))
     assert outcome.body.error_code == ErrorCode.none and outcome.body.auth_bytes == b""
+    assert outcome.body.error_message == ""  # as Kafka: empty, not null
     assert (outcome.principal, outcome.mechanism, outcome.failure) == ("User:alice", "PLAIN", None)
     assert phase(connection) is Phase.READY
     # v1 added the session lifetime (KIP-368): 0, no re-authentication asked for.
@@ -114,6 +122,7 @@ async def test_scram_authenticates_and_proves_the_server_knows_the_credentials(
     assert phase(connection) is Phase.AUTHENTICATE  # one message more
     final = await session.handle(authenticate(client.final(first.body.auth_bytes)))
     assert final.body.error_code == ErrorCode.none
+    assert first.body.error_message == final.body.error_message == ""  # as Kafka
     assert client.verify(final.body.auth_bytes)
     assert (final.principal, final.mechanism) == ("User:alice", mechanism)
     assert phase(connection) is Phase.READY
@@ -154,45 +163,120 @@ async def test_scram_for_an_unknown_user_is_refused_at_once_and_closes(
     assert outcome.body.error_message == INVALID
 
 
-@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"])
-async def test_a_mechanism_not_enabled_is_refused_naming_those_that_are(
+@pytest.mark.parametrize(
+    "mechanism",
+    [
+        "SCRAM-SHA-512",
+        "GSSAPI",
+        "OAUTHBEARER",
+        # Compared exactly, as Kafka's enabledMechanisms.contains(clientMechanism) does.
+        "plain",
+        "Plain",
+        "scram-sha-256",
+    ],
+)
+async def test_a_mechanism_not_enabled_is_refused_naming_those_that_are_and_closes(
     session: SaslSession, connection: ServerConnection, mechanism: str
 ) -> None:
+    """As Kafka's SaslServerAuthenticator: UNSUPPORTED_SASL_MECHANISM with the enabled
+    mechanisms, then the connection closes (an authentication failure)."""
     outcome = await session.handle(handshake(mechanism))
-    assert outcome.body.error_code == ErrorCode.unsupported_sasl_mechanism
+    assert_refused(outcome, connection, ErrorCode.unsupported_sasl_mechanism)
     assert tuple(outcome.body.mechanisms) == ENABLED
-    assert session.mechanism is None and outcome.principal is None
-    assert phase(connection) is not Phase.READY
-    # No exchange began: a token now is out of order.
-    refused = await session.handle(authenticate(plain_token("alice", "wonderland")))
-    assert_refused(refused, connection, ErrorCode.illegal_sasl_state)
+    assert session.mechanism is None
+    assert (outcome.mechanism, outcome.failure) == (
+        None,
+        f"Unsupported SASL mechanism {mechanism!r}",
+    )
 
 
-async def test_saslauthenticate_before_the_handshake_is_illegal_and_closes(
+async def test_a_mechanism_name_the_log_shows_is_bounded(
     session: SaslSession, connection: ServerConnection
 ) -> None:
+    outcome = await session.handle(handshake("X" * 30_000))
+    assert_refused(outcome, connection, ErrorCode.unsupported_sasl_mechanism)
+    assert outcome.failure == f"Unsupported SASL mechanism {'X' * MECHANISM_LOGGED!r}"
+
+
+async def test_a_token_no_handshake_began_is_refused_and_closes(
+    session: SaslSession, connection: ServerConnection
+) -> None:
+    """The session's own guard: the connection closes on a SaslAuthenticate before the
+    handshake without passing it on (tests/protocol/test_server.py), but one decided after
+    the client closed its side (the phase lost) still authenticates no one."""
     outcome = await session.handle(authenticate(plain_token("alice", "wonderland")))
     assert_refused(outcome, connection, ErrorCode.illegal_sasl_state)
-    assert outcome.body.error_message == "SASL handshake first"
 
 
-async def test_a_second_handshake_is_illegal(
-    session: SaslSession, connection: ServerConnection
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+async def test_a_second_handshake_is_illegal_and_closes(
+    session: SaslSession, connection: ServerConnection, mechanism: str
 ) -> None:
+    """During the exchange Kafka's SaslServerAuthenticator takes SaslAuthenticate alone:
+    the handshake gets its error response (ILLEGAL_SASL_STATE, no mechanisms), then the
+    connection closes."""
     await _accepted(session, "PLAIN")
-    again = await session.handle(handshake("SCRAM-SHA-256"))
-    assert again.body.error_code == ErrorCode.illegal_sasl_state
+    again = await session.handle(handshake(mechanism))
+    assert_refused(again, connection, ErrorCode.illegal_sasl_state)
+    assert tuple(again.body.mechanisms) == ()
     assert session.mechanism == "PLAIN"  # the exchange begun is not switched
+    assert (again.mechanism, again.failure) == (
+        "PLAIN",
+        "Unexpected Kafka request of type SASL_HANDSHAKE during SASL authentication",
+    )
+
+
+async def _authenticated(session: SaslSession) -> None:
+    await _accepted(session, "PLAIN")
+    outcome = await session.handle(authenticate(plain_token("alice", "wonderland")))
+    assert outcome.principal == "User:alice"
 
 
 async def test_a_handshake_after_authentication_is_illegal_and_the_connection_stays(
     session: SaslSession, connection: ServerConnection
 ) -> None:
-    """As Kafka's KafkaApis answers it: ILLEGAL_SASL_STATE, nothing else happens."""
-    await _accepted(session, "PLAIN")
-    await session.handle(authenticate(plain_token("alice", "wonderland")))
+    """As Kafka's KafkaApis answers it: ILLEGAL_SASL_STATE, no mechanisms, nothing else
+    happens."""
+    await _authenticated(session)
     again = await session.handle(handshake("PLAIN"))
     assert again.body.error_code == ErrorCode.illegal_sasl_state
+    assert tuple(again.body.mechanisms) == ()
+    assert (again.principal, again.failure) == (None, None)
+    assert phase(connection) is Phase.READY and closed_because(connection) is None
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+async def test_saslauthenticate_after_authentication_is_illegal_and_the_connection_stays(
+    session: SaslSession, connection: ServerConnection, version: int
+) -> None:
+    """As Kafka's KafkaApis answers it: ILLEGAL_SASL_STATE with its message; the token is
+    not looked at (a wrong password fails nothing), the principal stays."""
+    await _authenticated(session)
+    for token in (plain_token("alice", "wonderland"), plain_token("alice", "wrong"), b""):
+        again = await session.handle(authenticate(token, version))
+        assert again.body.error_code == ErrorCode.illegal_sasl_state
+        assert again.body.error_message == AFTER_SUCCESS
+        assert again.body.auth_bytes == b""
+        assert (again.principal, again.failure) == (None, None)
+    assert phase(connection) is Phase.READY and closed_because(connection) is None
+
+
+async def test_without_sasl_on_the_listener_both_are_illegal_and_the_connection_stays(
+    store: CredentialStore,
+) -> None:
+    """A PLAINTEXT listener's connection is where an authenticated one is: Kafka's
+    KafkaApis answers both requests, and nothing else happens."""
+    connection = ServerConnection(SUPPORTED)
+    session = SaslSession(connection, ENABLED, lambda: store)
+    shake = await session.handle(handshake("PLAIN"))
+    assert (shake.body.error_code, tuple(shake.body.mechanisms)) == (
+        ErrorCode.illegal_sasl_state,
+        (),
+    )
+    token = await session.handle(authenticate(plain_token("alice", "wonderland")))
+    assert token.body.error_code == ErrorCode.illegal_sasl_state
+    assert token.body.error_message == AFTER_SUCCESS
+    assert token.principal is None
     assert phase(connection) is Phase.READY and closed_because(connection) is None
 
 
