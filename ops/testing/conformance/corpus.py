@@ -29,6 +29,7 @@ from kio.static.primitive import i8, i16, i64
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, request_class
 from pidctl.protocol.codec import encode_request
+from pidctl.protocol.sasl_client import plain_token
 
 Listener = Literal["broker", "controller"]
 
@@ -108,6 +109,9 @@ class Case:
     steps: tuple[Step, ...]
     #: Which pidctl server (and which Kafka listeners) it runs against: :data:`PROFILES`.
     profile: str = "plain"
+    #: Whether a connection to a SASL profile's listeners logs in first; a case whose steps
+    #: are the SASL exchange itself does not.
+    login: bool = True
 
     @property
     def recordable(self) -> bool:
@@ -128,7 +132,9 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "plain": Profile("as both ship: no authorizer, PLAINTEXT"),
     "sasl": Profile(
-        "an ACL authorizer and a SASL_PLAINTEXT listener; the user (PLAIN) has no ACL",
+        "an ACL authorizer and a SASL_PLAINTEXT listener (PLAIN alone enabled, as on Kafka's "
+        "node); the user (PLAIN) has no ACL",
+        ("--sasl-enabled-mechanisms", "PLAIN"),
         sasl=True,
     ),
     "exhausted": Profile(
@@ -655,6 +661,46 @@ def _authorization() -> Case:
     )
 
 
+def _sasl_exchange() -> Case:
+    def after(name: str) -> Step:
+        """A request that shows whether the connection is still open (and authenticated:
+        before authentication it closes one)."""
+        return Step(name, "broker", lambda c: metadata(12, []))
+
+    def handshake(name: str, mechanism: str) -> Step:
+        return _step(name, "broker", requests.sasl_handshake, mechanism)
+
+    def authenticate(name: str) -> Step:
+        return _step(name, "broker", requests.sasl_authenticate, plain_token(*SASL_USER))
+
+    return Case(
+        "sasl-exchange",
+        "the SASL exchange itself on the SASL listener: a SaslAuthenticate before the "
+        "handshake closes the connection unanswered; a mechanism not enabled, or enabled but "
+        "in other case, is UNSUPPORTED_SASL_MECHANISM naming those enabled, and closes; a "
+        "second handshake during the exchange is ILLEGAL_SASL_STATE and closes; once "
+        "authenticated, SaslAuthenticate and SaslHandshake are ILLEGAL_SASL_STATE and the "
+        "connection stays",
+        _steps(
+            authenticate("authenticate-before-handshake"),
+            handshake("unsupported-mechanism", "SCRAM-SHA-256"),
+            after("after-unsupported-mechanism"),
+            handshake("mechanism-in-lower-case", "plain"),
+            after("after-mechanism-in-lower-case"),
+            handshake("handshake", "PLAIN"),
+            handshake("handshake-again", "PLAIN"),
+            after("after-handshake-again"),
+            handshake("handshake-to-authenticate", "PLAIN"),
+            authenticate("authenticate"),
+            authenticate("authenticate-again"),
+            handshake("handshake-after-authentication", "PLAIN"),
+            after("after-authentication"),
+        ),
+        profile="sasl",
+        login=False,
+    )
+
+
 _NO_BLOCK_FOR_INIT = KafkaSource(
     {"error_code": 14, "producer_id": -1, "producer_epoch": -1},
     "core/src/main/scala/kafka/coordinator/transaction/ProducerIdManager.scala "
@@ -781,6 +827,7 @@ def _cases() -> Iterator[Case]:
     yield _allocate()
     yield _unregister()
     yield _authorization()
+    yield _sasl_exchange()
     yield _space_exhausted()
     yield _no_lease()
     yield _jobs()

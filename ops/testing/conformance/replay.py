@@ -234,8 +234,9 @@ def summarise(answers: list[Json]) -> Json:
 class _Connections:
     """One connection per listener, opened when first needed, reopened after a close."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, *, login: bool = True) -> None:
         self.target = target
+        self.sasl = target.sasl if login else None
         self.clients: dict[str, SyncClient] = {}
 
     def address(self, listener: str) -> str:
@@ -246,7 +247,7 @@ class _Connections:
             self.clients[listener] = SyncClient(
                 self.address(listener),
                 timeout=ANSWER_TIMEOUT_S,
-                sasl=self.target.sasl,
+                sasl=self.sasl,
                 client_id="pidctl-conformance",
             )
         return self.clients[listener]
@@ -313,7 +314,7 @@ def replay(case: Case, target: Target, *, from_source: bool = False) -> list[Jso
     sent, and that answer is recorded."""
     ctx = Context(target.cluster_id)
     normaliser = Normaliser(ctx, target)
-    connections = _Connections(target)
+    connections = _Connections(target, login=case.login)
     records: list[Json] = []
     answered = time.time()
     try:
