@@ -309,6 +309,7 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
 
     from pidctl.controller.log.formatting import NotFormatted, check_formatted
     from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, StorageFailed
+    from pidctl.controller.log.space import NotEnoughSpace
     from pidctl.controller.server.admission import ListenFailed
     from pidctl.controller.server.app import (
         ClusterIdMismatch,
@@ -353,7 +354,7 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
         if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch | PidSourceMismatch):
             print(f"pidctl: {error}", file=sys.stderr)
             return 1
-        if isinstance(error, ListenFailed | ResourceLimit):
+        if isinstance(error, ListenFailed | ResourceLimit | NotEnoughSpace):
             print(f"pidctl: {error}", file=sys.stderr)
             return 1
         if isinstance(error, OSError):

@@ -47,6 +47,7 @@ from pidctl.controller.log.metalog import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
 )
+from pidctl.controller.log.space import DEFAULT_MIN_FREE_BYTES
 from pidctl.controller.server.connection import (
     DEFAULT_MAX_ENTRIES_PER_ROUND,
     DEFAULT_MAX_UNWRITTEN_BYTES,
@@ -535,6 +536,14 @@ class Settings:
         "are quick; twice as many after each slow one soon after coming back), so a slow "
         "disk does not hold up what does not wait for it; 0: always in the thread",
         "ms",
+    )
+    data_dir_min_free_bytes: int = _setting(
+        DEFAULT_MIN_FREE_BYTES,
+        "free space the data dir's filesystem must have: below it `pidctl serve` refuses to "
+        "start, and a running server fails /readyz (checked every 5 s) before a commit meets "
+        "ENOSPC; 0: not checked",
+        "bytes",
+        parse=NON_NEGATIVE,
     )
     # Kafka keeps its metadata log after snapshots up to metadata.max.retention.bytes
     # (100 MiB) and .ms (7 days); the same defaults keep weeks of grants here (a grant

@@ -28,7 +28,9 @@ from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
 from pidctl.controller.log.metalog import MetadataLog, StorageFailed, lock_data_dir, recover
+from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
 from pidctl.controller.server.admission import Admission, bind_listeners
+from pidctl.controller.server.alarms import Alarm
 from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.http import HttpEndpoint
@@ -60,6 +62,8 @@ class ResourceLimit(Exception):
 #: directory and next reservation, a snapshot or roll being written, listeners, etcd,
 #: stdio and trio's own.
 RESERVED_FILE_DESCRIPTORS = 64
+#: How often the data dir's free space is looked at while serving (one statvfs).
+FREE_SPACE_CHECK_S = 5.0
 
 
 def raise_file_limit(max_connections: int, metrics_max_connections: int = 0) -> int:
@@ -103,6 +107,7 @@ class PidctlServer:
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
         self.http = HttpEndpoint(self.metrics, settings.metrics_max_connections)
+        self._low_space = Alarm("disk_space", "data dir nearly full", self.http.faults)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
         self._outboxes: Outboxes | None = None
@@ -164,6 +169,10 @@ class PidctlServer:
         log.info("file descriptors", limit=limit)
         lock_fd = lock_data_dir(data_dir)
         try:
+            # Before anything is written: a full disk is refused here, in one line, rather
+            # than by the first commit's ENOSPC after the server said it was ready.
+            free = check_room(data_dir, settings.data_dir_min_free_bytes)
+            self.metrics.data_dir_free_bytes.set(free)
             async with trio.open_nursery() as http:
                 # Up before recovery, so /healthz answers (and /readyz says 503) meanwhile.
                 address = self.settings.metrics_listen
@@ -266,6 +275,7 @@ class PidctlServer:
             self._initialise_cluster(controller)
             self._resume(controller, recovery.reservation)
             await metalog.flush()
+            await background.start(self._watch_free_space, data_dir)
             background.start_soon(self._expire_transactional_ids, controller, metalog)
             if lease_keeper is not None:
                 await background.start(lease_keeper.run)
@@ -338,6 +348,25 @@ class PidctlServer:
             # client that never reads) is cut off.
             grace = self.settings.shutdown_grace_ms / 1000
             nursery.cancel_scope.deadline = trio.current_time() + grace
+
+    async def _watch_free_space(
+        self, data_dir: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The data dir's free space, every ``FREE_SPACE_CHECK_S``: a gauge, and below
+        ``data_dir_min_free_bytes`` ``/readyz`` fails and says why before a commit meets
+        ENOSPC (which stops the server)."""
+        minimum = self.settings.data_dir_min_free_bytes
+        while True:
+            free = await trio.to_thread.run_sync(free_bytes, data_dir)
+            self.metrics.data_dir_free_bytes.set(free)
+            problem = SpaceVerdict(free, minimum).problem
+            if problem is None:
+                self._low_space.clear(free_bytes=free)
+            else:
+                self._low_space.sound(problem, data_dir=str(data_dir), free_bytes=free)
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
+            await trio.sleep(FREE_SPACE_CHECK_S)
 
     def _storage_failed(self, error: StorageFailed) -> None:
         """Fail-stop: not ready any more, one event saying what failed; the error then ends

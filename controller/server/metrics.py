@@ -305,6 +305,12 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.data_dir_free_bytes = Gauge(
+            "pidctl_data_dir_free_bytes",
+            "Free bytes on the data dir's filesystem (statvfs, without root's reserve); "
+            "below data_dir_min_free_bytes /readyz fails.",
+            registry=r,
+        )
         self.etcd_counter_regressions = LoopCounter(
             "pidctl_etcd_counter_regressions",
             "Times the etcd counter was seen below the highest lease seen (deleted or set "

@@ -1,14 +1,20 @@
 """The log as an operator meets it, each case produced for real: `pidctl log dump` and `verify`
 on a data dir a loaded server is rolling and snapshotting; the audit trail kept by default
 after snapshots; errors that name the file and the operation (EIO on the stat of a new
-snapshot, on the truncation of a torn tail; a deleted snapshot)."""
+snapshot, on the truncation of a torn tail; a deleted snapshot); a full ext4 file system (a
+loop-mounted image)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +23,16 @@ from ops.testing.grants import Acknowledged, GrantLoad
 from ops.testing.serverproc import ServerProcess, format_data_dir, strace_prefix, wait_until
 from pidctl.client import SyncClient
 from pidctl.controller.cli import EXIT_STORAGE_FAILED
+from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.metalog import (
     SNAPSHOT_SUFFIX,
+    read_log,
     segment_name,
     snapshot_name,
 )
+from pidctl.controller.log.space import free_bytes
 from pidctl.protocol import requests
+from tests.e2e.test_operations import scrape
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +181,93 @@ def test_a_deleted_snapshot_is_named_not_an_invariant(tmp_path: Path) -> None:
     verify = _pidctl("log", "verify", "--data-dir", str(data_dir))
     assert verify.returncode == 1 and re.search(said, verify.stdout), verify.stdout
     assert "invariant" not in verify.stdout
+
+
+@pytest.fixture
+def small_ext4(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB ext4 file system on a loop device (needs root, as the CI machines run)."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.fail("a loop-mounted ext4 needs root and mkfs.ext4 (e2fsprogs)")
+    image, mount = tmp_path / "ext4.img", tmp_path / "mnt"
+    mount.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(8 * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def _fill(directory: Path, leave: int = 0) -> Path:
+    """Write a file until the file system has ``leave`` bytes left for a user (or says
+    ENOSPC); the file."""
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while (room := free_bytes(directory) - leave) > 0:
+                f.write(b"\0" * min(room, 65536))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            pass
+    return filler
+
+
+#: The room the tests ask of the 8 MiB file system.
+ROOM = 1_000_000
+
+
+def _readyz(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=5) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_full_ext4_file_system_is_refused_at_start_up(small_ext4: Path) -> None:
+    data_dir = small_ext4 / "d"
+    room = ("--data-dir-min-free-bytes", str(ROOM))
+    acked: list[tuple[int, int]] = []
+    with ServerProcess(data_dir, *room) as server, SyncClient(server.bootstrap) as client:
+        for _ in range(20):
+            block = client.request(requests.allocate(-1, -1))
+            acked.append((block.producer_id_start, block.producer_id_len))
+    filler = _fill(small_ext4)
+    refused = ServerProcess(data_dir, *room)
+    said = r"(?s)exited with 1: .*pidctl: data dir .* free on the data dir.s filesystem, below"
+    with pytest.raises(RuntimeError, match=said):
+        refused.start()
+    assert not any(e.get("event") == "listening" for e in refused.events)  # never ready
+    filler.unlink()
+    with ServerProcess(data_dir, *room) as server, SyncClient(server.bootstrap) as client:
+        after = client.request(requests.allocate(-1, -1))
+        assert after.error_code == 0 and after.producer_id_start >= acked[-1][0] + 1000
+    granted = {
+        (e.record.first_producer_id, e.record.next_producer_id - e.record.first_producer_id)
+        for e in read_log(data_dir).entries()
+        if isinstance(e.record, ProducerIdsGranted)
+    }
+    assert set(acked) <= granted  # nothing acknowledged was lost
+
+
+def test_a_file_system_filling_up_fails_readyz_before_a_commit_fails(small_ext4: Path) -> None:
+    """Below data_dir_min_free_bytes a running server says so (/readyz, the gauge, an error
+    line) while it still has room to commit; once there is room again it is ready again."""
+    room = ("--data-dir-min-free-bytes", str(ROOM))
+    with ServerProcess(small_ext4 / "d", *room) as server:
+        assert _readyz(server.metrics_url)[0] == 200
+        filler = _fill(small_ext4, leave=ROOM // 4)
+        wait_until(lambda: _readyz(server.metrics_url)[0] == 503, "/readyz failing", timeout=60)
+        reasons = _readyz(server.metrics_url)[1]
+        assert "disk_space: " in reasons and "below data_dir_min_free_bytes" in reasons
+        assert scrape(server.metrics_url)["pidctl_data_dir_free_bytes"] < ROOM
+        with SyncClient(server.bootstrap) as client:  # it still serves, durably
+            assert client.request(requests.allocate(-1, -1)).error_code == 0
+        filler.unlink()
+        wait_until(lambda: _readyz(server.metrics_url)[0] == 200, "/readyz back", timeout=60)
+    alarms = [e for e in server.events if e.get("event") == "data dir nearly full"]
+    assert len(alarms) == 1 and alarms[0]["level"] == "error", alarms
+    assert any(e.get("event") == "data dir nearly full: over" for e in server.events)
