@@ -27,7 +27,7 @@ from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPI
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
-from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID
+from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID, LEASE_EXHAUSTED
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
@@ -151,6 +151,10 @@ class Controller:
         #: Told of every record applied, with its offset, before it is durable (metrics, the
         #: audit log's pending lines, the lease keeper's wake-up).
         self.observers: list[Callable[[int, Record], None]] = []
+        #: Told of each request refused for want of a producer id: the API's name, and
+        #: whether the range is used up for good (an operator must widen it) rather than
+        #: waiting for a lease or a block.
+        self.on_no_producer_id: Callable[[str, bool], None] = lambda api, exhausted: None
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         # ApiVersions answers by (version, error): the same for every connection, and ~100 us
         # to build; built once (and so encoded once, see PRECOMPILED_RESPONSES).
@@ -372,6 +376,8 @@ class Controller:
                 client_id=client_id,
             )
         block, offset = self.apply(result, now)
+        if block.error in (ErrorCode.unknown_server_error, LEASE_EXHAUSTED):
+            self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
         # Plain ints, as in _init_reply: a broker's every block request answers here.
         response = _response(
             request,
@@ -410,6 +416,8 @@ class Controller:
             )
         answer, offset = self.apply(result, now)
         error = answer.error
+        if error == ErrorCode.coordinator_load_in_progress:
+            self.on_no_producer_id("InitProducerId", self.state.producer_ids.exhausted())
         if error == ErrorCode.producer_fenced and request.api_version < 4:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
         created = 1 if error == ErrorCode.none and answer.producer_id != held else 0

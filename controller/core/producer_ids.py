@@ -246,6 +246,12 @@ class ProducerIdControlManager:
                 return first
         return None
 
+    def exhausted(self) -> bool:
+        """True when the configured range has no whole block left (without leases): every
+        grant is refused until an operator widens the range (``last_producer_id``). With
+        leases a controller waits for the next lease instead."""
+        return not self.leased and self.next_block_start() is None
+
     def high_water(self) -> int:
         """Nothing at or above this was granted or leased through this log."""
         return max([self.next_producer_id] + [lease.end for lease in self.leases])

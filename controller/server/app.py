@@ -107,6 +107,7 @@ class PidctlServer:
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
         self.http = HttpEndpoint(self.metrics, settings.metrics_max_connections)
+        self._exhausted = Alarm("producer_ids", "no producer id left", self.http.faults)
         self._low_space = Alarm("disk_space", "data dir nearly full", self.http.faults)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
@@ -244,6 +245,7 @@ class PidctlServer:
             state, metalog, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
         )
         self._controller = controller
+        controller.on_no_producer_id = self._no_producer_id
         lease_keeper = self._lease_keeper(controller, metalog)
         controller.observers.append(self._observer(lease_keeper))
         if not self.authorizer.enabled:
@@ -275,6 +277,8 @@ class PidctlServer:
             self._initialise_cluster(controller)
             self._resume(controller, recovery.reservation)
             await metalog.flush()
+            if state.producer_ids.exhausted():
+                self._no_producer_id("start-up", True)
             await background.start(self._watch_free_space, data_dir)
             background.start_soon(self._expire_transactional_ids, controller, metalog)
             if lease_keeper is not None:
@@ -348,6 +352,25 @@ class PidctlServer:
             # client that never reads) is cut off.
             grace = self.settings.shutdown_grace_ms / 1000
             nursery.cancel_scope.deadline = trio.current_time() + grace
+
+    def _no_producer_id(self, api: str, exhausted: bool) -> None:
+        """A request refused for want of a producer id: counted; a used-up range also
+        fails ``/readyz`` and is logged (at once, then at most every 10 s)."""
+        if api != "start-up":
+            self.metrics.producer_id_refusals.labels(
+                api, "exhausted" if exhausted else "waiting"
+            ).inc()
+        if not exhausted:
+            return
+        state = self._controller.state if self._controller is not None else None
+        pid_range = self.settings.pid_range
+        self._exhausted.sound(
+            f"the producer id range is used up (no block of 1000 fits below last_producer_id "
+            f"{pid_range.last}): InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS and "
+            "AllocateProducerIds UNKNOWN_SERVER_ERROR until last_producer_id is raised",
+            refused=api,
+            next_producer_id=None if state is None else state.next_producer_id,
+        )
 
     async def _watch_free_space(
         self, data_dir: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

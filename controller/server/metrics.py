@@ -305,6 +305,14 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.producer_id_refusals = LoopCounter(
+            "pidctl_producer_id_refusals",
+            "Requests refused because no producer id could be handed out, by API and reason: "
+            "exhausted (the range is used up: an operator must act; /readyz fails) or "
+            "waiting (for a lease, or a block being made durable).",
+            ["api", "reason"],
+            registry=r,
+        )
         self.data_dir_free_bytes = Gauge(
             "pidctl_data_dir_free_bytes",
             "Free bytes on the data dir's filesystem (statvfs, without root's reserve); "

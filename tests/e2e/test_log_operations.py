@@ -2,7 +2,7 @@
 on a data dir a loaded server is rolling and snapshotting; the audit trail kept by default
 after snapshots; errors that name the file and the operation (EIO on the stat of a new
 snapshot, on the truncation of a torn tail; a deleted snapshot); a full ext4 file system (a
-loop-mounted image)."""
+loop-mounted image); a producer-id range used up."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -271,3 +272,44 @@ def test_a_file_system_filling_up_fails_readyz_before_a_commit_fails(small_ext4:
     alarms = [e for e in server.events if e.get("event") == "data dir nearly full"]
     assert len(alarms) == 1 and alarms[0]["level"] == "error", alarms
     assert any(e.get("event") == "data dir nearly full: over" for e in server.events)
+
+
+def test_a_used_up_range_fails_readyz_counts_and_logs_each_refusal_rate_limited(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess(tmp_path / "d", "--last-producer-id", "2999")  # three blocks
+    with server, SyncClient(server.bootstrap) as client:
+        assert _readyz(server.metrics_url)[0] == 200
+        started = time.monotonic()
+        answers = [client.request(requests.allocate(-1, -1)).error_code for _ in range(104)]
+        # Then the InitProducerId pool: its block (if any) used up, then refused.
+        inits = [client.request(requests.init_producer_id()).error_code for _ in range(1001)]
+        elapsed = time.monotonic() - started
+        samples = scrape(server.metrics_url)
+        status, reasons = _readyz(server.metrics_url)
+    granted = answers.count(0)
+    unknown_server_error = -1  # what Kafka's controller answers when the range is used up
+    assert granted in (2, 3) and answers[granted:] == [unknown_server_error] * (104 - granted)
+    assert inits[-1] == 14  # COORDINATOR_LOAD_IN_PROGRESS: clients retry it for ever
+    assert status == 503
+    assert "producer_ids: the producer id range is used up" in reasons
+    assert "below last_producer_id 2999" in reasons
+    refusals = "pidctl_producer_id_refusals_total"
+    refused = samples[f'{refusals}{{api="AllocateProducerIds",reason="exhausted"}}']
+    assert refused == 104 - granted
+    assert samples[f'{refusals}{{api="InitProducerId",reason="exhausted"}}'] >= 1
+    lines = [e for e in server.events if e.get("event") == "no producer id left"]
+    assert lines and lines[0]["level"] == "error"
+    assert len(lines) <= 2 + elapsed / 10  # one line per 10 s at most, each with its count
+    assert sum(line["times"] for line in lines) <= refused + inits.count(14)
+
+
+def test_a_range_used_up_before_start_up_fails_readyz_from_the_start(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    one_block = ("--last-producer-id", "999")
+    with ServerProcess(data_dir, *one_block) as server, SyncClient(server.bootstrap) as client:
+        assert client.request(requests.allocate(-1, -1)).error_code == 0
+    with ServerProcess(data_dir, *one_block) as server:
+        status, reasons = _readyz(server.metrics_url)
+        assert status == 503 and "producer_ids: the producer id range is used up" in reasons
+    assert server.event("no producer id left")["refused"] == "start-up"

@@ -57,6 +57,7 @@ def lease_bounds(counter: int, state: ControllerState, size: int) -> tuple[int, 
 def test_without_a_lease_nothing_is_granted_and_the_error_is_retriable() -> None:
     state = _state()
     assert _grant(state).error == ErrorCode.request_timed_out  # before the first lease
+    assert not state.producer_ids.exhausted()  # waiting for a lease, not used up
     _lease(state, 0, 2000)
     assert [_grant(state).first for _ in range(2)] == [0, 1000]
     refused = state.producer_ids.allocate(broker_id=7, broker_epoch=1)

@@ -72,6 +72,14 @@ def test_range_settings_restrict_the_grants() -> None:
     assert state.producer_ids.remaining() == 0
 
 
+def test_exhausted_once_no_whole_block_is_left_in_the_range() -> None:
+    state = _state(pid_range=ProducerIdRange(first=0, last=1_998))  # one block and 999 over
+    assert not state.producer_ids.exhausted()
+    _grant(state)
+    assert state.producer_ids.exhausted()  # what /readyz and the refusals' label say
+    assert _grant(state).error == ErrorCode.unknown_server_error
+
+
 def test_range_below_the_high_water_mark_never_goes_back() -> None:
     assert _grant(_state(next_producer_id=10_000)).first == 10_000
 
