@@ -121,12 +121,16 @@ def test_chart(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture[str]) -> None:
-    assert faults.main(["--kills", "4", "--faults", "3", "--episode", "7", "--seed", "3"]) == 0
+    argv = ["--kills", "4", "--faults", "3", "--flips", "3", "--regressions", "1"]
+    assert faults.main([*argv, "--episode", "7", "--seed", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["kills"] == 4 and result["grants_checked"] >= result["grants_acknowledged"] > 0
+    # A flip cycle is a SIGKILL too, then a bit of the newest record flipped.
+    assert result["kills"] == 4 + 3 and result["bits_flipped"] == 3
+    assert result["grants_checked"] >= result["grants_acknowledged"] > 0
     # A fault not reached in time is tried again (at most as often as faults were asked for).
     assert result["faults_injected"] >= 1
     assert result["faults_injected"] + result["faults_not_reached"] >= 3
+    assert result["counter_regressions"] == 1  # two controllers on one etcd, checked apart
 
 
 def test_profile_summary_of_py_spy_raw_stacks() -> None:
