@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +73,16 @@ def strace_delay_prefix(syscall: str, seconds: float, when: str, path: Path) -> 
     return strace_inject_prefix(syscall, f"delay_exit={round(seconds * 1_000_000)}", when, path)
 
 
-def strace_inject_prefix(syscall: str, action: str, when: str, path: Path | None) -> list[str]:
+def strace_inject_prefix(
+    syscall: str, action: str, when: str | None, path: Path | Sequence[Path] | None
+) -> list[str]:
     """A command prefix running the server under ``strace`` with ``inject=SYSCALL:ACTION``
     (``error=EIO``, ``retval=0``, ``delay_exit=MICROSECONDS``) on the ``when``-th call
-    (strace's ``when=`` syntax, counted per thread), only on ``path`` if given."""
-    only = ["-P", str(path)] if path is not None else []
+    (strace's ``when=`` syntax, counted per thread; None: every call), only on ``path`` (or
+    on any of several paths) if given. ``syscall`` may name several, comma-separated."""
+    paths = [path] if isinstance(path, Path) else list(path or [])
+    only = [arg for each in paths for arg in ("-P", str(each))]
+    step = f":when={when}" if when is not None else ""
     return [
         "strace",
         "-f",
@@ -88,7 +93,7 @@ def strace_inject_prefix(syscall: str, action: str, when: str, path: Path | None
         "-e",
         f"trace={syscall}",
         "-e",
-        f"inject={syscall}:{action}:when={when}",
+        f"inject={syscall}:{action}{step}",
     ]
 
 

@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from ops.testing.grants import Acknowledged, GrantLoad
-from ops.testing.serverproc import ServerProcess, format_data_dir, strace_prefix, wait_until
+from ops.testing.serverproc import (
+    ServerProcess,
+    format_data_dir,
+    strace_inject_prefix,
+    strace_prefix,
+    wait_until,
+)
 from pidctl.client import SyncClient
 from pidctl.controller.cli import EXIT_STORAGE_FAILED
 from pidctl.controller.core.records import ProducerIdsGranted
@@ -107,26 +113,12 @@ def test_the_audit_trail_is_kept_after_snapshots_by_default(tmp_path: Path) -> N
         assert verify.returncode == 0 and "were removed" in verify.stdout
 
 
-def _snapshot_candidates(data_dir: Path, offsets: range) -> list[str]:
-    """strace's -P for each offset a first snapshot may be written at."""
-    return [arg for o in offsets for arg in ("-P", str(data_dir / snapshot_name(o)))]
-
-
 def test_eio_on_the_stat_of_a_new_snapshot_stops_with_storage_failed(tmp_path: Path) -> None:
     data_dir = tmp_path / "d"
     format_data_dir(data_dir)
-    fail_stat = [
-        "strace",
-        "-f",
-        "-qq",
-        "-o",
-        "/dev/null",
-        *_snapshot_candidates(data_dir, range(15, 90)),
-        "-e",
-        "trace=newfstatat,statx,stat,lstat",
-        "-e",
-        "inject=newfstatat,statx,stat,lstat:error=EIO",
-    ]
+    # Every stat of each file a first snapshot may be written as (whatever call libc makes).
+    candidates = [data_dir / snapshot_name(offset) for offset in range(15, 90)]
+    fail_stat = strace_inject_prefix("newfstatat,statx,stat,lstat", "error=EIO", None, candidates)
     server = ServerProcess(data_dir, "--snapshot-interval-records", "20", prefix=fail_stat)
     server.start()
     try:
