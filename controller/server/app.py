@@ -416,7 +416,7 @@ class PidctlServer:
             return None
         self.metrics.lease_size.set(settings.pid_lease_size)
         return LeaseKeeper(
-            etcd_counter(settings, self.metrics.etcd_request),
+            etcd_counter(settings, self.metrics.etcd_request, leases=True),
             controller,
             metalog.wait_durable,
             now,

@@ -2,9 +2,11 @@
 
 One key, ``<prefix>/next_producer_id``, holds the lowest PID no controller has leased, as a
 decimal string. A controller takes a lease ``[first, first + size)`` with one transaction:
-"if the key's mod_revision is still the one I read, set it to first + size; else tell me
-its current value". Everything goes through etcd's JSON gateway (HTTP/1.1, ``/v3/kv/...``)
-with httpx, which runs under trio; no gRPC.
+"if the key's mod_revision is still the one I read, set it to first + size (and record that
+end under ``<prefix>/leases/<node id>``); else tell me its current value and the leases
+recorded". A counter below a recorded lease went back (deleted, or set back by hand).
+Everything goes through etcd's JSON gateway (HTTP/1.1, ``/v3/kv/...``) with httpx, which
+runs under trio; no gRPC.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from pidctl.protocol.addresses import HostPort
 
 #: The counter key, under the source's prefix.
 COUNTER_KEY = "next_producer_id"
+#: Under the source's prefix: one key per controller (its node id), the end of the last lease
+#: it took, written in the transaction that took it.
+LEASES_PREFIX = "leases/"
 SCHEMES = {"etcd": "http", "etcds": "https"}
 
 
@@ -60,6 +65,10 @@ class EtcdLocation:
     def counter_key(self) -> str:
         return f"{self.prefix}/{COUNTER_KEY}"
 
+    @property
+    def leases_prefix(self) -> str:
+        return f"{self.prefix}/{LEASES_PREFIX}"
+
     def __str__(self) -> str:
         scheme = "etcds" if self.tls else "etcd"
         return f"{scheme}://{','.join(map(str, self.endpoints))}/{self.prefix}"
@@ -68,10 +77,13 @@ class EtcdLocation:
 @dataclass(frozen=True, slots=True)
 class Counter:
     """The counter as last seen: its value (0 when the key does not exist yet) and the
-    key's mod_revision (0 then), which the next compare-and-swap compares against."""
+    key's mod_revision (0 then), which the next compare-and-swap compares against;
+    ``leased``: the highest lease end any controller recorded beside it, read in the same
+    transaction (0: none). The counter never goes below it unless it went back."""
 
     value: int
     mod_revision: int
+    leased: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +105,8 @@ class EtcdCounter:
 
     ``on_request(operation, seconds, failed)`` is told about every round trip (for metrics).
     Endpoints are tried in turn; the one that answered last is tried first next time.
+    ``member`` (a controller's node id) records each successful swap under
+    ``<prefix>/leases/<member>``; None (``pidctl import-zk``) records nothing.
     """
 
     def __init__(
@@ -104,9 +118,15 @@ class EtcdCounter:
         password: str = "",
         timeout_s: float = 2.0,
         on_request: Callable[[str, float, bool], None] | None = None,
+        member: str | None = None,
     ) -> None:
         self.location = location
         self._key = _b64(location.counter_key)
+        self._leases = {
+            "key": _b64(location.leases_prefix),
+            "range_end": _b64(_prefix_end(location.leases_prefix)),
+        }
+        self._member_key = _b64(location.leases_prefix + member) if member is not None else None
         self._credentials = (username, password) if username else None
         self._token: str | None = None
         self._preferred = 0
@@ -120,9 +140,18 @@ class EtcdCounter:
         await self._http.aclose()
 
     async def read(self) -> Counter:
-        """The counter's current value (a linearizable read)."""
-        reply = await self._call("range", "/v3/kv/range", {"key": self._key})
-        return _counter(reply.get("kvs", []))
+        """The counter's current value and the leases recorded beside it (one linearizable
+        read of both: a transaction with no condition)."""
+        reply = await self._call("range", "/v3/kv/txn", {"compare": [], "success": self._reads()})
+        return self._seen(reply.get("responses", []))
+
+    def _reads(self) -> list[dict[str, Any]]:
+        return [{"request_range": {"key": self._key}}, {"request_range": self._leases}]
+
+    def _seen(self, responses: list[dict[str, Any]]) -> Counter:
+        """The counter and the highest lease recorded, from the answers to :meth:`_reads`."""
+        kvs = [r.get("response_range", {}).get("kvs", []) for r in responses] + [[], []]
+        return _counter(kvs[0], _highest_lease(kvs[1]))
 
     async def compare_and_swap(self, expected: Counter, value: int) -> Swap:
         """Set the counter to ``value`` if it is still ``expected`` (one etcd transaction)."""
@@ -140,18 +169,16 @@ class EtcdCounter:
                 "result": "EQUAL",
                 "mod_revision": str(expected.mod_revision),
             }
-        txn = {
-            "compare": [compare],
-            "success": [{"request_put": {"key": self._key, "value": _b64(str(value))}}],
-            "failure": [{"request_range": {"key": self._key}}],
-        }
+        puts = [{"request_put": {"key": self._key, "value": _b64(str(value))}}]
+        if self._member_key is not None:
+            puts.append({"request_put": {"key": self._member_key, "value": _b64(str(value))}})
+        txn = {"compare": [compare], "success": puts, "failure": self._reads()}
         reply = await self._call("txn", "/v3/kv/txn", txn)
         revision = int(reply.get("header", {}).get("revision", 0))
         if reply.get("succeeded", False):  # the gateway leaves out false values
-            return Swap(True, Counter(value, revision), revision)
-        responses = reply.get("responses", [])
-        kvs = responses[0].get("response_range", {}).get("kvs", []) if responses else []
-        return Swap(False, _counter(kvs), revision)
+            leased = value if self._member_key is not None else expected.leased
+            return Swap(True, Counter(value, revision, leased), revision)
+        return Swap(False, self._seen(reply.get("responses", [])), revision)
 
     async def _call(self, operation: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         errors = []
@@ -233,10 +260,28 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {cause}" if cause is not None else type(error).__name__
 
 
-def _counter(kvs: list[dict[str, Any]]) -> Counter:
+def _counter(kvs: list[dict[str, Any]], leased: int = 0) -> Counter:
     if not kvs:
-        return Counter(0, 0)
+        return Counter(0, 0, leased)
     text = base64.b64decode(kvs[0].get("value", "")).decode(errors="replace")
     if not text.isdigit():
         raise EtcdRefused(f"the counter holds {text!r}, not a producer id")
-    return Counter(int(text), int(kvs[0]["mod_revision"]))
+    return Counter(int(text), int(kvs[0]["mod_revision"]), leased)
+
+
+def _highest_lease(kvs: list[dict[str, Any]]) -> int:
+    """The highest lease end recorded under ``<prefix>/leases/``; a value that is no number
+    is refused (retried, as a counter that is no number), naming the key."""
+    highest = 0
+    for kv in kvs:
+        text = base64.b64decode(kv.get("value", "")).decode(errors="replace")
+        if not text.isdigit():
+            key = base64.b64decode(kv.get("key", "")).decode(errors="replace")
+            raise EtcdRefused(f"{key} holds {text!r}, not a producer id")
+        highest = max(highest, int(text))
+    return highest
+
+
+def _prefix_end(prefix: str) -> str:
+    """etcd's range_end for every key starting with ``prefix`` (its last byte plus one)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)

@@ -63,8 +63,13 @@ def etcd_ssl_context(settings: Settings) -> ssl.SSLContext | None:
 
 
 def etcd_counter(
-    settings: Settings, on_request: Callable[[str, float, bool], None] | None = None
+    settings: Settings,
+    on_request: Callable[[str, float, bool], None] | None = None,
+    *,
+    leases: bool = False,
 ) -> EtcdCounter:
+    """The settings' etcd counter; ``leases``: a controller leasing from it, which records
+    each lease under its node id (``pidctl import-zk`` records none)."""
     location = settings.etcd_location
     assert location is not None
     return EtcdCounter(
@@ -74,6 +79,7 @@ def etcd_counter(
         password=settings.etcd_password,
         timeout_s=settings.etcd_timeout_ms / 1000,
         on_request=on_request,
+        member=str(settings.node_id) if leases else None,
     )
 
 
@@ -193,9 +199,12 @@ class LeaseKeeper:
         await trio.sleep(REGRESSION_RETRY_S)
 
     def _check(self, seen: Counter) -> None:
-        """A counter below the highest lease seen (in this log, or from etcd in this process)
-        went back: :class:`CounterWentBack`."""
-        highest = max(self._highest_seen, self.controller.state.producer_ids.highest_lease_end)
+        """A counter below the highest lease seen (in this log, from etcd in this process, or
+        recorded in etcd by any controller of the fleet beside the counter) went back:
+        :class:`CounterWentBack`."""
+        highest = max(
+            self._highest_seen, self.controller.state.producer_ids.highest_lease_end, seen.leased
+        )
         if seen.value < highest:
             raise CounterWentBack(seen.value, highest)
         self._highest_seen = max(self._highest_seen, seen.value)

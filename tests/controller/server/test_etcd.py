@@ -64,6 +64,31 @@ async def test_compare_and_swap_takes_disjoint_ranges(etcd: EtcdProcess) -> None
     await two.aclose()
 
 
+async def test_each_member_records_its_leases_beside_the_counter(etcd: EtcdProcess) -> None:
+    """A leasing controller's swap records its lease's end under leases/<node id> in the same
+    transaction; every read and failed swap returns the highest recorded with the counter,
+    so a counter set back (or deleted) shows below it, whoever took the lease."""
+    location = EtcdLocation.parse(etcd.pid_source("recorded"))
+    one, two = EtcdCounter(location, member="1"), EtcdCounter(location, member="2")
+    importer = EtcdCounter(location)  # pidctl import-zk: records nothing
+    first = await one.compare_and_swap(await one.read(), 3000)
+    assert first.counter == Counter(3000, first.revision, leased=3000)
+    second = await two.compare_and_swap(await two.read(), 9000)
+    assert second.succeeded and second.counter.leased == 9000
+    raised = await importer.compare_and_swap(await importer.read(), 12_000)
+    assert raised.succeeded and raised.counter.leased == 9000
+    assert (await one.read()).leased == 9000 and (await one.read()).value == 12_000
+    etcd.set_counter(6000, "recorded")  # set back by hand: above one's lease, below two's
+    seen = await one.read()
+    assert (seen.value, seen.leased) == (6000, 9000)
+    stale = await one.compare_and_swap(first.counter, 4000)  # a failed swap tells the same
+    assert not stale.succeeded and (stale.counter.value, stale.counter.leased) == (6000, 9000)
+    etcd.delete_counter("recorded")
+    assert (await two.read()) == Counter(0, 0, leased=9000)
+    for counter in (one, two, importer):
+        await counter.aclose()
+
+
 async def test_concurrent_swappers_never_take_the_same_range(etcd: EtcdProcess) -> None:
     taken: list[tuple[int, int]] = []
 

@@ -116,7 +116,7 @@ async def keeping(
     controller = Controller(state, log)
     controller.apply(state.cluster.create_cluster("test-cluster", 1), now())
     prefix = f"keeper{next(_prefixes)}"
-    counter = EtcdCounter(EtcdLocation.parse(etcd.pid_source(prefix)), timeout_s=5.0)
+    counter = EtcdCounter(EtcdLocation.parse(etcd.pid_source(prefix)), timeout_s=5.0, member="1")
     leases: list[int] = []
     went_back: list[CounterWentBack | None] = []
     keeper = LeaseKeeper(
@@ -261,6 +261,31 @@ async def test_no_lease_is_taken_from_a_counter_that_went_back_until_it_is_put_b
             await until(lambda: len(kept.leases) == 2)
             assert kept.held() == [(3000, 6000)] and kept.went_back[-1] is None
             assert _events(logs, "etcd counter at or above the highest lease seen again")
+
+
+async def test_a_counter_set_back_below_another_controllers_lease_is_refused(
+    tmp_path: Path, shared_etcd: EtcdProcess
+) -> None:
+    """Set back to a value above all this controller saw itself but below a lease another
+    controller took since: the lease recorded beside the counter says it went back (the
+    fault campaign found two such ranges granted by both before it was recorded)."""
+    async with keeping(tmp_path, shared_etcd) as kept:
+        await kept.nursery.start(kept.keeper.run)
+        with trio.fail_after(ANSWER_BOUND_S):
+            await kept.keeper.leased.wait()
+        location = EtcdLocation.parse(shared_etcd.pid_source(kept.prefix))
+        other = EtcdCounter(location, member="2")
+        assert (await other.compare_and_swap(await other.read(), 9000)).succeeded  # [3000, 9000)
+        await other.aclose()
+        await kept.set_counter("6000")  # above this one's 3000, inside the other's lease
+        assert [kept.grant().first for _ in range(2)] == [0, 1000]  # a lease is wanted
+        await until(lambda: kept.went_back != [])
+        refusal = kept.went_back[0]
+        assert refusal is not None and (refusal.counter, refusal.highest) == (6000, 9000)
+        assert kept.held() == [(0, 3000)] and kept.leases == [3000]
+        await kept.set_counter("9000")
+        await until(lambda: len(kept.leases) == 2)
+        assert kept.held() == [(0, 3000), (9000, 12_000)] and kept.went_back[-1] is None
 
 
 async def test_a_counter_etcd_refuses_to_read_is_retried_until_it_is_mended(
