@@ -78,6 +78,7 @@ class Tally:
     faults_injected: int = 0
     faults_not_reached: int = 0
     bits_flipped: int = 0
+    flips_not_reached: int = 0
     #: Acknowledged answers whose record the campaign destroyed itself (a flipped bit): not
     #: in the log by design, and checked only for being handed out twice.
     destroyed_by_flips: int = 0
@@ -190,6 +191,10 @@ def _cycle(
             else:
                 tally.problems.append(f"exited {server.proc.returncode} without storage_failed")
         else:
+            if kind == "flip":  # a record of this run's own to flip, on a busy machine too
+                deadline = time.monotonic() + FAULT_TIMEOUT_S
+                while acked.count == before and time.monotonic() < deadline:
+                    time.sleep(0.02)
             time.sleep(rng.uniform(0.02, 0.3))
             tally.kills += 1
     finally:
@@ -201,6 +206,8 @@ def _cycle(
         if _flip_newest_record(data_dir, acked, destroyed, rng):
             tally.bits_flipped += 1
             tally.destroyed_by_flips += destroyed.count - gone
+        else:  # the kill came just after a roll: the active segment holds no whole record
+            tally.flips_not_reached += 1
 
 
 def _check(data_dir: Path, acked: Acknowledged, destroyed: Acknowledged, tally: Tally) -> None:
@@ -225,19 +232,22 @@ def run(kills: int, faults: int, flips: int, episode: int, seed: int, tally: Tal
     rng = random.Random(seed)
     plan = ["kill"] * kills + ["fault"] * faults + ["flip"] * flips
     rng.shuffle(plan)
-    retries = faults  # a fault not reached in time is tried again, at most this often
+    # A fault not reached in time, or a flip that found no record, is tried again (at most
+    # as often as each was asked for).
+    retries = {"fault": faults, "flip": flips}
     with tempfile.TemporaryDirectory() as tmp:
         start = 0
         while start < len(plan):  # the plan may grow while it runs
             data_dir = Path(tmp) / f"episode-{start // episode}"
             acked, destroyed = Acknowledged(), Acknowledged()
             for kind in plan[start : start + episode]:
-                not_reached = tally.faults_not_reached
+                not_reached = tally.faults_not_reached + tally.flips_not_reached
                 _cycle(data_dir, acked, destroyed, tally, rng, kind)
                 _check(data_dir, acked, destroyed, tally)
-                if tally.faults_not_reached > not_reached and retries:
-                    retries -= 1
-                    plan.append("fault")
+                missed = tally.faults_not_reached + tally.flips_not_reached > not_reached
+                if missed and retries.get(kind):
+                    retries[kind] -= 1
+                    plan.append(kind)
             # The last restart of the episode, and its check.
             try:
                 ServerProcess(data_dir, *SETTINGS).start(timeout=30).kill()
