@@ -56,9 +56,10 @@ def test_every_kafka_row_runs_in_the_short_mode(tmp_path: Path) -> None:
         for row in rows
         if row["group"] == "kafka-syncs"
     }
-    # pidctl syncs before it answers: at least one fdatasync per group of 16 requests.
-    assert syncs["pidctl transactional"]["fdatasync"] >= 1 / 16
-    assert syncs["pidctl allocate"]["fdatasync"] >= 1 / 16
+    # pidctl syncs before it answers: at least one fdatasync per group of 16 requests (less
+    # the group strace's attach can miss: what was synced before it, answered after).
+    assert syncs["pidctl transactional"]["fdatasync"] >= 0.9 / 16
+    assert syncs["pidctl allocate"]["fdatasync"] >= 0.9 / 16
     # flush.messages=1 took effect: every append of the transaction log is fsynced, as
     # shipped they are not.
     flushed = syncs["Kafka transactional, flush.messages=1"]["fsync"]
