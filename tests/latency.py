@@ -81,6 +81,34 @@ def measure_paced(
     return Latencies(sorted(values))
 
 
+def measure_paced_beside(
+    request: Callable[[], None],
+    baseline: Callable[[], None],
+    interval_s: float,
+    minimum: int,
+    until: Callable[[], bool],
+) -> tuple[Latencies, Latencies]:
+    """:func:`measure_paced` of ``request`` and of ``baseline`` taking turns, each every
+    ``interval_s``: the baseline is measured in the same seconds, so a machine that turns
+    busy meanwhile slows both series, not only the one under test."""
+    series: tuple[list[float], list[float]] = ([], [])
+    calls = 0
+    while calls < minimum or not until():
+        for call, values in zip((request, baseline), series, strict=True):
+            started = time.monotonic()
+            call()
+            took = time.monotonic() - started
+            values.append(took)
+            missed = took - interval_s
+            while missed > 0:
+                values.append(missed)
+                missed -= interval_s
+            if took < interval_s:
+                time.sleep(interval_s - took)
+        calls += 1
+    return Latencies(sorted(series[0])), Latencies(sorted(series[1]))
+
+
 def bound(baseline: Latencies) -> float:
     """The most the attacked p99 may be, given the baseline of the same run."""
     return max(LATENCY_BOUND_S, BASELINE_FACTOR * baseline.p99)

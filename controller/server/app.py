@@ -478,8 +478,11 @@ class PidctlServer:
         while True:
             await trio.sleep(interval)
             total = steps = 0
+            longest = 0.0  # the event loop's CPU time in one step: what a request waits behind
             while True:
+                started = time.thread_time()
                 expired, offset = controller.expire_transactional_ids(now(), batch)
+                longest = max(longest, time.thread_time() - started)
                 total += expired
                 steps += 1
                 self.metrics.transactional_ids_expired.inc(expired)
@@ -488,7 +491,12 @@ class PidctlServer:
                 await metalog.wait_durable(offset)
                 await trio.lowlevel.checkpoint()  # (durable already: other work first all the same)
             if total:
-                log.info("transactional ids expired", count=total, steps=steps)
+                log.info(
+                    "transactional ids expired",
+                    count=total,
+                    steps=steps,
+                    longest_step_cpu_ms=round(longest * 1000, 3),
+                )
             # Job app ids past job_allocation_expiration_ms, the same way.
             total = 0
             while True:
