@@ -138,3 +138,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line("NOT CHECKED: TEST_USER_SERVER=0")
     else:
         terminalreporter.write_line(check.verdict, red=check.failed, green=not check.failed)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that take minutes first: under ``--dist loadscope`` (ops/dev.sh) a module
+    is one unit of work on one worker, and a long one handed out last would run alone at the
+    end. Spark's cluster and Kafka modules are the longest, then the other slow ones."""
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 2
+        return 0 if "/spark/" in item.nodeid else 1
+
+    items.sort(key=weight)  # stable: collection order within each weight
