@@ -7,9 +7,11 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pidctl.controller.core.errors import PidctlError, UsageError
 
 EXAMPLES = """\
 examples:
@@ -223,109 +225,68 @@ def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
     return load_settings_with_sources(flags, environ, config)
 
 
-def _settings_from(args: argparse.Namespace) -> tuple[Any, dict[str, str]] | None:
-    """Settings from flags, environment and file; None (problems printed) if invalid."""
-    from pidctl.controller.settings import SettingsError
-
-    try:
-        return _load_settings(args)
-    except SettingsError as e:
-        for line in str(e).splitlines():
-            print(f"pidctl: {line}", file=sys.stderr)
-        return None
-
-
-#: Exit status of `pidctl serve` after a failed write or sync of the data dir (sysexits'
-#: EX_IOERR): the process stopped rather than answer anything it could not make durable.
-EXIT_STORAGE_FAILED = 74
-
-
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one ``pidctl`` command; ``environ`` (default ``os.environ``) is where PIDCTL_*
     settings are read from."""
     args = build_parser().parse_args(argv)
     args.environ = os.environ if environ is None else environ
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "format":
-            return _format(args)
-        if args.command == "log":
-            return _log(args)
-        if args.command == "config":
-            loaded = _settings_from(args)
-            if loaded is None:
-                return 2
-            from pidctl.controller.settings import show_settings
-
-            print("\n".join(show_settings(*loaded)))
+        return COMMANDS[args.command](args)
+    except BaseException as e:
+        if isinstance(_single(e), BrokenPipeError) and args.command != "serve":
+            # Output piped into `head` and the like: stop quietly, as Unix tools do.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        if args.command == "register":
-            return _register(args)
-        if args.command == "allocate":
-            return _allocate(args)
-        if args.command == "status":
-            return _status(args)
-        if args.command == "users":
-            return _users(args)
-        if args.command == "sink":
-            return _sink(args)
-        if args.command == "import-zk":
-            return _import_zk(args)
-    except BrokenPipeError:
-        # Output piped into `head` and the like: stop quietly, as Unix tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except (ConnectionError, OSError) as e:
-        print(f"pidctl: {e}", file=sys.stderr)
+        return _report(e)
+
+
+def _report(error: BaseException) -> int:
+    """Print an error the operator can act on as one line (a line per problem) and return
+    the exit status it carries (:class:`PidctlError`; any other ``OSError``: 1); re-raise
+    anything else, a bug, with its traceback."""
+    single = _single(error)
+    if isinstance(single, PidctlError):
+        for line in single.cli_lines():
+            print(f"pidctl: {line}", file=sys.stderr)
+        return single.exit_code
+    if isinstance(single, OSError):
+        print(f"pidctl: {single}", file=sys.stderr)
         return 1
-    raise AssertionError(args.command)
+    raise error
+
+
+def _config(args: argparse.Namespace) -> int:
+    from pidctl.controller.settings import show_settings
+
+    print("\n".join(show_settings(*_load_settings(args))))
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
-    loaded = _settings_from(args)
-    if loaded is None:
-        return 2
-    settings = loaded[0]
-    formatted_here = False
-    if args.format_if_missing and not settings.data_dir.exists():
-        status = _format_new(settings, why=" (it did not exist; --format-if-missing)")
-        if status:
-            return status
-        formatted_here = True
-    status = 1
+    settings = _load_settings(args)[0]
+    if settings.data_dir.exists() or not args.format_if_missing:
+        return _run_server(args, settings)
+    _format_new(settings, why=" (it did not exist; --format-if-missing)")
     try:
-        status = _run_server(args, settings)
-    finally:
-        if formatted_here and status != 0:
+        return _run_server(args, settings)
+    except BaseException as e:
+        try:
+            return _report(e)  # the failure first, then what was undone
+        finally:
             _remove_if_unused(settings.data_dir)
-    return status
 
 
 def _run_server(args: argparse.Namespace, settings: Any) -> int:
-    """``pidctl serve`` on loaded settings: its exit status."""
+    """``pidctl serve`` on loaded settings: 0 after a clean stop; raises what stopped it."""
     import structlog
     import trio
 
-    from pidctl.controller.log.formatting import NotFormatted, check_formatted
-    from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, StorageFailed
-    from pidctl.controller.log.space import NotEnoughSpace
-    from pidctl.controller.server.admission import ListenFailed
-    from pidctl.controller.server.app import (
-        ClusterIdMismatch,
-        PidSourceMismatch,
-        ResourceLimit,
-        log_start,
-        serve,
-    )
+    from pidctl.controller.log.formatting import check_formatted
+    from pidctl.controller.server.app import log_start, serve
     from pidctl.controller.server.logs import configure_logging
     from pidctl.controller.settings import service_link_variables
 
-    try:
-        check_formatted(settings.data_dir)  # one line and nothing else when it is not
-    except NotFormatted as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 2
+    check_formatted(settings.data_dir)  # one line and nothing else when it is not
     configure_logging(settings.log_format, settings.log_level)
     log_start(settings)
     ignored = service_link_variables(args.environ)
@@ -341,60 +302,33 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
         SettingsError names what is wrong; the server logs it and keeps what it has)."""
         return _load_settings(args)[0]
 
-    try:
-        trio.run(serve, settings, reload)
-    except BaseException as e:
-        error = _single(e)
-        if isinstance(error, NotFormatted):
-            print(f"pidctl: {error}", file=sys.stderr)
-            return 2
-        if isinstance(error, StorageFailed):
-            print(f"pidctl: storage failed, stopping: {error}", file=sys.stderr)
-            return EXIT_STORAGE_FAILED
-        if isinstance(error, LogCorruption | DataDirLocked | ClusterIdMismatch | PidSourceMismatch):
-            print(f"pidctl: {error}", file=sys.stderr)
-            return 1
-        if isinstance(error, ListenFailed | ResourceLimit | NotEnoughSpace):
-            print(f"pidctl: {error}", file=sys.stderr)
-            return 1
-        if isinstance(error, OSError):
-            print(f"pidctl: {error}", file=sys.stderr)
-            return 1
-        raise
+    trio.run(serve, settings, reload)
     return 0
 
 
 def _format(args: argparse.Namespace) -> int:
-    loaded = _settings_from(args)
-    if loaded is None:
-        return 2
-    return _format_new(loaded[0], ignore_formatted=args.ignore_formatted)
+    _format_new(_load_settings(args)[0], ignore_formatted=args.ignore_formatted)
+    return 0
 
 
-def _format_new(settings: Any, *, ignore_formatted: bool = False, why: str = "") -> int:
-    """Format ``settings.data_dir``, saying so (and ``why``); the exit status (an already
-    formatted data dir: 1, or 0 with ``ignore_formatted``)."""
+def _format_new(settings: Any, *, ignore_formatted: bool = False, why: str = "") -> None:
+    """Format ``settings.data_dir``, saying so (and ``why``); raises what refused it (an
+    already formatted data dir too, unless ``ignore_formatted``)."""
     from pidctl.controller.core.records import new_cluster_id
-    from pidctl.controller.log.formatting import AlreadyFormatted, FormatRefused, format_data_dir
-    from pidctl.controller.log.metalog import DataDirLocked
+    from pidctl.controller.log.formatting import AlreadyFormatted, format_data_dir
 
     cluster_id = settings.cluster_id or new_cluster_id()
     try:
         format_data_dir(settings.data_dir, cluster_id, settings.node_id, time.time_ns() // 10**6)
     except AlreadyFormatted as e:
-        if ignore_formatted:
-            print(f"{e}; nothing done")
-            return 0
-        print(f"pidctl: {e}; nothing done", file=sys.stderr)
-        return 1
-    except (DataDirLocked, FormatRefused) as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 1
+        if not ignore_formatted:
+            raise
+        print(*e.cli_lines())
+        return
     print(
         f"formatted {settings.data_dir}{why}: cluster id {cluster_id}, node id {settings.node_id}",
         flush=True,
     )
-    return 0
 
 
 def _remove_if_unused(data_dir: Path) -> None:
@@ -417,60 +351,40 @@ def _remove_if_unused(data_dir: Path) -> None:
 def _import_zk(args: argparse.Namespace) -> int:
     import trio
 
-    from pidctl.controller.log.metalog import DataDirLocked, LogCorruption
     from pidctl.controller.server.lease_keeper import etcd_counter
     from pidctl.controller.zk_import import (
-        ImportRefused,
         import_into_data_dir,
         import_into_etcd,
         read_zookeeper_block,
     )
 
-    loaded = _settings_from(args)
-    if loaded is None:
-        return 2
-    settings = loaded[0]
-    try:
-        block = read_zookeeper_block(args.zookeeper, args.znode, args.timeout)
-        origin = (
-            f"zookeeper {args.zookeeper}{args.znode}: broker {block.broker}, "
-            f"block {block.block_start}..{block.block_end}"
-        )
-        print(f"read {origin}")
-        if settings.pid_source:
+    settings = _load_settings(args)[0]
+    block = read_zookeeper_block(args.zookeeper, args.znode, args.timeout)
+    origin = (
+        f"zookeeper {args.zookeeper}{args.znode}: broker {block.broker}, "
+        f"block {block.block_start}..{block.block_end}"
+    )
+    print(f"read {origin}")
+    if settings.pid_source:
 
-            async def to_etcd() -> str:
-                counter = etcd_counter(settings)
-                try:
-                    return await import_into_etcd(counter, block)
-                finally:
-                    await counter.aclose()
+        async def to_etcd() -> str:
+            counter = etcd_counter(settings)
+            try:
+                return await import_into_etcd(counter, block)
+            finally:
+                await counter.aclose()
 
-            print(trio.run(to_etcd))
-        else:
-            print(
-                import_into_data_dir(
-                    settings.data_dir,
-                    block,
-                    origin,
-                    node_id=settings.node_id,
-                    cluster_id=settings.cluster_id,
-                )
+        print(trio.run(to_etcd))
+    else:
+        print(
+            import_into_data_dir(
+                settings.data_dir,
+                block,
+                origin,
+                node_id=settings.node_id,
+                cluster_id=settings.cluster_id,
             )
-    except DataDirLocked:
-        print(f"pidctl: {settings.data_dir} is in use: stop the controller first", file=sys.stderr)
-        return 1
-    except (ImportRefused, LogCorruption) as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 1
-    except BaseException as e:
-        error = _single(e)
-        from pidctl.controller.server.etcd import EtcdRefused, EtcdUnavailable
-
-        if isinstance(error, EtcdUnavailable | EtcdRefused):
-            print(f"pidctl: etcd: {error}", file=sys.stderr)
-            return 1
-        raise
+        )
     return 0
 
 
@@ -481,19 +395,13 @@ def _sink(args: argparse.Namespace) -> int:
         store = open_store(args.url)
         check_identifier(args.table)
     except ImportError as e:
-        print(
-            f"pidctl: {e.name} is needed for {args.url} (pip install 'pidctl[spark]')",
-            file=sys.stderr,
-        )
-        return 1
+        raise PidctlError(f"{e.name} is needed for {args.url} (pip install 'pidctl[spark]')") from e
     except ValueError as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from e
     try:
         if args.sink_command == "recover":
             if args.older_than < 0:
-                print("pidctl: --older-than must not be negative", file=sys.stderr)
-                return 2
+                raise UsageError("--older-than must not be negative")
             aborted = store.recover(args.table, args.older_than)
             for write_id in aborted:
                 print(f"aborted the abandoned write {write_id}; its staged rows are removed")
@@ -501,12 +409,11 @@ def _sink(args: argparse.Namespace) -> int:
         else:
             for app_id, version in sorted(store.committed_versions(args.table).items()):
                 print(f"{app_id}\t{version}")
+    except PidctlError:
+        raise
     except Exception as e:  # the database's own error types: one line, not a traceback
-        print(
-            f"pidctl: {args.url}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-            file=sys.stderr,
-        )
-        return 1
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PidctlError(f"{args.url}: {line}") from e
     finally:
         store.close()
     return 0
@@ -535,6 +442,11 @@ def _progress(label: str) -> Any:
     return show
 
 
+def _corrupt(error: Exception) -> PidctlError:
+    """The ``log`` commands say CORRUPT before a corruption found in the data dir they read."""
+    return PidctlError(f"CORRUPT: {error}")
+
+
 def _log(args: argparse.Namespace) -> int:
     from pidctl.controller.log.logtools import (
         DumpFilter,
@@ -546,25 +458,19 @@ def _log(args: argparse.Namespace) -> int:
         summary_lines,
         verify,
     )
-    from pidctl.controller.log.metalog import DataDirLocked, LogCorruption, reserve_by_operator
+    from pidctl.controller.log.metalog import LogCorruption, reserve_by_operator
 
     if args.log_command == "reserve":
         if args.producer_id < 0:
-            print("pidctl: --producer-id must not be negative", file=sys.stderr)
-            return 2
+            raise UsageError("--producer-id must not be negative")
         try:
             print(reserve_by_operator(args.data_dir, args.producer_id))
-        except DataDirLocked:
-            print(f"pidctl: {args.data_dir} is in use: stop the controller first", file=sys.stderr)
-            return 1
         except LogCorruption as e:
-            print(f"pidctl: CORRUPT: {e}", file=sys.stderr)
-            return 1
+            raise _corrupt(e) from e
         return 0
     if args.log_command == "dump":
         if not args.data_dir.is_dir():
-            print(f"pidctl: {args.data_dir}: no such data dir", file=sys.stderr)
-            return 1
+            raise PidctlError(f"{args.data_dir}: no such data dir")
         try:
             keep = DumpFilter(
                 args.broker,
@@ -572,8 +478,7 @@ def _log(args: argparse.Namespace) -> int:
                 parse_time(args.until) if args.until else None,
             )
         except ValueError as e:
-            print(f"pidctl: --since/--until: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--since/--until: {e}") from e
         try:
             contents, entries = selected(args.data_dir, keep, _progress("reading"))
             removed = removed_before(contents)
@@ -587,8 +492,7 @@ def _log(args: argparse.Namespace) -> int:
             for line in lines:
                 print(line)
         except LogCorruption as e:
-            print(f"pidctl: CORRUPT: {e}", file=sys.stderr)
-            return 1
+            raise _corrupt(e) from e
         except BrokenPipeError:
             sys.stderr.close()
         return 0
@@ -614,11 +518,9 @@ def _register(args: argparse.Namespace) -> int:
             )
             response = client.request(request)
     except ValueError as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from e
     if response.error_code:
-        print(f"pidctl: registration refused: {response.error_code.name}", file=sys.stderr)
-        return 1
+        raise PidctlError(f"registration refused: {response.error_code.name}")
     print(f"broker {args.broker_id} registered with epoch {response.broker_epoch}")
     return 0
 
@@ -631,35 +533,27 @@ def _users(args: argparse.Namespace) -> int:
     try:
         store = CredentialStore.load(args.credentials_file)
     except ValueError as e:
-        print(f"pidctl: {e}", file=sys.stderr)
-        return 1
+        raise PidctlError(str(e)) from e
     if args.users_command == "list":
         for user, mechanisms in sorted(store.users.items()):
             print(f"{user}: {', '.join(sorted(mechanisms))}")
         return 0
     if args.users_command == "remove":
         if store.users.pop(args.user, None) is None:
-            print(f"pidctl: no user {args.user!r}", file=sys.stderr)
-            return 1
+            raise PidctlError(f"no user {args.user!r}")
         store.save(args.credentials_file)
         print(f"removed {args.user} (running servers take it on SIGHUP)")
         return 0
     if args.iterations < MIN_ITERATIONS:
-        print(f"pidctl: --iterations must be at least {MIN_ITERATIONS}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--iterations must be at least {MIN_ITERATIONS}")
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\n")
     elif not sys.stdin.isatty():
-        print(
-            "pidctl: no terminal to ask for the password: pipe it in with --password-stdin",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError("no terminal to ask for the password: pipe it in with --password-stdin")
     else:
         password = getpass.getpass(f"password for {args.user}: ")
     if not password:
-        print("pidctl: empty password", file=sys.stderr)
-        return 2
+        raise UsageError("empty password")
     chosen: list[str] = args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]
     store.users[args.user] = {
         m: ScramCredential.create(password, m, args.iterations) for m in chosen
@@ -712,11 +606,25 @@ def _allocate(args: argparse.Namespace) -> int:
             )
         )
     if response.error_code:
-        print(f"pidctl: allocation refused: {response.error_code.name}", file=sys.stderr)
-        return 1
+        raise PidctlError(f"allocation refused: {response.error_code.name}")
     first = response.producer_id_start
     print(f"producer ids {first}..{first + response.producer_id_len - 1}")
     return 0
+
+
+#: Each command's function: its exit status, or it raises what ended it (:func:`_report`).
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": _serve,
+    "format": _format,
+    "log": _log,
+    "config": _config,
+    "register": _register,
+    "allocate": _allocate,
+    "status": _status,
+    "users": _users,
+    "sink": _sink,
+    "import-zk": _import_zk,
+}
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pidctl.controller.api.handlers import (
     DEFAULT_MAX_REGISTRATION_ENTRIES,
 )
 from pidctl.controller.core.acl import Acl, AclError, parse_acl
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.jobs import DEFAULT_EXPIRATION_MS as DEFAULT_JOB_EXPIRATION_MS
 from pidctl.controller.core.jobs import DEFAULT_REUSE_MS as DEFAULT_JOB_REUSE_MS
 from pidctl.controller.core.kafka import (
@@ -104,8 +105,10 @@ def service_link_variables(environ: Mapping[str, str]) -> list[str]:
     )
 
 
-class SettingsError(ValueError):
-    """One line naming the setting and what is wrong with it."""
+class SettingsError(PidctlError, ValueError):
+    """One line per problem, naming the setting and what is wrong with it."""
+
+    exit_code = 2
 
 
 Parse = Callable[[Any], Any]

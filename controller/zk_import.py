@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.controller.core.records import (
     ClusterCreated,
@@ -29,7 +30,7 @@ from pidctl.controller.server.etcd import Counter, EtcdCounter
 ZNODE = "/latest_producer_id_block"
 
 
-class ImportRefused(Exception):
+class ImportRefused(PidctlError):
     """The import would lower a high-water mark, or the znode is not a producer-id block."""
 
 
@@ -99,7 +100,7 @@ def import_into_data_dir(
     from pidctl.controller.api.handlers import Controller, Now
     from pidctl.controller.log.metalog import MetadataLog, lock_data_dir, recover
 
-    lock_fd = lock_data_dir(data_dir)
+    lock_fd = lock_data_dir(data_dir, by_operator=True)
     try:
         recovery = recover(data_dir)
         state = recovery.state

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.records import (
     RECORD_VERSION,
     ProducerIdsReserved,
@@ -197,7 +198,7 @@ SNAPSHOT_SUFFIX = ".snapshot"
 TMP_SUFFIX = ".tmp"
 
 
-class LogCorruption(Exception):
+class LogCorruption(PidctlError):
     """The log cannot be trusted; start-up stops and nothing is modified."""
 
 

@@ -18,6 +18,7 @@ import os
 import struct
 from pathlib import Path
 
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.logformat import (
     MAX_RECORD_BYTES,
     SEGMENT_SUFFIX,
@@ -36,12 +37,14 @@ from pidctl.controller.log.metalog import LOCK_FILE, lock_data_dir, read_log, re
 _IGNORED_NAMES = frozenset({"lost+found", LOCK_FILE})
 
 
-class NotFormatted(Exception):
+class NotFormatted(PidctlError):
     """``pidctl serve`` on a data dir that holds no metadata log; the message is one line
     saying how to create one."""
 
+    exit_code = 2
 
-class FormatRefused(Exception):
+
+class FormatRefused(PidctlError):
     """``pidctl format`` on a directory that is not new: already formatted, or holding
     files of something else."""
 
@@ -52,6 +55,9 @@ class AlreadyFormatted(FormatRefused):
     def __init__(self, data_dir: Path, cluster_id: str | None) -> None:
         self.cluster_id = cluster_id
         super().__init__(f"{data_dir} is already formatted (cluster id {cluster_id})")
+
+    def cli_lines(self) -> list[str]:
+        return [f"{self}; nothing done"]
 
 
 def is_formatted(data_dir: Path) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 import trio
 
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.logformat import (
     SEGMENT_SUFFIX as SEGMENT_SUFFIX,
 )
@@ -50,7 +51,6 @@ from pidctl.controller.core.logformat import (
     LogEntry,
     SegmentEnd,
     SegmentScan,
-    encode_entry,
     reservation_of,
     walk_segment,
 )
@@ -63,7 +63,6 @@ from pidctl.controller.core.logformat import (
 from pidctl.controller.core.logformat import (
     snapshot_name as snapshot_name,
 )
-from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState, InvariantViolation
 from pidctl.controller.log.disk_thread import DiskThread
 
@@ -115,14 +114,19 @@ RESERVATION_RETRY_MIN_S = 0.05
 RESERVATION_RETRY_MAX_S = 1.0
 
 
-class DataDirLocked(Exception):
+class DataDirLocked(PidctlError):
     """Another process holds the data dir's lock."""
 
 
-class StorageFailed(Exception):
+class StorageFailed(PidctlError):
     """A write or sync of the data dir failed. Fail-stop: nothing more is acknowledged and
     the process exits (a failed fsync is never retried: the kernel may have dropped the
     data and marked the pages clean, PostgreSQL's "fsyncgate", 2018)."""
+
+    #: sysexits' EX_IOERR: the process stopped rather than answer anything it could not
+    #: make durable.
+    exit_code = 74
+    line_prefix = "storage failed, stopping: "
 
     def __init__(self, path: Path, operation: str, error: OSError) -> None:
         self.path = path
@@ -279,7 +283,7 @@ def reserve_by_operator(data_dir: Path, producer_id: int) -> str:
     handed out (never below what the log itself granted). Returns what was done."""
     if not data_dir.is_dir():
         raise LogCorruption(f"{data_dir}: no such data dir")
-    lock_fd = lock_data_dir(data_dir)
+    lock_fd = lock_data_dir(data_dir, by_operator=True)
     try:
         state = _replay_streaming(data_dir)[0]
         try:
@@ -541,8 +545,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def lock_data_dir(data_dir: Path) -> int:
+def lock_data_dir(data_dir: Path, *, by_operator: bool = False) -> int:
     """Take the data dir's exclusive lock, held until the process exits; return its fd.
+    ``by_operator``: for a command that needs the controller stopped, which the refusal
+    then says.
 
     The lock is a ``flock`` on the directory itself, so no file deletion releases it (the
     ``.lock`` file only says which process holds it, for people)."""
@@ -552,6 +558,8 @@ def lock_data_dir(data_dir: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        if by_operator:
+            raise DataDirLocked(f"{data_dir} is in use: stop the controller first") from None
         holder = lock_holder(data_dir) or "unknown"
         raise DataDirLocked(
             f"data dir {data_dir} is in use by another pidctl process (pid {holder})"
@@ -825,12 +833,6 @@ class MetadataLog:
         fd = _create_segment(path, self._dir_fd)
         self._segments.append(self.end_offset)
         return path, fd
-
-    def append(self, record: Record, timestamp_ms: int) -> int:
-        """Buffer a record for the next group commit and return its offset. Never waits;
-        raises :class:`RecordTooLarge` (buffering nothing) for a record replay could not
-        read."""
-        return self.append_entry(encode_entry(self.end_offset, timestamp_ms, record))
 
     def append_entry(self, entry: bytes) -> int:
         """Buffer an entry encoded for the next offset (:func:`encode_entry`).

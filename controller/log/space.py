@@ -8,12 +8,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pidctl.controller.core.errors import PidctlError
+
 #: Default for ``data_dir_min_free_bytes``: room for a snapshot of a large state (a million
 #: transactional ids take ~40 MB) and records meanwhile; a grant record is ~100 bytes.
 DEFAULT_MIN_FREE_BYTES = 64 * 1024 * 1024
 
 
-class NotEnoughSpace(Exception):
+class NotEnoughSpace(PidctlError):
     """The data dir's filesystem has less free space than ``data_dir_min_free_bytes``."""
 
 

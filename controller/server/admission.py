@@ -14,6 +14,7 @@ import structlog
 import trio
 
 from pidctl.controller.api.handlers import ConnectionInfo
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.connection import ConnectionServer
 from pidctl.controller.server.listeners import ListenerSpec, server_ssl_context
@@ -36,7 +37,7 @@ class BoundListener:
         return port
 
 
-class ListenFailed(Exception):
+class ListenFailed(PidctlError):
     """A listener could not be bound (address in use, not permitted, ...)."""
 
 

@@ -23,6 +23,7 @@ import trio
 
 from pidctl.controller.api.handlers import Controller, RequestLimits
 from pidctl.controller.core.acl import Authorizer
+from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
@@ -46,15 +47,15 @@ from pidctl.protocol.apis import ApiKey
 log = structlog.get_logger("pidctl.server")
 
 
-class ClusterIdMismatch(Exception):
+class ClusterIdMismatch(PidctlError):
     """The configured cluster id differs from the one stored in the log."""
 
 
-class PidSourceMismatch(Exception):
+class PidSourceMismatch(PidctlError):
     """The data dir leased from etcd, and the controller was started without pid_source."""
 
 
-class ResourceLimit(Exception):
+class ResourceLimit(PidctlError):
     """The process may not open enough files for the configured connections."""
 
 
@@ -393,7 +394,7 @@ class PidctlServer:
 
     def _storage_failed(self, error: StorageFailed) -> None:
         """Fail-stop: not ready any more, one event saying what failed; the error then ends
-        the process (exit status EXIT_STORAGE_FAILED)."""
+        the process (exit status ``StorageFailed.exit_code``, 74)."""
         self.http.ready = False
         log.error(
             "storage_failed",

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from pidctl.controller.core.errors import PidctlError
 from pidctl.protocol.addresses import HostPort
 
 #: The counter key, under the source's prefix.
@@ -31,11 +32,17 @@ LEASES_PREFIX = "leases/"
 SCHEMES = {"etcd": "http", "etcds": "https"}
 
 
-class EtcdUnavailable(Exception):
+class EtcdError(PidctlError):
+    """etcd could not be used (the line names etcd: its messages are etcd's own)."""
+
+    line_prefix = "etcd: "
+
+
+class EtcdUnavailable(EtcdError):
     """No endpoint answered (or etcd itself could not serve the request, e.g. no leader)."""
 
 
-class EtcdRefused(Exception):
+class EtcdRefused(EtcdError):
     """etcd answered but refused: bad credentials, permission denied, a malformed counter."""
 
 

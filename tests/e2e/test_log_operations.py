@@ -29,10 +29,10 @@ from ops.testing.serverproc import (
     wait_until,
 )
 from pidctl.client import SyncClient
-from pidctl.controller.cli import EXIT_STORAGE_FAILED
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.metalog import (
     SNAPSHOT_SUFFIX,
+    StorageFailed,
     read_log,
     segment_name,
     snapshot_name,
@@ -129,7 +129,7 @@ def test_eio_on_the_stat_of_a_new_snapshot_stops_with_storage_failed(tmp_path: P
             except (ConnectionError, OSError):
                 pass  # the server stopped under it
         assert server.proc is not None
-        assert server.proc.wait(60) == EXIT_STORAGE_FAILED
+        assert server.proc.wait(60) == StorageFailed.exit_code
     finally:
         server.kill()
     failed = [e for e in server.events if e.get("event") == "storage_failed"]
@@ -152,7 +152,7 @@ def test_an_io_error_truncating_a_torn_tail_names_the_file_and_the_operation(
     segment.write_bytes(segment.read_bytes() + b"\x00\x00\x01")  # a torn tail to truncate
     fail = strace_prefix("ftruncate", "EIO", "1", segment)
     broken = ServerProcess(data_dir, prefix=fail)
-    with pytest.raises(RuntimeError, match=f"exited with {EXIT_STORAGE_FAILED}"):
+    with pytest.raises(RuntimeError, match=f"exited with {StorageFailed.exit_code}"):
         broken.start()
     failed = [e for e in broken.events if e.get("event") == "storage_failed"]
     assert failed and failed[0]["operation"] == "ftruncate"

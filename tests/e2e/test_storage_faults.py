@@ -26,9 +26,13 @@ from ops.testing.serverproc import (
     wait_until,
 )
 from pidctl.client import SyncClient
-from pidctl.controller.cli import EXIT_STORAGE_FAILED
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
-from pidctl.controller.log.metalog import QUICK_SYNCS_BEFORE_THE_LOOP, read_log, segment_name
+from pidctl.controller.log.metalog import (
+    QUICK_SYNCS_BEFORE_THE_LOOP,
+    StorageFailed,
+    read_log,
+    segment_name,
+)
 from pidctl.controller.server.app import RESERVED_FILE_DESCRIPTORS
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_response, encode_request
@@ -105,7 +109,7 @@ def test_failed_fdatasync_stops_the_server_and_nothing_unsynced_was_acknowledged
     data_dir = tmp_path / "d"
     segment = data_dir / segment_name(0)
     acked, status = _fault_under_load(data_dir, strace_prefix("fdatasync", "EIO", "40", segment))
-    assert status == EXIT_STORAGE_FAILED
+    assert status == StorageFailed.exit_code
     assert acked.count > 0
     _restart_and_check(data_dir, acked)
 
@@ -114,7 +118,7 @@ def test_failed_write_leaves_no_hole(tmp_path: Path) -> None:
     data_dir = tmp_path / "d"
     segment = data_dir / segment_name(0)
     acked, status = _fault_under_load(data_dir, strace_prefix("write", "ENOSPC", "30", segment))
-    assert status == EXIT_STORAGE_FAILED
+    assert status == StorageFailed.exit_code
     _restart_and_check(data_dir, acked)
 
 
@@ -125,7 +129,7 @@ def test_a_write_that_takes_no_byte_stops_the_server(tmp_path: Path) -> None:
     segment = data_dir / segment_name(0)
     zero = strace_inject_prefix("write", "retval=0", "20", segment)
     acked, status = _fault_under_load(data_dir, zero)
-    assert status == EXIT_STORAGE_FAILED
+    assert status == StorageFailed.exit_code
     _restart_and_check(data_dir, acked)
 
 
@@ -147,7 +151,7 @@ def test_a_roll_that_fails_half_way_leaves_a_startable_directory(tmp_path: Path,
         "4000",
         *ONE_RESERVATION,
     )
-    assert status == EXIT_STORAGE_FAILED
+    assert status == StorageFailed.exit_code
     _restart_and_check(data_dir, acked)
 
 
@@ -162,7 +166,7 @@ def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
         "200",
         *ONE_RESERVATION,
     )
-    assert status == EXIT_STORAGE_FAILED
+    assert status == StorageFailed.exit_code
     _restart_and_check(data_dir, acked)
 
 

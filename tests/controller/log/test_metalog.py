@@ -44,6 +44,11 @@ from pidctl.controller.log.metalog import (
 )
 
 
+def append(metalog: MetadataLog, record: Record) -> int:
+    """Buffer one record as :meth:`Controller.apply` does (encoded for the next offset)."""
+    return metalog.append_entry(encode_entry(metalog.end_offset, 0, record))
+
+
 def grant(n: int) -> ProducerIdsGranted:
     return ProducerIdsGranted(1, 1, n * 1000, (n + 1) * 1000)
 
@@ -82,7 +87,7 @@ async def run_log(
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in records:
-            state.replay(metalog.append(record, 0), record)
+            state.replay(append(metalog, record), record)
         await metalog.flush()
         nursery.cancel_scope.cancel()
     return state
@@ -105,7 +110,7 @@ async def test_commits_run_on_the_loop_while_syncs_are_quick_or_always_in_the_th
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in history(20):
-            offset = metalog.append(record, 0)
+            offset = append(metalog, record)
             state.replay(offset, record)
             await metalog.wait_durable(offset)
         nursery.cancel_scope.cancel()
@@ -125,7 +130,7 @@ async def test_a_task_that_never_waits_does_not_hold_commits_back(tmp_path: Path
         await nursery.start(metalog.run)
         nursery.start_soon(busy)
         for record in history(3):
-            offset = metalog.append(record, 0)
+            offset = append(metalog, record)
             state.replay(offset, record)
             with trio.fail_after(10):
                 await metalog.wait_durable(offset)
@@ -198,7 +203,7 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
 
     async def writer() -> None:
         record = next(pending)
-        offset = metalog.append(record, 0)
+        offset = append(metalog, record)
         state.replay(offset, record)
         await metalog.wait_durable(offset)
         assert metalog.durable_end > offset
@@ -256,7 +261,7 @@ async def write_and_snapshot(
 ) -> None:
     """Append ``batch`` as one commit and wait for the snapshot it makes due."""
     for record in batch:
-        state.replay(metalog.append(record, 0), record)
+        state.replay(append(metalog, record), record)
     await metalog.flush()
     with trio.fail_after(60):
         while metalog.snapshot_offset < state.next_offset:
@@ -528,10 +533,10 @@ async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in reserving_history():
-            state.replay(metalog.append(record, 0), record)
+            state.replay(append(metalog, record), record)
             await metalog.flush()  # one commit each
         release = ProducerIdsReserved(3000)  # a clean stop lowers it to the mark
-        state.replay(metalog.append(release, 0), release)
+        state.replay(append(metalog, release), release)
         await metalog.flush()
         nursery.cancel_scope.cancel()
     # Each commit: the file already held the reservation its records needed.

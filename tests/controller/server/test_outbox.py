@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from pidctl.controller.api.handlers import NO_WAIT
+from pidctl.controller.core.logformat import encode_entry
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
@@ -38,7 +39,8 @@ class Setup:
     def append(self) -> int:
         """A record for the next commit; its offset."""
         n = self.log.end_offset
-        return self.log.append(ProducerIdsGranted(1, 1, n * 10, n * 10 + 10), 0)
+        grant = ProducerIdsGranted(1, 1, n * 10, n * 10 + 10)
+        return self.log.append_entry(encode_entry(n, 0, grant))
 
     def client_has_nothing(self) -> bool:
         try:

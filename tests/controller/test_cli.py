@@ -1,0 +1,116 @@
+"""The ``pidctl`` command's errors, in process: each is one line and the exit status its
+class carries (the subprocess tests in ``tests/e2e/test_cli.py`` run the real command)."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from pidctl.controller.cli import main
+from pidctl.controller.core.errors import PidctlError, UsageError
+from pidctl.controller.log.formatting import format_data_dir
+from pidctl.controller.log.metalog import StorageFailed, lock_data_dir
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv), environ={})
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_bad_settings_exit_2_with_a_line_per_problem(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(capsys, "config", "show", "--node-id", "x", "--max-frame-bytes", "0")
+    assert status == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("pidctl: ") for line in lines)
+    assert any("node_id" in line for line in lines)
+    assert any("max_frame_bytes" in line for line in lines)
+
+
+def test_serve_on_a_data_dir_that_is_not_formatted_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, _, err = run(capsys, "serve", "--data-dir", str(tmp_path / "none"))
+    assert status == 2 and len(err.splitlines()) == 1 and "pidctl format" in err
+
+
+def test_format_twice_refuses_or_is_ignored(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data_dir = str(tmp_path / "data")
+    made = run(capsys, "format", "--data-dir", data_dir, "--cluster-id", "c0ffee")
+    assert made[0] == 0 and made[1].startswith(f"formatted {data_dir}")
+    again = run(capsys, "format", "--data-dir", data_dir)
+    assert again == (
+        1,
+        "",
+        f"pidctl: {data_dir} is already formatted (cluster id c0ffee); nothing done\n",
+    )
+    ignored = run(capsys, "format", "--data-dir", data_dir, "--ignore-formatted")
+    assert ignored == (
+        0,
+        f"{data_dir} is already formatted (cluster id c0ffee); nothing done\n",
+        "",
+    )
+
+
+def test_an_offline_command_on_a_locked_data_dir_says_to_stop_the_controller(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    format_data_dir(tmp_path, "c0ffee", 1, 0)
+    fd = lock_data_dir(tmp_path)  # flock is per open file: this process's second open waits
+    try:
+        status, _, err = run(
+            capsys, "log", "reserve", "--data-dir", str(tmp_path), "--producer-id", "5"
+        )
+    finally:
+        os.close(fd)
+    assert (status, err) == (1, f"pidctl: {tmp_path} is in use: stop the controller first\n")
+    status, out, err = run(
+        capsys, "log", "reserve", "--data-dir", str(tmp_path), "--producer-id", "5"
+    )
+    assert status == 0 and err == "" and "reserved up to 5" in out
+
+
+def test_usage_errors_exit_2_and_corruption_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    negative = run(capsys, "log", "reserve", "--data-dir", str(tmp_path), "--producer-id", "-1")
+    assert negative == (2, "", "pidctl: --producer-id must not be negative\n")
+    missing = run(
+        capsys, "log", "reserve", "--data-dir", str(tmp_path / "none"), "--producer-id", "1"
+    )
+    assert missing == (1, "", f"pidctl: CORRUPT: {tmp_path / 'none'}: no such data dir\n")
+    since = run(capsys, "log", "dump", "--data-dir", str(tmp_path), "--since", "yesterday")
+    assert since[0] == 2 and since[2].startswith("pidctl: --since/--until: ")
+
+
+def test_each_error_class_carries_its_status() -> None:
+    assert PidctlError("x").exit_code == 1 and UsageError("x").exit_code == 2
+    failed = StorageFailed(Path("/d/0.log"), "fdatasync", OSError(5, "Input/output error"))
+    assert failed.exit_code == 74
+    assert failed.cli_lines() == [
+        "storage failed, stopping: fdatasync of /d/0.log failed: Input/output error"
+    ]
+    assert PidctlError("one\ntwo").cli_lines() == ["one", "two"]
+
+
+def test_the_command_line_prints_errors_in_one_place() -> None:
+    """Every error line goes through ``_report`` (or is a note, not an error): no command
+    prints ``pidctl: ...`` and picks an exit status of its own."""
+    tree = ast.parse((ROOT / "controller" / "cli.py").read_text())
+    returns = {
+        node.value.value
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef) and function.name != "_report"
+        for node in ast.walk(function)
+        if isinstance(node, ast.Return)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, int)
+    }
+    assert returns == {0}  # a failing status comes only from the error that carries it
