@@ -283,7 +283,7 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
 
     from pidctl.controller.log.formatting import check_formatted
     from pidctl.controller.server.app import log_start, serve
-    from pidctl.controller.server.logs import configure_logging
+    from pidctl.controller.server.telemetry.logs import configure_logging
     from pidctl.controller.settings import service_link_variables
 
     check_formatted(settings.data_dir)  # one line and nothing else when it is not
@@ -337,7 +337,7 @@ def _remove_if_unused(data_dir: Path) -> None:
     import shutil
 
     from pidctl.controller.core.records import ClusterCreated, ControllerStarted
-    from pidctl.controller.log.metalog import read_log
+    from pidctl.controller.log.recovery import read_log
 
     try:
         entries = read_log(data_dir).entries()
@@ -351,7 +351,7 @@ def _remove_if_unused(data_dir: Path) -> None:
 def _import_zk(args: argparse.Namespace) -> int:
     import trio
 
-    from pidctl.controller.server.lease_keeper import etcd_counter
+    from pidctl.controller.server.fleet.lease_keeper import etcd_counter
     from pidctl.controller.zk_import import (
         import_into_data_dir,
         import_into_etcd,
@@ -448,6 +448,7 @@ def _corrupt(error: Exception) -> PidctlError:
 
 
 def _log(args: argparse.Namespace) -> int:
+    from pidctl.controller.core.logformat import LogCorruption
     from pidctl.controller.log.logtools import (
         DumpFilter,
         format_dump,
@@ -458,7 +459,7 @@ def _log(args: argparse.Namespace) -> int:
         summary_lines,
         verify,
     )
-    from pidctl.controller.log.metalog import LogCorruption, reserve_by_operator
+    from pidctl.controller.log.recovery import reserve_by_operator
 
     if args.log_command == "reserve":
         if args.producer_id < 0:
@@ -528,7 +529,11 @@ def _register(args: argparse.Namespace) -> int:
 def _users(args: argparse.Namespace) -> int:
     import getpass
 
-    from pidctl.controller.server.sasl import MIN_ITERATIONS, CredentialStore, ScramCredential
+    from pidctl.controller.server.security.sasl import (
+        MIN_ITERATIONS,
+        CredentialStore,
+        ScramCredential,
+    )
 
     try:
         store = CredentialStore.load(args.credentials_file)

@@ -42,19 +42,19 @@ from pidctl.controller.core.producer_ids import (
 from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
-    DEFAULT_INLINE_SYNC_MAX_S,
     DEFAULT_RETENTION_BYTES,
     DEFAULT_RETENTION_MS,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
 )
 from pidctl.controller.log.space import DEFAULT_MIN_FREE_BYTES
-from pidctl.controller.server.connection import (
+from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
+from pidctl.controller.server.fleet.etcd import EtcdLocation
+from pidctl.controller.server.security.sasl import MECHANISMS
+from pidctl.controller.server.transport.connection import (
     DEFAULT_MAX_ENTRIES_PER_ROUND,
     DEFAULT_MAX_UNWRITTEN_BYTES,
 )
-from pidctl.controller.server.etcd import EtcdLocation
-from pidctl.controller.server.sasl import MECHANISMS
 from pidctl.protocol import addresses
 from pidctl.protocol.addresses import HostPort
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES

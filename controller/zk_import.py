@@ -25,7 +25,7 @@ from pidctl.controller.core.records import (
     Record,
     new_cluster_id,
 )
-from pidctl.controller.server.etcd import Counter, EtcdCounter
+from pidctl.controller.server.fleet.etcd import Counter, EtcdCounter
 
 ZNODE = "/latest_producer_id_block"
 
@@ -98,7 +98,9 @@ def import_into_data_dir(
     """Log a :class:`ProducerIdFloorRaised` (the controller must be stopped: the data dir is
     locked while it runs). Returns what was done, in one line."""
     from pidctl.controller.api.handlers import Controller, Now
-    from pidctl.controller.log.metalog import MetadataLog, lock_data_dir, recover
+    from pidctl.controller.log.datadir import lock_data_dir
+    from pidctl.controller.log.metalog import MetadataLog
+    from pidctl.controller.log.recovery import recover
 
     lock_fd = lock_data_dir(data_dir, by_operator=True)
     try:

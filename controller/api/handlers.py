@@ -54,7 +54,7 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.FIND_COORDINATOR: (0, 6),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
-    # Answered by the connection (controller/server/sasl_session.py), not by the controller.
+    # Answered by the connection (server/security/sasl_session.py), not by the controller.
     # SaslHandshake v0 (raw tokens after it) is gone from Kafka 4.0, and from pidctl.
     ApiKey.SASL_HANDSHAKE: (1, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),

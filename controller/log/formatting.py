@@ -30,7 +30,8 @@ from pidctl.controller.core.logformat import (
     snapshot_name,
 )
 from pidctl.controller.core.records import ClusterCreated
-from pidctl.controller.log.metalog import LOCK_FILE, lock_data_dir, read_log, rebuild_state
+from pidctl.controller.log.datadir import LOCK_FILE, lock_data_dir
+from pidctl.controller.log.recovery import read_log, rebuild_state
 
 #: What a directory may hold and still be formatted: ext4's ``lost+found`` (a new volume
 #: has one) and what an interrupted format leaves (the lock file, a temporary segment).

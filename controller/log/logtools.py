@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pidctl.controller.core.logformat import LogEntry, iso_time
+from pidctl.controller.core.logformat import LogCorruption, LogEntry, iso_time
 from pidctl.controller.core.logformat import entry_to_dict as entry_to_dict
 from pidctl.controller.core.records import (
     BrokerRegistered,
@@ -19,13 +19,8 @@ from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsLeased,
 )
-from pidctl.controller.log.metalog import (
-    LogContents,
-    LogCorruption,
-    check_reservation,
-    read_log,
-    rebuild_state,
-)
+from pidctl.controller.log.datadir import check_reservation
+from pidctl.controller.log.recovery import LogContents, read_log, rebuild_state
 
 Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
 

@@ -2,8 +2,9 @@
 
 Recovers the state from the data dir, builds the controller over it, starts the log's writer,
 the lease keeper (with ``pid_source``), the transactional-id expiry, the listeners and one
-task per connection (``connection.py``, admitted by ``admission.py``), and stops them in
-order on SIGTERM/SIGINT: stop accepting, stop reading, finish in-flight answers, flush.
+task per connection (``transport/connection.py``, admitted by ``transport/admission.py``),
+and stops them in order on SIGTERM/SIGINT: stop accepting, stop reading, finish in-flight
+answers, flush.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.datadir import StorageFailed, lock_data_dir
 from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
-from pidctl.controller.log.metalog import MetadataLog, StorageFailed, lock_data_dir, recover
+from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.log.recovery import recover
 from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
-from pidctl.controller.server.admission import Admission, bind_listeners
-from pidctl.controller.server.alarms import Alarm
 from pidctl.controller.server.allocator import pin_mmap_threshold
-from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
-from pidctl.controller.server.http import HttpEndpoint
-from pidctl.controller.server.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
-from pidctl.controller.server.logs import log_each
-from pidctl.controller.server.metrics import Metrics, StateView
-from pidctl.controller.server.outbox import Outboxes
-from pidctl.controller.server.sasl import CredentialStore
+from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
+from pidctl.controller.server.security.sasl import CredentialStore
+from pidctl.controller.server.telemetry.alarms import Alarm
+from pidctl.controller.server.telemetry.logs import log_each
+from pidctl.controller.server.telemetry.metrics import Metrics, StateView
+from pidctl.controller.server.transport.admission import Admission, bind_listeners
+from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.server.transport.outbox import Outboxes
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey

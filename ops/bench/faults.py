@@ -43,8 +43,9 @@ from ops.bench.common import first_overlap
 from ops.testing.coordination import EtcdProcess
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import ServerProcess, strace_prefix
+from pidctl.controller.core.logformat import SEGMENT_SUFFIX
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
-from pidctl.controller.log.metalog import SEGMENT_SUFFIX, read_log
+from pidctl.controller.log.recovery import read_log
 
 #: Injected faults: the system call, the errors it gets, and whether to aim at the active
 #: segment (write and fdatasync are also used for stderr and other files).

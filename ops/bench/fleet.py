@@ -27,7 +27,7 @@ from ops.bench.common import first_overlap, run_json
 from ops.testing.coordination import EtcdProcess
 from ops.testing.serverproc import ServerProcess
 from pidctl.controller.core.records import ProducerIdsGranted
-from pidctl.controller.log.metalog import read_log
+from pidctl.controller.log.recovery import read_log
 
 PIDS_PER_BLOCK = 1000
 

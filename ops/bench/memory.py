@@ -121,7 +121,7 @@ def traced(data_dir: Path, ids: int, top: int) -> dict[str, Any]:
     import gc
     import tracemalloc
 
-    from pidctl.controller.log.metalog import recover
+    from pidctl.controller.log.recovery import recover
 
     gc.collect()
     tracemalloc.start()

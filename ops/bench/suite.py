@@ -656,7 +656,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.points = CURVE_CONNECTIONS
     if args.short:
         vars(args).update(SHORT, points=CURVE_CONNECTIONS[-1:])
-    from pidctl.controller.server.logs import configure_logging
+    from pidctl.controller.server.telemetry.logs import configure_logging
 
     configure_logging("console", "warning")  # the in-process log builders stay quiet
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pidctl.client import SyncClient
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
-from pidctl.controller.log.metalog import read_log, rebuild_state
+from pidctl.controller.log.recovery import read_log, rebuild_state
 from pidctl.protocol import requests
 
 #: Pipelined requests per round trip of each load connection.

@@ -11,8 +11,8 @@ import pytest
 
 from pidctl.controller.cli import main
 from pidctl.controller.core.errors import PidctlError, UsageError
+from pidctl.controller.log.datadir import StorageFailed, lock_data_dir
 from pidctl.controller.log.formatting import format_data_dir
-from pidctl.controller.log.metalog import StorageFailed, lock_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

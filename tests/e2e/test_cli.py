@@ -15,7 +15,7 @@ import pytest
 
 from ops.testing.serverproc import ServerProcess, format_data_dir
 from pidctl.client import SyncClient
-from pidctl.controller.log.metalog import RESERVATION_NEXT_FILE
+from pidctl.controller.log.datadir import RESERVATION_NEXT_FILE
 from tests import wire
 
 

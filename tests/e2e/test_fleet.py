@@ -20,7 +20,8 @@ from pidctl.broker.lifecycle import BrokerLifecycle
 from pidctl.broker.pid_manager import AllocationRefused
 from pidctl.client import SyncClient
 from pidctl.controller.core.records import ProducerIdsLeased
-from pidctl.controller.log.metalog import read_log, read_reservation
+from pidctl.controller.log.datadir import read_reservation
+from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
 from tests.e2e.test_operations import http_status
 

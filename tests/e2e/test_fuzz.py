@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ops.bench.common import rss_kib
 from ops.testing.serverproc import ServerProcess
-from pidctl.controller.log.metalog import read_log
+from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
 from pidctl.protocol.codec import encode_request
 from tests import wire

@@ -286,7 +286,7 @@ def _client_with_subject(
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from tests.controller.server.test_x500 import java_names
+    from tests.controller.server.security.test_x500 import java_names
 
     ca_key: Any = serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())

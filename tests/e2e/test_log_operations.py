@@ -29,14 +29,10 @@ from ops.testing.serverproc import (
     wait_until,
 )
 from pidctl.client import SyncClient
+from pidctl.controller.core.logformat import SNAPSHOT_SUFFIX, segment_name, snapshot_name
 from pidctl.controller.core.records import ProducerIdsGranted
-from pidctl.controller.log.metalog import (
-    SNAPSHOT_SUFFIX,
-    StorageFailed,
-    read_log,
-    segment_name,
-    snapshot_name,
-)
+from pidctl.controller.log.datadir import StorageFailed
+from pidctl.controller.log.recovery import read_log
 from pidctl.controller.log.space import free_bytes
 from pidctl.protocol import requests
 from tests.e2e.test_operations import scrape

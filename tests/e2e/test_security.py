@@ -384,7 +384,7 @@ def test_acl_matrix(secured: Secured, api: str, user: str) -> None:
 
 
 def _records(secured: Secured) -> list[object]:
-    from pidctl.controller.log.metalog import read_log
+    from pidctl.controller.log.recovery import read_log
 
     return [e.record for e in read_log(secured.server.data_dir).entries()]
 

@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 
 from ops.testing.serverproc import ServerProcess, wait_until
 from pidctl.client import SyncClient
-from pidctl.controller.log.metalog import read_reservation
+from pidctl.controller.log.datadir import read_reservation
 from pidctl.protocol.codec import decode_response, encode_request
 from pidctl.protocol.framing import FrameDecoder
 from tests import wire

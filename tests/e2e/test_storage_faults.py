@@ -26,13 +26,11 @@ from ops.testing.serverproc import (
     wait_until,
 )
 from pidctl.client import SyncClient
+from pidctl.controller.core.logformat import segment_name
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
-from pidctl.controller.log.metalog import (
-    QUICK_SYNCS_BEFORE_THE_LOOP,
-    StorageFailed,
-    read_log,
-    segment_name,
-)
+from pidctl.controller.log.datadir import StorageFailed
+from pidctl.controller.log.recovery import read_log
+from pidctl.controller.log.sync_place import QUICK_SYNCS_BEFORE_THE_LOOP
 from pidctl.controller.server.app import RESERVED_FILE_DESCRIPTORS
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_response, encode_request

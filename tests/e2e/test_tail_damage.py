@@ -26,9 +26,11 @@ import pytest
 from ops.bench.common import first_overlap
 from ops.testing.serverproc import ServerProcess
 from pidctl.client import SyncClient
+from pidctl.controller.core.logformat import SEGMENT_SUFFIX
 from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.log.datadir import RESERVATION_FILE
 from pidctl.controller.log.logtools import verify
-from pidctl.controller.log.metalog import RESERVATION_FILE, SEGMENT_SUFFIX, read_log, recover
+from pidctl.controller.log.recovery import read_log, recover
 from pidctl.protocol import requests
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,8 @@ from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.logformat import scan_segment
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.metalog import MetadataLog, read_log, rebuild_state, recover
+from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.log.recovery import read_log, rebuild_state, recover
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_request, encode_request
 from tests import wire

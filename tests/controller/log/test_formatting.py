@@ -16,7 +16,7 @@ from pidctl.controller.log.formatting import (
     is_formatted,
     stored_cluster_id,
 )
-from pidctl.controller.log.metalog import read_log, recover
+from pidctl.controller.log.recovery import read_log, recover
 
 
 def test_a_new_data_dir_holds_one_cluster_created_record(tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
-from pidctl.controller.server.connection import ConnectionLimits, ConnectionServer, now
-from pidctl.controller.server.metrics import Metrics
-from pidctl.controller.server.sasl import CredentialStore
+from pidctl.controller.server.security.sasl import CredentialStore
+from pidctl.controller.server.telemetry.metrics import Metrics
+from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.protocol.client import ClientProtocol
 
 #: (server side, client side) of one loopback TCP connection.

@@ -11,7 +11,7 @@ import pytest
 
 from ops.testing.serverproc import ServerProcess
 from pidctl.controller.core.records import ProducerIdsGranted
-from pidctl.controller.log.metalog import read_log
+from pidctl.controller.log.recovery import read_log
 from pidctl.spark import (
     JobAllocation,
     PreallocationError,

@@ -12,7 +12,7 @@ from pyspark import cloudpickle
 
 from ops.testing.serverproc import ServerProcess, add_sasl_user
 from pidctl.controller.core.records import ProducerIdsGranted
-from pidctl.controller.log.metalog import read_log
+from pidctl.controller.log.recovery import read_log
 from pidctl.spark.sink import ExactlyOnceWriter, PidctlSqlSink, SinkOptionError
 from tests.ops.spark.conftest import query
 

@@ -1,0 +1,336 @@
+"""The data dir's own files beside the records: its lock, the snapshot and reservation
+file formats, and the storage calls, every failure of which is :class:`StorageFailed`
+(fail-stop).
+
+Layout of a data dir::
+
+    .lock                         flock'd by the running server (one server per data dir)
+    00000000000000000000.log      segment: consecutive records, named by its first offset
+    00000000000000012345.snapshot state with every record below offset 12345 applied
+    producer-ids.reserved         no producer id at or above this was granted
+
+Snapshots and the reservation are written atomically (temporary file, fsync, rename,
+directory fsync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pidctl.controller.core.errors import PidctlError
+from pidctl.controller.core.logformat import (
+    TMP_SUFFIX,
+    LogCorruption,
+    offset_of,
+    snapshot_name,
+)
+from pidctl.controller.core.state import ControllerState
+
+LOCK_FILE = ".lock"
+
+
+#: The reservation file: no PID at or above the value it holds was granted. Written
+#: atomically before any grant that passes it (see :class:`ProducerIdsReserved`).
+RESERVATION_FILE = "producer-ids.reserved"
+
+
+#: The next reservation is written into this file, opened ahead (so that a reservation needs
+#: no new file descriptor when there is none to be had), then renamed over the reservation.
+RESERVATION_NEXT_FILE = RESERVATION_FILE + ".next"
+
+
+_SNAPSHOT_MAGIC = b"PIDSNAP2"
+
+
+#: Snapshots written before the binary sections (JSON only); still read.
+_SNAPSHOT_MAGIC_V1 = b"PIDSNAP1"
+
+
+_SNAPSHOT_HEADER = struct.Struct(">8sIQ")
+
+
+_SNAPSHOT_JSON_LENGTH = struct.Struct(">I")
+
+
+_RESERVATION_MAGIC = b"PIDRSRV1"
+
+
+#: magic, CRC-32 of the value's 8 bytes, the value (i64).
+_RESERVATION = struct.Struct(">8sIq")
+
+
+class DataDirLocked(PidctlError):
+    """Another process holds the data dir's lock."""
+
+
+class StorageFailed(PidctlError):
+    """A write or sync of the data dir failed. Fail-stop: nothing more is acknowledged and
+    the process exits (a failed fsync is never retried: the kernel may have dropped the
+    data and marked the pages clean, PostgreSQL's "fsyncgate", 2018)."""
+
+    #: sysexits' EX_IOERR: the process stopped rather than answer anything it could not
+    #: make durable.
+    exit_code = 74
+    line_prefix = "storage failed, stopping: "
+
+    def __init__(self, path: Path, operation: str, error: OSError) -> None:
+        self.path = path
+        self.operation = operation
+        self.errno = error.errno or 0
+        self.errno_name = errno.errorcode.get(self.errno, str(self.errno))
+        super().__init__(f"{operation} of {path} failed: {error.strerror or error}")
+
+
+def storage_call(path: Path, operation: str, call: Callable[..., Any], *args: Any) -> Any:
+    """An OS call on the data dir; any failure is a :class:`StorageFailed`."""
+    try:
+        return call(*args)
+    except OSError as e:
+        raise StorageFailed(path, operation, e) from e
+
+
+_BINARY = (bytes, bytearray, memoryview)
+
+
+def encode_snapshot(offset: int, state: dict[str, Any]) -> bytes:
+    """A snapshot file's bytes: the state's fields as JSON, except bytes-like ones (a
+    million transactional ids, packed), which follow the JSON as raw sections, so neither
+    writing nor loading one builds an object per value."""
+    raw = [(name, value) for name, value in state.items() if isinstance(value, _BINARY)]
+    fields = {name: value for name, value in state.items() if not isinstance(value, _BINARY)}
+    head = json.dumps(
+        {"offset": offset, "state": fields, "raw": [[name, len(value)] for name, value in raw]},
+        separators=(",", ":"),
+    ).encode()
+    parts = [_SNAPSHOT_JSON_LENGTH.pack(len(head)), head, *(value for _, value in raw)]
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    length = sum(len(part) for part in parts)
+    return b"".join([_SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, crc, length), *parts])
+
+
+def decode_snapshot(path: Path, data: bytes | memoryview) -> tuple[int, dict[str, Any]]:
+    """Parse a snapshot file; raise :class:`LogCorruption` if it is damaged in any way.
+
+    Raw sections come back as views of ``data`` (nothing is copied)."""
+    view = memoryview(data)
+    if len(view) < _SNAPSHOT_HEADER.size:
+        raise LogCorruption(f"{path}: snapshot is truncated")
+    magic, crc, length = _SNAPSHOT_HEADER.unpack_from(view, 0)
+    body = view[_SNAPSHOT_HEADER.size :]
+    if (
+        magic not in (_SNAPSHOT_MAGIC, _SNAPSHOT_MAGIC_V1)
+        or length != len(body)
+        or zlib.crc32(body) != crc
+    ):
+        raise LogCorruption(f"{path}: snapshot checksum or length mismatch")
+    try:
+        if magic == _SNAPSHOT_MAGIC_V1:
+            parsed = json.loads(bytes(body))
+            raw = []
+        else:
+            (head_length,) = _SNAPSHOT_JSON_LENGTH.unpack_from(body, 0)
+            head_end = _SNAPSHOT_JSON_LENGTH.size + head_length
+            parsed = json.loads(bytes(body[_SNAPSHOT_JSON_LENGTH.size : head_end]))
+            raw = parsed["raw"]
+        offset = int(parsed["offset"])
+        state = parsed["state"]
+        if raw:
+            position = head_end
+            for name, size in raw:
+                state[name] = body[position : position + size]
+                position += size
+            if position != len(body):
+                raise ValueError(f"raw sections end at {position} of {len(body)} bytes")
+    except (ValueError, KeyError, TypeError, struct.error) as e:
+        raise LogCorruption(f"{path}: snapshot does not parse ({e})") from e
+    if offset != offset_of(path):
+        raise LogCorruption(f"{path}: snapshot says offset {offset}")
+    return offset, state
+
+
+def encode_reservation(value: int) -> bytes:
+    """The reservation file's 20 bytes: magic, CRC-32 of the value, the value."""
+    packed = struct.pack(">q", value)
+    return _RESERVATION.pack(_RESERVATION_MAGIC, zlib.crc32(packed), value)
+
+
+def read_reservation(data_dir: Path) -> int | None:
+    """The reservation file's value, None if there is none; :class:`LogCorruption` if it
+    is damaged (it is only ever replaced whole, by a rename, so damage is never a torn
+    write)."""
+    path = data_dir / RESERVATION_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise LogCorruption(f"{path}: cannot read the reservation ({e.strerror or e})") from e
+    if len(data) != _RESERVATION.size:
+        raise LogCorruption(f"{path}: reservation of {len(data)} bytes, not {_RESERVATION.size}")
+    magic, crc, value = _RESERVATION.unpack(data)
+    if magic != _RESERVATION_MAGIC or zlib.crc32(data[12:]) != crc or value < 0:
+        raise LogCorruption(f"{path}: reservation damaged (magic or checksum mismatch)")
+    return int(value)
+
+
+def write_reservation_file(data_dir: Path, value: int) -> None:
+    """Atomically replace the reservation: temporary file, fsync, rename, directory fsync."""
+    path = data_dir / RESERVATION_FILE
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(tmp, fd, encode_reservation(value))
+        storage_call(tmp, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+    storage_call(path, "rename", os.replace, tmp, path)
+    storage_call(data_dir, "fsync", fsync_dir, data_dir)
+
+
+def check_reservation(data_dir: Path, reservation: int | None, state: ControllerState) -> None:
+    """The reservation file against the log: :class:`LogCorruption` if it is missing while
+    the log reserved (its last reservation may be lost with it), or below what the log
+    granted (the file is older than the log). Either needs an operator's word: ``pidctl
+    log reserve``."""
+    path = data_dir / RESERVATION_FILE
+    logged = state.producer_ids.reserved
+    fix = (
+        f"restore the file, or if you know no producer id at or above N was handed out, "
+        f"run `pidctl log reserve --data-dir {data_dir} --producer-id N`"
+    )
+    if reservation is None and logged:
+        raise LogCorruption(
+            f"{path}: missing, but the log reserved producer ids up to {logged} (a later "
+            f"reservation may be lost with the file); {fix}"
+        )
+    if reservation is not None and reservation < state.next_producer_id:
+        raise LogCorruption(
+            f"{path}: reserves up to {reservation}, below the {state.next_producer_id} the "
+            f"log granted (the file is older than the log); {fix}"
+        )
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock_data_dir(data_dir: Path, *, by_operator: bool = False) -> int:
+    """Take the data dir's exclusive lock, held until the process exits; return its fd.
+    ``by_operator``: for a command that needs the controller stopped, which the refusal
+    then says.
+
+    The lock is a ``flock`` on the directory itself, so no file deletion releases it (the
+    ``.lock`` file only says which process holds it, for people)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        if by_operator:
+            raise DataDirLocked(f"{data_dir} is in use: stop the controller first") from None
+        holder = lock_holder(data_dir) or "unknown"
+        raise DataDirLocked(
+            f"data dir {data_dir} is in use by another pidctl process (pid {holder})"
+        ) from None
+    with contextlib.suppress(OSError):  # information only: the lock is the directory's
+        (data_dir / LOCK_FILE).write_text(f"{os.getpid()}\n")
+    return fd
+
+
+def lock_holder(data_dir: Path) -> str | None:
+    """The pid holding the flock on ``data_dir`` (a running server), from the kernel's table
+    of locks (so it is known even when the .lock file was deleted); None if no process
+    holds it. Asking takes no lock: a server starting meanwhile is never refused."""
+    try:
+        st = os.stat(data_dir)
+        device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234 0 EOF"
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device:
+                return fields[4]
+    except OSError:
+        pass
+    return None
+
+
+def remove_file(path: Path) -> None:
+    """Delete a file the log no longer needs; one already gone is no failure."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise StorageFailed(path, "unlink", e) from e
+
+
+def write_all(path: Path, fd: int, data: bytes) -> int:
+    """Write all of ``data``; its length. A write that takes no byte (never, for a regular
+    file) is a failure rather than a loop for ever."""
+    view = memoryview(data)
+    while view:
+        written = storage_call(path, "write", os.write, fd, view)
+        if written == 0:
+            error = OSError(errno.EIO, "write took no byte")
+            raise StorageFailed(path, "write", error)
+        view = view[written:]
+    return len(data)
+
+
+APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+
+
+def create_segment(path: Path, dir_fd: int) -> int:
+    """Create an empty segment atomically (a temporary file, synced, renamed, the directory
+    synced through ``dir_fd``), so that a segment file either exists whole or not at all;
+    return it open for appending. Only the first step needs a new file descriptor: an
+    EMFILE can only come before anything changed."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    flags = APPEND_FLAGS | os.O_TRUNC
+    fd: int = storage_call(tmp, "open", os.open, tmp, flags, 0o644)
+    try:
+        storage_call(tmp, "fsync", os.fsync, fd)
+        storage_call(path, "rename", os.replace, tmp, path)
+        storage_call(path.parent, "fsync", os.fsync, dir_fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_snapshot_file(
+    data_dir: Path, offset: int, state: dict[str, Any], dir_fd: int | None = None
+) -> Path:
+    """Atomically write a snapshot: temporary file, fsync, rename, directory fsync (through
+    ``dir_fd`` if given, so that only the temporary file needs a new file descriptor)."""
+    path = data_dir / snapshot_name(offset)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    data = encode_snapshot(offset, state)
+    fd = storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(tmp, fd, data)
+        storage_call(tmp, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+    storage_call(path, "rename", os.replace, tmp, path)
+    if dir_fd is None:
+        storage_call(data_dir, "fsync", fsync_dir, data_dir)
+    else:
+        storage_call(data_dir, "fsync", os.fsync, dir_fd)
+    return path

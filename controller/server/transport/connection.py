@@ -1,0 +1,521 @@
+"""One trio task per client connection, driving a sans-IO :class:`ServerConnection`.
+
+The task reads, feeds the bytes to the connection object, has the controller decide each
+request in arrival order, and writes all the answers of one round with one send once the log
+has made everything they decided durable. On a plain TCP connection it posts them to the
+connection's outbox, which the commit making them durable writes, and reads on meanwhile; at
+most ``max_in_flight`` requests wait for their answers before it stops reading, and a client
+that stops reading our answers is pushed back by TCP. A TLS connection waits for the log and
+writes its answers itself before it reads again.
+While a plain TCP connection has nothing but its next request to wait for, its task parks
+in the :class:`Poller`, which runs its rounds (read, decide, post) with every other parked
+connection's in one task; the connection's task wakes for what a round cannot do without it
+(a SASL exchange, a throttle, a full outbox, the connection's end).
+Deadlines (idle, half-sent frame) are data on the connection object, enforced by one
+watchdog task for all connections rather than a cancel scope per read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+import trio
+from kio.schema.errors import ErrorCode
+
+from pidctl.controller.api.handlers import NO_WAIT, ConnectionInfo, Controller, Now
+from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.server.security.sasl import CredentialStore
+from pidctl.controller.server.security.sasl_session import SaslSession
+from pidctl.controller.server.telemetry.metrics import Metrics, api_name
+from pidctl.controller.server.transport.outbox import Durability, Outbox, Outboxes, Timings
+from pidctl.controller.server.transport.poller import Poller, available
+from pidctl.controller.server.transport.socket_io import SocketIO
+from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.codec import Request
+from pidctl.protocol.server import (
+    AnswerReady,
+    ConnectionClosed,
+    OversizedRequest,
+    Phase,
+    RequestReceived,
+    ServerConnection,
+)
+
+log = structlog.get_logger("pidctl.server")
+
+#: Bytes asked of the socket per read. Requests are small; 64 KiB takes many pipelined ones
+#: in one system call without holding much memory per connection.
+RECEIVE_BYTES = 64 * 1024
+#: How often the watchdog looks at the connections' deadlines at most; a deadline is met
+#: within this (or a quarter of the shortest timeout, whichever is less).
+WATCHDOG_PERIOD_S = 1.0
+#: Default of the ``max_entries_per_round`` setting: the work one connection's round may
+#: decide before the other connections run, in entries (a FindCoordinator's keys, a
+#: Metadata's topics; a request without an array counts 1). A key costs ~3 µs to decide and
+#: encode here, so a round holds the event loop ~3 ms at most beyond its last request; the
+#: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
+DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
+#: Default of the ``max_unwritten_bytes_per_connection`` setting: answers of one connection
+#: held for a client that does not read them, before the connection is read no more. A
+#: thousand-key answer is ~30 KB; most answers are tens of bytes.
+DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
+
+_SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+
+
+class _Duplex(Protocol):
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray: ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+
+def now() -> Now:
+    return Now(time.time_ns() // 1_000_000, time.monotonic_ns() // 1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The settings one connection runs under."""
+
+    max_frame_bytes: int
+    idle_timeout_s: float
+    frame_timeout_s: float
+    max_in_flight: int
+    sasl_mechanisms: tuple[str, ...]
+    max_entries_per_round: int = DEFAULT_MAX_ENTRIES_PER_ROUND
+    max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN_BYTES
+
+
+@dataclass(eq=False, slots=True)
+class LiveConnection:
+    """What the watchdog and the shutdown need to know of a running connection."""
+
+    connection: ServerConnection
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    reading: bool = False
+    stopping: bool = False
+
+    def stop(self) -> None:
+        """Shutdown: stop reading; answers in progress are finished first."""
+        self.stopping = True
+        if self.reading:
+            self.scope.cancel()
+
+
+class ConnectionServer:
+    """Serves connections: one :meth:`serve` task each, one :meth:`watch` task for all."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        log: Durability,
+        quotas: Quotas,
+        metrics: Metrics,
+        credentials: Callable[[], CredentialStore],
+        limits: ConnectionLimits,
+        *,
+        log_requests: bool = False,
+    ) -> None:
+        self.controller = controller
+        self.log = log
+        self.quotas = quotas
+        self.metrics = metrics
+        self.credentials = credentials
+        self.limits = limits
+        # Decided once: building the request log's fields costs on every request otherwise.
+        self.log_requests = log_requests
+        self.live: set[LiveConnection] = set()
+        # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
+        self._answered: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self._created: dict[str, Any] = {}  # pidctl_producer_ids_created_total by principal
+        self.outboxes = Outboxes(log, self._sent)
+        #: Runs the rounds of idle plain-TCP connections (see poller.py), once :meth:`poll`
+        #: runs; None where there is no epoll (every connection then reads in its own task).
+        self.poller = Poller() if available() else None
+        poller = self.poller
+        metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
+
+    async def poll(self) -> None:
+        """Run the poller until cancelled (cancel it after :meth:`stop_all`: it then wakes
+        the connections still parked)."""
+        if self.poller is None:
+            await trio.sleep_forever()
+        else:
+            await self.poller.run()
+
+    def stop_all(self) -> None:
+        for live in list(self.live):
+            live.stop()
+
+    async def watch(self) -> None:
+        """Close connections past their deadline (idle, or a request sent too slowly)."""
+        limits = self.limits
+        period = min(WATCHDOG_PERIOD_S, limits.frame_timeout_s / 4, limits.idle_timeout_s / 4)
+        while True:
+            await trio.sleep(period)
+            current = trio.current_time()
+            for live in list(self.live):
+                if live.reading and live.connection.check_deadline(current):
+                    live.scope.cancel()
+
+    async def serve(self, stream: trio.abc.Stream, info: ConnectionInfo, sasl: bool) -> str:
+        """Serve one connection until it ends; return why (a metric label)."""
+        limits = self.limits
+        connection = ServerConnection(
+            self.controller.supported,
+            sasl=sasl,
+            max_frame_bytes=limits.max_frame_bytes,
+            idle_timeout_s=limits.idle_timeout_s,
+            frame_timeout_s=limits.frame_timeout_s,
+            max_entries=self.controller.entry_limits,
+            now=trio.current_time(),
+        )
+        # Plain TCP on its descriptor, answers waiting for the log in an outbox (see
+        # socket_io.py, outbox.py); TLS through trio's stream.
+        outbox = Outbox(SocketIO(stream)) if isinstance(stream, trio.SocketStream) else None
+        live = LiveConnection(connection)
+        self.live.add(live)
+        try:
+            reason = "shutdown"
+            with live.scope:
+                reason = await self._loop(stream, outbox, live, info)
+            if live.scope.cancelled_caught:
+                # Cancelled while reading: by the watchdog (a deadline) or by the shutdown.
+                closed = connection.next_event()
+                if isinstance(closed, ConnectionClosed):
+                    log.info("closing connection", peer=info.peer, reason=closed.reason)
+                    reason = closed.reason
+            if outbox is not None and reason != "broken":
+                await outbox.wait_empty()  # what was decided is answered before the close
+            return reason
+        finally:
+            if outbox is not None:
+                self.outboxes.discard(outbox)
+            self.live.discard(live)
+
+    async def _loop(
+        self,
+        stream: trio.abc.Stream,
+        outbox: Outbox | None,
+        live: LiveConnection,
+        info: ConnectionInfo,
+    ) -> str:
+        connection = live.connection
+        io: _Duplex = stream if outbox is None else outbox.io
+        sasl = SaslSession(connection, self.limits.sasl_mechanisms, self.credentials)
+        max_in_flight = self.limits.max_in_flight
+        max_unwritten = self.limits.max_unwritten_bytes
+        poller = self.poller if outbox is not None else None
+        while True:
+            if outbox is not None:
+                if outbox.full(max_in_flight, max_unwritten):
+                    # As many requests as a round takes wait for their answers, or their
+                    # answers hold max_unwritten_bytes: decide and read no more until they
+                    # are written (a client that does not read is muted).
+                    if outbox.unwritten_bytes >= max_unwritten:
+                        self.metrics.connections_muted.labels("unwritten_bytes").inc()
+                    await outbox.wait_empty()
+                if outbox.broken:
+                    return "broken"
+            decided: _Round | None = None
+            if not connection.has_pending_requests:
+                if live.stopping:
+                    return "shutdown"
+                live.reading = True
+                try:
+                    if poller is not None and outbox is not None and self._may_park(live):
+                        decided = await self._park(poller, live, outbox, info)
+                        if decided is None:
+                            continue  # the outbox is full or broke, or the poller stopped
+                    else:
+                        self._received(connection, await io.receive_some(RECEIVE_BYTES))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return "broken"
+                finally:
+                    live.reading = False
+            else:
+                # More requests from one read than a round takes: the other connections run
+                # between this one's rounds (a read would have been the wait; an answer sent
+                # on a plain socket is none).
+                await trio.lowlevel.checkpoint()
+            room = max_in_flight - (0 if outbox is None else outbox.requests)
+            if decided is None:
+                decided = self._decide(connection, info, room)
+            info = await self._authenticate_and_go_on(connection, sasl, info, room, decided)
+            answers = decided.answers
+            if outbox is not None:
+                self._post(outbox, answers)
+            elif answers.data:
+                try:
+                    if answers.durable_offset != NO_WAIT:  # (ApiVersions and the like: no call)
+                        await self.log.wait_durable(answers.durable_offset)
+                    data = b"".join(answers.data)
+                    await io.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return "broken"
+                self._sent(len(data), answers.timings)
+            closed = decided.closed
+            if closed is not None:
+                if closed.reason != "client":
+                    log.warning(
+                        "closing connection",
+                        peer=info.peer,
+                        reason=closed.reason,
+                        detail=closed.detail,
+                    )
+                return closed.reason
+            if decided.throttle:
+                # KIP-219: answer at once, then read nothing more from this client until the
+                # throttle time has passed, whether or not it honours the field.
+                await trio.sleep(decided.throttle)
+
+    def _may_park(self, live: LiveConnection) -> bool:
+        """Whether the connection's reads may be left to the poller: authenticated (or no
+        SASL), not closing, not stopping, and the poller still running."""
+        return (
+            live.connection.phase is Phase.READY
+            and not live.stopping
+            and self.poller is not None
+            and not self.poller.closed
+        )
+
+    async def _park(
+        self, poller: Poller, live: LiveConnection, outbox: Outbox, info: ConnectionInfo
+    ) -> _Round | None:
+        """Leave the connection's rounds to the poller until one needs this task (a SASL
+        request, a throttle, the end of the connection, more requests than a round takes):
+        that round, its answers not yet posted. None if the poller handed the connection
+        back with nothing decided (a full or broken outbox, a shutdown, the poller's end).
+        Raises ``trio.BrokenResourceError`` if a read failed."""
+        connection = live.connection
+        max_in_flight = self.limits.max_in_flight
+        max_unwritten = self.limits.max_unwritten_bytes
+        handed_back: list[_Round] = []
+
+        def read_and_decide() -> bool:
+            if not self._may_park(live):
+                return False  # the watchdog closed it, or the shutdown began: the task sees
+            data = outbox.io.receive_now(RECEIVE_BYTES)
+            if data is None:
+                return True  # readable, then not
+            self._received(connection, data)
+            decided = self._decide(connection, info, max_in_flight - outbox.requests)
+            if decided.needs_task or connection.has_pending_requests:
+                handed_back.append(decided)
+                return False
+            self._post(outbox, decided.answers)
+            return not outbox.full(max_in_flight, max_unwritten) and not outbox.broken
+
+        await poller.park(outbox.io.fileno, read_and_decide)
+        return handed_back[0] if handed_back else None
+
+    def _received(self, connection: ServerConnection, data: bytes | bytearray) -> None:
+        if data:
+            self.metrics.bytes_received.inc(len(data))
+        connection.receive_data(data, trio.current_time())
+
+    def _post(self, outbox: Outbox, answers: _Answers) -> None:
+        parts = answers.data
+        if parts:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
+
+    def _decide(self, connection: ServerConnection, info: ConnectionInfo, room: int) -> _Round:
+        """Decide up to ``room`` requests received so far, in order: see :meth:`_go_on`."""
+        decided = _Round(_Answers())
+        self._go_on(connection, info, room, decided)
+        return decided
+
+    def _go_on(
+        self, connection: ServerConnection, info: ConnectionInfo, room: int, decided: _Round
+    ) -> None:
+        """Decide more requests into ``decided``, until it holds ``room`` answers or has
+        spent the round's budget of entries (``max_entries_per_round``: the rest waits for
+        the next round, after the other connections'); stop early at a SASL request (left for
+        :meth:`_authenticate_and_go_on`: the exchange awaits), the connection's end, or a
+        throttle."""
+        answers = decided.answers
+        budget = self.limits.max_entries_per_round
+        handle = self.controller.handle
+        quotas = self.quotas
+        limited = quotas.limits_requests
+        # The requests of one round are decided at one time (and received at one).
+        decided_at: Now | None = None
+        received = 0.0
+        while len(answers.data) < room and decided.work < budget:
+            event = connection.next_event()
+            if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
+                if event is None:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    decided.closed = event
+                    return
+                decided.work += 1
+                if isinstance(event, AnswerReady):
+                    self._count("api_versions", event.header.api_version, event.body)
+                    answers.data.append(connection.send(event.header, event.body))
+                    continue
+                assert isinstance(event, OversizedRequest)
+                header = event.header
+                body = self.controller.refuse_oversized(header, event.entries, event.limit).body
+                self._count(api_name(header.api_key), header.api_version, body)
+                answers.data.append(connection.send(header, body))
+                continue
+            request = event.request
+            decided.work += 1 + request.entries
+            if request.api_key in _SASL_APIS:
+                decided.sasl = request
+                return
+            if decided_at is None:
+                decided_at, received = now(), time.perf_counter()
+            api = api_name(request.api_key)
+            reply = handle(request, decided_at, info)
+            body = reply.body
+            delay = 0.0
+            if limited:
+                delay = quotas.request(
+                    request.api_key, info.principal, request.header.client_id, time.monotonic()
+                )
+            if reply.new_producer_ids:
+                delay = max(delay, self._new_producer_ids(info.principal, reply.new_producer_ids))
+            if delay:
+                millis = datetime.timedelta(milliseconds=round(delay * 1000))
+                body = dataclasses.replace(body, throttle_time=millis)
+                self._throttled(api, delay)
+            self._count(api, request.api_version, body)
+            if self.log_requests:
+                log.debug(
+                    "request",
+                    api=api,
+                    version=request.api_version,
+                    peer=info.peer,
+                    client_id=request.header.client_id,
+                    correlation_id=request.header.correlation_id,
+                    error=getattr(body, "error_code", 0),
+                )
+            answers.add(connection.send(request.header, body), reply.durable_offset, api, received)
+            if delay:
+                decided.throttle = delay
+                return  # muted: the rest waits until the throttle time has passed
+        if connection.phase is Phase.CLOSED and not connection.has_pending_requests:
+            event = connection.next_event()
+            decided.closed = event if isinstance(event, ConnectionClosed) else None
+
+    async def _authenticate_and_go_on(
+        self,
+        connection: ServerConnection,
+        sasl: SaslSession,
+        info: ConnectionInfo,
+        room: int,
+        decided: _Round,
+    ) -> ConnectionInfo:
+        """Answer the SASL request a round stopped at, and decide on; the connection's info
+        afterwards (its principal once authenticated)."""
+        while decided.sasl is not None:
+            request, decided.sasl = decided.sasl, None
+            received = time.perf_counter()
+            api = api_name(request.api_key)
+            outcome = await sasl.handle(request)
+            # Account for the outcome before the answer can reach the client.
+            self._count(api, request.api_version, outcome.body)
+            if outcome.principal is not None:
+                info = dataclasses.replace(info, principal=outcome.principal)
+                log.info(
+                    "authenticated",
+                    peer=info.peer,
+                    principal=info.principal,
+                    mechanism=outcome.mechanism,
+                )
+            if outcome.failure is not None:
+                log.warning(
+                    "authentication failed",
+                    peer=info.peer,
+                    mechanism=outcome.mechanism,
+                    reason=outcome.failure,
+                )
+                mechanism = outcome.mechanism or "unknown"
+                self.metrics.authentication_failures.labels(mechanism).inc()
+            answer = connection.send(request.header, outcome.body)
+            decided.answers.add(answer, NO_WAIT, api, received)
+            self._go_on(connection, info, room, decided)
+        return info
+
+    def _sent(self, size: int, timings: Timings) -> None:
+        self.metrics.bytes_sent.inc(size)
+        if timings:
+            sent = time.perf_counter()
+            for api, received in timings:
+                self._latency_of(api).observe(sent - received)
+
+    def _new_producer_ids(self, principal: str, count: int) -> float:
+        """Count producer ids created for ``principal``; the throttle their quota asks for
+        (``producer_ids_rate``), or 0."""
+        child = self._created.get(principal)
+        if child is None:
+            child = self._created[principal] = self.metrics.producer_ids_created.labels(principal)
+        child.inc(count)
+        if not self.quotas.limits_producer_ids:
+            return 0.0
+        delay = self.quotas.producer_ids(principal, count, time.monotonic())
+        if delay:
+            self.metrics.producer_ids_throttled.labels(principal).inc()
+            self.metrics.producer_ids_throttle_seconds.labels(principal).inc(delay)
+        return delay
+
+    def _throttled(self, api: str, seconds: float) -> None:
+        self.metrics.throttled.labels(api).inc()
+        self.metrics.throttle_seconds.labels(api).inc(seconds)
+
+    def _latency_of(self, api: str) -> Any:
+        child = self._latency.get(api)
+        if child is None:
+            child = self._latency[api] = self.metrics.latency.labels(api)
+        return child
+
+    def _count(self, api: str, version: int, body: object) -> None:
+        child = self._answered.get((api, version))
+        if child is None:
+            child = self._answered[api, version] = self.metrics.requests.labels(api, str(version))
+        child.inc()
+        error = getattr(body, "error_code", ErrorCode.none)
+        if error:
+            self.metrics.errors.labels(api, str(version), ErrorCode(error).name.upper()).inc()
+
+
+@dataclass(slots=True)
+class _Round:
+    """What deciding the requests received so far gave, and why it stopped early."""
+
+    answers: _Answers
+    closed: ConnectionClosed | None = None
+    throttle: float = 0.0
+    #: Entries decided so far (a request without an array counts 1): the round's budget.
+    work: int = 0
+    #: A SASL request, for the connection's task to answer (the exchange awaits).
+    sasl: Request | None = None
+
+    @property
+    def needs_task(self) -> bool:
+        """Whether what comes next needs the connection's own task."""
+        return self.closed is not None or self.throttle > 0 or self.sasl is not None
+
+
+@dataclass(slots=True)
+class _Answers:
+    """Encoded answers of one round, and the log offset they wait for."""
+
+    data: list[bytes] = field(default_factory=list)
+    durable_offset: int = NO_WAIT
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+    def add(self, data: bytes, durable_offset: int, api: str, received: float) -> None:
+        self.data.append(data)
+        self.durable_offset = max(self.durable_offset, durable_offset)
+        self.timings.append((api, received))

@@ -1,0 +1,468 @@
+"""The connection task (connection.py) in this process, against a real controller and a real
+metadata log: framing across reads, answers in order and only once durable, deadlines,
+throttles, the mute of a client that does not read, closes, shutdown and SASL.
+
+Each behaviour runs over both paths a connection can take: memory streams (the path of a
+TLS connection: its task waits for the log and writes itself) and loopback TCP (answers
+posted to an outbox that the commit writes, reads left to the shared poller). Deadlines and
+throttles run on memory streams under trio's autojumping mock clock, as trio tests its own
+``serve_listeners``: minutes pass in no wall time, and exactly. Real sockets stay on the real
+clock: a clock that jumps while the kernel delivers would fire deadlines that were never due.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import struct
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from kio.static.primitive import i8
+
+from pidctl.controller.api.handlers import RequestLimits
+from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.server.security.sasl import CredentialStore, ScramCredential
+from pidctl.controller.server.transport.connection import WATCHDOG_PERIOD_S
+from pidctl.protocol import requests
+from pidctl.protocol.apis import ApiKey, request_class
+from pidctl.protocol.sasl_client import plain_token
+from tests.controller.server.conftest import Peer, Served, frame, limits, serving, until
+
+ALLOCATE = "allocate_producer_ids"
+
+
+@pytest.fixture(params=["memory", "tcp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def clock(transport: str) -> trio.testing.MockClock | None:
+    """The mock clock for memory streams, the real one for loopback TCP (see above)."""
+    return trio.testing.MockClock(autojump_threshold=0) if transport == "memory" else None
+
+
+def decided(served: Served, api: str, version: int) -> float:
+    return served.metric("pidctl_requests_total", api=api, version=str(version))
+
+
+def _received(served: Served, size: int) -> bool:
+    return served.metric("pidctl_received_bytes_total") == size
+
+
+def job() -> Any:
+    """An AllocateProducerIds as a job sends it: a block that must be durable first."""
+    return requests.allocate(-1, -1)
+
+
+# -- framing ------------------------------------------------------------------------------
+
+
+async def test_requests_split_across_reads_and_merged_in_one_are_each_answered(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path) as served:
+        peer = await served.connect(transport)
+        data = peer.encode(requests.api_versions())
+        for sent in range(1, len(data)):  # a byte a read (the server reads each alone)
+            await peer.stream.send_all(data[sent - 1 : sent])
+            await until(partial(_received, served, sent))
+        assert decided(served, "api_versions", 3) == 0
+        await peer.stream.send_all(data[-1:])
+        assert (await peer.receive()).error_code == 0
+        # Three requests and the start of a fourth in one write; the fourth's rest later.
+        merged = peer.encode(job(), requests.api_versions(), job())
+        fourth = peer.encode(requests.metadata(None))
+        await peer.stream.send_all(merged + fourth[:9])
+        first, versions, second = [await peer.receive() for _ in range(3)]
+        assert (first.producer_id_start, second.producer_id_start) == (0, 1000)
+        assert versions.error_code == 0
+        await peer.stream.send_all(fourth[9:])
+        assert (await peer.receive()).controller_id == 1
+
+
+@pytest.mark.parametrize(
+    ("max_in_flight", "per_round"),
+    [(100, 1000), (3, 1000), (100, 2)],
+    ids=["one-round", "in-flight-3", "two-entries-a-round"],
+)
+async def test_pipelined_requests_are_answered_in_order(
+    tmp_path: Path, transport: str, max_in_flight: int, per_round: int
+) -> None:
+    """Durable answers (a block) and immediate ones (ApiVersions, Metadata) interleaved, in
+    one write: each leaves after the one before it, whether a round takes them all, or
+    stops at the in-flight limit or at its budget of entries. (The client refuses an
+    answer out of order.)"""
+    bodies = [job(), requests.api_versions(), requests.metadata(None)] * 10
+    connection_limits = limits(max_in_flight=max_in_flight, max_entries_per_round=per_round)
+    async with serving(tmp_path, connection_limits=connection_limits) as served:
+        peer = await served.connect(transport)
+        await peer.send(*bodies)
+        answers = [await peer.receive() for _ in bodies]
+        assert (await peer.request(requests.api_versions())).error_code == 0
+    assert [a.producer_id_start for a in answers[::3]] == [1000 * i for i in range(10)]
+    assert all(a.error_code == 0 for a in answers[::3] + answers[1::3])
+    assert all(a.controller_id == 1 for a in answers[2::3])
+
+
+async def test_answers_leave_only_once_the_log_has_made_them_durable(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path, start_log=False) as served:
+        peer = await served.connect(transport)
+        got: list[Any] = []
+
+        async def collect() -> None:
+            for _ in range(2):
+                got.append(await peer.receive())
+
+        served.nursery.start_soon(collect)
+        # The ApiVersions waits for nothing of its own, but for the block decided before it.
+        await peer.send(job(), requests.api_versions())
+        await until(lambda: decided(served, "api_versions", 3) == 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and served.log.durable_end == 0
+        await served.start_log()
+        await until(lambda: len(got) == 2)
+    assert got[0].producer_id_len == 1000 and got[1].error_code == 0
+
+
+# -- limits on what a client may send -----------------------------------------------------
+
+
+async def test_a_frame_over_the_limit_closes_the_connection_before_its_body(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path, connection_limits=limits(max_frame_bytes=1024)) as served:
+        peer = await served.connect(transport)
+        assert (await peer.request(requests.api_versions())).error_code == 0
+        await peer.stream.send_all(struct.pack(">i", 1025))  # the size alone
+        assert await peer.closed() == []
+    assert served.reasons == ["frame_too_large"]
+
+
+async def test_a_protocol_error_is_closed_after_what_came_before_is_answered(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path) as served:
+        peer = await served.connect(transport)
+        unknown_api = frame(struct.pack(">hhih", 999, 0, 1, -1))
+        before, after = peer.encode(job()), peer.encode(requests.api_versions())
+        await peer.stream.send_all(before + unknown_api + after)  # one write
+        [answer] = await peer.closed()  # the block; nothing after the bad frame
+    assert answer.producer_id_len == 1000
+    assert served.reasons == ["protocol_error"]
+
+
+async def test_an_array_over_its_limit_is_answered_invalid_request_and_the_connection_stays(
+    tmp_path: Path, transport: str
+) -> None:
+    find: Any = request_class(ApiKey.FIND_COORDINATOR, 6)
+    many = find(key_type=i8(1), coordinator_keys=("a", "b", "c"))
+    request_limits = RequestLimits(max_coordinator_keys=2)
+    async with serving(tmp_path, request_limits=request_limits) as served:
+        peer = await served.connect(transport)
+        [refusal] = (await peer.request(many)).coordinators
+        assert refusal.error_code == 42 and "at most 2" in refusal.error_message
+        assert (await peer.request(requests.find_coordinator("a"))).coordinators[0].error_code == 0
+
+
+async def test_a_client_that_closes_its_side_still_gets_every_answer(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path) as served:
+        peer = await served.connect(transport)
+        await peer.send(job(), requests.api_versions(), job())
+        await peer.stream.send_eof()  # type: ignore[attr-defined]
+        answers = await peer.closed()
+    assert [a.error_code for a in answers] == [0, 0, 0]
+    assert (answers[0].producer_id_start, answers[2].producer_id_start) == (0, 1000)
+    assert served.reasons == ["client"]
+
+
+# -- time: deadlines and throttles --------------------------------------------------------
+
+
+async def closed_by_the_watchdog(peer: Peer, since: float, timeout_s: float) -> None:
+    """The connection closes with nothing answered, ``timeout_s`` after ``since`` (and
+    within the watchdog's period after that)."""
+    assert await peer.closed(bound_s=2 * timeout_s) == []
+    assert timeout_s <= trio.current_time() - since <= timeout_s + WATCHDOG_PERIOD_S
+
+
+async def test_an_idle_connection_is_closed_counting_from_its_last_request(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with serving(tmp_path, connection_limits=limits(idle_timeout_s=600.0)) as served:
+        peer = await served.connect("memory")
+        await trio.sleep(400)
+        assert (await peer.request(requests.api_versions())).error_code == 0
+        await closed_by_the_watchdog(peer, trio.current_time(), 600)
+    assert served.reasons == ["idle"]
+
+
+async def test_a_request_sent_too_slowly_is_cut_off(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with serving(tmp_path, connection_limits=limits(frame_timeout_s=30.0)) as served:
+        peer = await served.connect("memory")
+        data = peer.encode(requests.api_versions())
+        started = trio.current_time()
+        for byte in range(3):  # a byte every 10 s: activity, but not a whole request
+            await peer.stream.send_all(data[byte : byte + 1])
+            await trio.sleep(10)
+        await closed_by_the_watchdog(peer, started, 30)
+    assert served.reasons == ["frame_timeout"]
+
+
+async def test_a_throttled_request_is_answered_at_once_then_the_connection_is_read_no_more(
+    tmp_path: Path, transport: str, clock: trio.testing.MockClock | None
+) -> None:
+    """KIP-219: the answer over the quota carries throttle_time_ms and leaves at once; the
+    request that came in the same read (a client that ignores the field) waits until the
+    throttle time has passed."""
+    rate = 1.0 if clock is not None else 20.0  # on the real clock, a short throttle
+    quotas = Quotas({ApiKey.ALLOCATE_PRODUCER_IDS: rate}, window_s=1 / rate)  # a burst of 1
+    async with serving(tmp_path, quotas=quotas) as served:
+        peer = await served.connect(transport)
+        sent = trio.current_time()
+        await peer.send(job(), job(), requests.api_versions())
+        first, second = await peer.receive(), await peer.receive()
+        answered = trio.current_time()
+        third = await peer.receive()
+        resumed = trio.current_time()
+        assert (await peer.request(requests.api_versions())).error_code == 0
+    assert first.throttle_time == datetime.timedelta(0)
+    throttle_s = second.throttle_time.total_seconds()
+    assert second.error_code == 0 and second.producer_id_len == 1000
+    assert 0 < throttle_s <= 1 / rate
+    assert third.error_code == 0 and third.throttle_time == datetime.timedelta(0)
+    assert resumed - sent >= throttle_s - 0.001  # (the field is rounded to a millisecond)
+    if clock is not None:
+        assert answered == sent  # at once: no time passed before the throttled answer
+    assert served.metric("pidctl_throttled_requests_total", api=ALLOCATE) == 1
+
+
+# -- a client that does not read ----------------------------------------------------------
+
+
+async def test_a_client_that_does_not_read_is_read_no_more_until_it_does(tmp_path: Path) -> None:
+    """Answers held for a client past max_unwritten_bytes mute its connection (plain TCP,
+    where answers wait in an outbox): the server stops reading it, so what it holds stays
+    bounded, other connections are served meanwhile, and once the client reads, everything
+    is answered in order and the connection goes on."""
+    cap, per_round, count = 16 * 1024, 50, 4000
+
+    def small_buffers(sock: trio.socket.SocketType) -> None:
+        # The kernel's buffers on both sides hold far less than the answers (372 KB) and
+        # the requests (180 KB): the rest must wait in the server, or in the client.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+
+    connection_limits = limits(
+        max_in_flight=100_000, max_unwritten_bytes=cap, max_entries_per_round=per_round
+    )
+    async with serving(tmp_path, connection_limits=connection_limits) as served:
+        peer = await served.connect("tcp", setup=small_buffers)
+        assert isinstance(peer.stream, trio.SocketStream)
+        small_buffers(peer.stream.socket)
+        assert (await peer.request(requests.api_versions())).error_code == 0
+        answer_bytes = served.metric("pidctl_sent_bytes_total")  # every answer is this long
+        all_sent = trio.Event()
+
+        async def send_without_reading() -> None:
+            await peer.send(*[requests.api_versions()] * count)
+            all_sent.set()
+
+        def unwritten() -> float:
+            answered = decided(served, "api_versions", 3) * answer_bytes
+            return answered - served.metric("pidctl_sent_bytes_total")
+
+        served.nursery.start_soon(send_without_reading)
+        await until(
+            lambda: served.metric("pidctl_connections_muted_total", reason="unwritten_bytes") > 0
+        )
+        bound = cap + per_round * answer_bytes  # the cap, and the round that passed it
+        assert unwritten() <= bound
+        other = await served.connect("tcp")
+        assert (await other.request(requests.api_versions())).error_code == 0
+        assert unwritten() <= bound and not all_sent.is_set()
+        answers = [await peer.receive() for _ in range(count)]
+        assert all(a.error_code == 0 for a in answers)
+        await until(all_sent.is_set)
+        assert (await peer.request(requests.api_versions())).error_code == 0
+
+
+# -- shutdown -----------------------------------------------------------------------------
+
+
+async def test_a_shutdown_answers_what_was_decided_then_closes(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path, start_log=False) as served:
+        busy = await served.connect(transport)
+        idle = await served.connect(transport)
+        await busy.send(job())
+        await until(lambda: decided(served, ALLOCATE, 0) == 1)
+        await trio.testing.wait_all_tasks_blocked()
+        served.server.stop_all()
+        assert await idle.closed() == []  # waiting for nothing: closed at once
+        await served.start_log()
+        [answer] = await busy.closed()  # its block first, once durable
+        assert answer.producer_id_len == 1000
+    assert served.reasons == ["shutdown", "shutdown"]
+
+
+# -- SASL ---------------------------------------------------------------------------------
+
+
+def _alice() -> CredentialStore:
+    return CredentialStore(
+        {"alice": {"SCRAM-SHA-256": ScramCredential.create("wonderland", "SCRAM-SHA-256")}}
+    )
+
+
+#: The mechanisms the connection tests' servers enable (conftest.limits).
+ENABLED = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+async def _until_closed(tmp_path: Path, transport: str, *bodies: Any) -> tuple[list[Any], Served]:
+    """``bodies`` in one write on a new connection to a SASL listener (alice's password:
+    wonderland): the answers that came before the server closed it, and the server."""
+    async with serving(tmp_path, credentials=_alice()) as served:
+        peer = await served.connect(transport, sasl=True)
+        await peer.send(*bodies)
+        return await peer.closed(), served
+
+
+async def test_requests_after_sasl_in_the_same_read_act_as_the_authenticated_user(
+    tmp_path: Path, transport: str
+) -> None:
+    async with serving(tmp_path, credentials=_alice()) as served:
+        peer = await served.connect(transport, sasl=True)
+        await peer.send(
+            requests.api_versions(),
+            requests.sasl_handshake("PLAIN"),
+            requests.sasl_authenticate(plain_token("alice", "wonderland")),
+            job(),
+        )
+        answers = [await peer.receive() for _ in range(4)]
+        assert (await peer.request(job())).error_code == 0  # on the next read too
+    assert [a.error_code for a in answers] == [0, 0, 0, 0]
+    grants = [r for r in served.records if isinstance(r, ProducerIdsGranted)]
+    assert [g.principal for g in grants] == ["User:alice", "User:alice"]
+
+
+async def test_a_failed_authentication_is_answered_then_closed_and_nothing_after_it_served(
+    tmp_path: Path, transport: str
+) -> None:
+    (handshake, refusal), served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_authenticate(plain_token("alice", "not-the-password")),
+        job(),
+    )
+    assert handshake.error_code == 0
+    assert refusal.error_code == 58  # SASL_AUTHENTICATION_FAILED
+    assert refusal.error_message == "Authentication failed: invalid username or password"
+    assert served.reasons == ["authentication_failed"]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="PLAIN") == 1
+    assert not any(isinstance(r, ProducerIdsGranted) for r in served.records)
+
+
+async def test_a_request_before_authentication_closes_the_connection(
+    tmp_path: Path, transport: str
+) -> None:
+    [versions], served = await _until_closed(tmp_path, transport, requests.api_versions(), job())
+    assert versions.error_code == 0  # ApiVersions is served before authentication
+    assert served.reasons == ["unauthenticated_request"]
+    assert not any(isinstance(r, ProducerIdsGranted) for r in served.records)
+
+
+@pytest.mark.parametrize("mechanism", ["GSSAPI", "plain"])
+async def test_a_mechanism_not_enabled_is_answered_then_closed_and_counted(
+    tmp_path: Path, transport: str, mechanism: str
+) -> None:
+    """As Kafka's SaslServerAuthenticator: UNSUPPORTED_SASL_MECHANISM naming the enabled
+    mechanisms (a name matches exactly, case included), then the connection closes."""
+    [refusal], served = await _until_closed(
+        tmp_path, transport, requests.sasl_handshake(mechanism), requests.api_versions()
+    )
+    assert refusal.error_code == 33  # UNSUPPORTED_SASL_MECHANISM
+    assert list(refusal.mechanisms) == ENABLED
+    assert served.reasons == ["authentication_failed"]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="unknown") == 1
+
+
+async def test_a_token_before_the_handshake_closes_unanswered(
+    tmp_path: Path, transport: str
+) -> None:
+    """As Kafka: before the handshake a SaslAuthenticate is no request it answers."""
+    [versions], served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.api_versions(),
+        requests.sasl_authenticate(plain_token("alice", "wonderland")),
+        requests.sasl_handshake("PLAIN"),
+    )
+    assert versions.error_code == 0
+    assert served.reasons == ["unauthenticated_request"]
+
+
+async def test_a_second_handshake_is_answered_then_closed(tmp_path: Path, transport: str) -> None:
+    """During the exchange Kafka takes SaslAuthenticate alone: a handshake gets
+    ILLEGAL_SASL_STATE (no mechanisms), then the connection closes."""
+    (accepted, refusal), served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_authenticate(plain_token("alice", "wonderland")),
+    )
+    assert (accepted.error_code, list(accepted.mechanisms)) == (0, ENABLED)
+    assert (refusal.error_code, list(refusal.mechanisms)) == (34, [])  # ILLEGAL_SASL_STATE
+    assert served.reasons == ["authentication_failed"]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="PLAIN") == 1
+
+
+@pytest.mark.parametrize("sasl", [True, False], ids=["authenticated", "no-sasl"])
+async def test_sasl_requests_after_authentication_are_illegal_and_the_connection_stays(
+    tmp_path: Path, transport: str, sasl: bool
+) -> None:
+    """As Kafka's KafkaApis answers them once authenticated (or on a listener without SASL):
+    ILLEGAL_SASL_STATE, SaslAuthenticate's with its message, and requests go on being
+    served as the principal authenticated (a wrong password in the token changes
+    nothing)."""
+    principal = "User:alice" if sasl else "User:ANONYMOUS"
+    async with serving(tmp_path, credentials=_alice()) as served:
+        peer = await served.connect(transport, sasl=sasl)
+        if sasl:
+            await peer.send(
+                requests.sasl_handshake("PLAIN"),
+                requests.sasl_authenticate(plain_token("alice", "wonderland")),
+            )
+            assert [(await peer.receive()).error_code for _ in range(2)] == [0, 0]
+        await peer.send(
+            requests.sasl_authenticate(plain_token("alice", "not-the-password")),
+            requests.sasl_handshake("PLAIN"),
+            job(),
+        )
+        token, shake, grant = [await peer.receive() for _ in range(3)]
+        assert (await peer.request(job())).error_code == 0
+        assert served.reasons == []
+    assert token.error_code == 34  # ILLEGAL_SASL_STATE
+    assert token.error_message == (
+        "SaslAuthenticate request received after successful authentication"
+    )
+    assert (shake.error_code, list(shake.mechanisms)) == (34, [])
+    assert grant.error_code == 0
+    grants = [r for r in served.records if isinstance(r, ProducerIdsGranted)]
+    assert [g.principal for g in grants] == [principal, principal]
+    assert served.metric("pidctl_authentication_failures_total", mechanism="PLAIN") == 0

@@ -1,0 +1,161 @@
+"""Outboxes: answers leave once the real metadata log has made them durable, in the order they
+were posted; a write the kernel does not take whole is finished by a task; nothing is written
+for a connection that has ended. Over real loopback TCP and a real log in a temporary dir."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from pidctl.controller.api.handlers import NO_WAIT
+from pidctl.controller.core.logformat import encode_entry
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.server.transport.outbox import Outbox, Outboxes, Timings
+from pidctl.controller.server.transport.socket_io import SocketIO
+from tests.controller.server.conftest import TcpPair
+
+
+@dataclass
+class Setup:
+    log: MetadataLog
+    outboxes: Outboxes
+    server: trio.SocketStream
+    client: trio.SocketStream
+    sent: list[tuple[int, Timings]] = field(default_factory=list)
+
+    def outbox(self) -> Outbox:
+        return Outbox(SocketIO(self.server))
+
+    def append(self) -> int:
+        """A record for the next commit; its offset."""
+        n = self.log.end_offset
+        grant = ProducerIdsGranted(1, 1, n * 10, n * 10 + 10)
+        return self.log.append_entry(encode_entry(n, 0, grant))
+
+    def client_has_nothing(self) -> bool:
+        try:
+            os.read(self.client.socket.fileno(), 1)  # trio's sockets do not block
+        except BlockingIOError:
+            return True
+        return False
+
+    async def receive(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            data += await self.client.receive_some(size - len(data))
+        return bytes(data)
+
+
+@pytest.fixture
+async def setup(tmp_path: Path, tcp_pair: TcpPair) -> AsyncIterator[Setup]:
+    server, client = tcp_pair
+    state = ControllerState()
+    outboxes: Outboxes | None = None
+
+    def committed(durable_end: int) -> None:
+        assert outboxes is not None
+        outboxes.send_durable(durable_end)
+
+    log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_durable=committed)
+    sent: list[tuple[int, Timings]] = []
+    outboxes = Outboxes(log, lambda size, timings: sent.append((size, timings)))
+    async with trio.open_nursery() as nursery:
+        outboxes.start_soon = nursery.start_soon
+        await nursery.start(log.run)
+        yield Setup(log, outboxes, server, client, sent)
+        nursery.cancel_scope.cancel()
+
+
+async def test_answers_wait_for_the_log_and_leave_in_order(setup: Setup) -> None:
+    outbox = setup.outbox()
+    offset = setup.append()
+    setup.outboxes.post(outbox, offset, b"first", [("allocate_producer_ids", 0.0)])
+    # Needs nothing from the log, but was decided after the first: it waits behind it.
+    setup.outboxes.post(outbox, NO_WAIT, b"second", [("api_versions", 0.0)])
+    assert setup.client_has_nothing()
+    assert outbox.requests == 2
+    await setup.log.flush()
+    assert await setup.receive(11) == b"firstsecond"
+    assert outbox.requests == 0 and not outbox.held
+    assert setup.sent == [(11, [("allocate_producer_ids", 0.0), ("api_versions", 0.0)])]
+
+
+async def test_an_answer_already_durable_is_written_at_once(setup: Setup) -> None:
+    outbox = setup.outbox()
+    offset = setup.append()
+    await setup.log.flush()
+    setup.outboxes.post(outbox, offset, b"now", [])
+    assert not outbox.held
+    assert await setup.receive(3) == b"now"
+
+
+async def test_a_write_the_kernel_does_not_take_whole_is_finished_in_order(setup: Setup) -> None:
+    outbox = setup.outbox()
+    big = bytes(range(256)) * (32 * 1024)  # 8 MiB: more than the kernel buffers take
+    setup.outboxes.post(outbox, setup.append(), big, [("metadata", 0.0)])
+    await setup.log.flush()
+    assert outbox.stalled  # the rest waits for room, in a task of its own
+    setup.outboxes.post(outbox, NO_WAIT, b"after", [])  # behind the rest, never into it
+    setup.outboxes.post(outbox, setup.append(), b"durable", [])
+    assert await setup.receive(len(big) + 12) == big + b"afterdurable"
+    await outbox.wait_empty()
+    assert not outbox.stalled and outbox.requests == 0
+    assert sum(size for size, _ in setup.sent) == len(big) + 12
+
+
+async def test_nothing_is_written_for_a_connection_that_ended(setup: Setup) -> None:
+    outbox = setup.outbox()
+    setup.outboxes.post(outbox, setup.append(), b"late", [])
+    setup.outboxes.discard(outbox)
+    await outbox.wait_empty()  # does not wait for the log any more
+    await setup.log.flush()
+    assert setup.client_has_nothing()
+    setup.outboxes.post(outbox, NO_WAIT, b"later", [])
+    assert setup.client_has_nothing()
+
+
+async def test_a_stalled_write_stops_when_its_connection_ends(setup: Setup) -> None:
+    """The task finishing a write wakes when there is room; if the connection ended before,
+    it writes nothing (its descriptor may be another connection's by then)."""
+    outbox = setup.outbox()
+    big = b"x" * (64 * 1024 * 1024)  # far more than the kernel's buffers ever hold
+    offset = setup.append()
+    await setup.log.flush()
+    setup.outboxes.post(outbox, offset, big, [])  # durable already: written at once, in part
+    assert outbox.stalled
+    [(written, _)] = setup.sent  # what the kernel took before its buffer filled
+    await trio.testing.wait_all_tasks_blocked()  # the finishing task now waits for room
+    setup.outboxes.discard(outbox)
+    received = 0
+    with trio.fail_after(10):
+        while True:  # room now: the task wakes, and must not write
+            try:
+                received += len(os.read(setup.client.socket.fileno(), 1 << 20))
+            except BlockingIOError:
+                if not outbox.stalled:
+                    break
+                await trio.sleep(0.01)
+    assert written <= received < len(big)
+    assert setup.client_has_nothing()
+    assert setup.sent == [(written, ())]
+
+
+async def test_a_connection_reset_by_the_client_is_broken(setup: Setup) -> None:
+    outbox = setup.outbox()
+    setup.client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    setup.client.socket.close()
+    with trio.fail_after(10):
+        while not outbox.broken:  # the first writes may land before the reset is seen
+            setup.outboxes.post(outbox, setup.append(), b"x" * 65536, [])
+            await setup.log.flush()
+    await outbox.wait_empty()
