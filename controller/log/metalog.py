@@ -83,17 +83,35 @@ RESERVATION_RETRY_MAX_S = 1.0
 _FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 
 
+class CommitListener:
+    """The one the log tells what it has done, and the only one: as Kafka's metadata
+    publishers, it sees only what is persisted. Each method is called on the event loop, in
+    the writer task, and must not wait; this base does nothing."""
+
+    def batch_written(self, records: int, seconds: float, in_thread: bool) -> None:
+        """A commit of ``records`` entries took ``seconds`` (in the log's thread or not)."""
+
+    def committed(self, durable_end: int) -> None:
+        """Every offset below ``durable_end`` is on disk (the waiters are woken already)."""
+
+    def snapshot_written(self, size: int) -> None:
+        """A snapshot of ``size`` bytes is on disk."""
+
+    def storage_failed(self, error: StorageFailed) -> None:
+        """The log failed (told once); :meth:`MetadataLog.run` raises ``error`` next."""
+
+
 class MetadataLog:
     """Append records, wait for them to be durable; one writer task does all disk I/O.
 
     Fail-stop: after a failed write or sync (of a segment, a roll or a snapshot) nothing is
-    marked durable any more, ``on_failure`` is told once, and :meth:`run` raises
-    :class:`StorageFailed`; waiters are never woken, so nothing more is answered.
-    ``on_durable`` is told the new durable end after each commit.
+    marked durable any more, the listener is told once, and :meth:`run` raises
+    :class:`StorageFailed`; waiters are never woken, so nothing more is answered. After
+    each commit the listener (:class:`CommitListener`) is told of the batch, then of the
+    new durable end.
 
     A commit's ``write`` and ``fdatasync`` run where :class:`SyncPlace` says, given
-    ``inline_sync_max_s`` (``sync_place.py`` says why). ``on_batch(records, seconds,
-    in_thread)`` is told of each commit."""
+    ``inline_sync_max_s`` (``sync_place.py`` says why)."""
 
     def __init__(
         self,
@@ -107,10 +125,7 @@ class MetadataLog:
         retention_bytes: int = DEFAULT_RETENTION_BYTES,
         retention_ms: int = DEFAULT_RETENTION_MS,
         inline_sync_max_s: float = DEFAULT_INLINE_SYNC_MAX_S,
-        on_batch: Callable[[int, float, bool], None] | None = None,
-        on_snapshot: Callable[[int], None] | None = None,
-        on_failure: Callable[[StorageFailed], None] | None = None,
-        on_durable: Callable[[int], None] | None = None,
+        listener: CommitListener | None = None,
         reservation: int | None = None,
     ) -> None:
         self.data_dir = data_dir
@@ -124,10 +139,7 @@ class MetadataLog:
         self._sync_place = SyncPlace(inline_sync_max_s)
         self.failed: StorageFailed | None = None
         self._snapshot_source = snapshot_source
-        self._on_batch = on_batch
-        self._on_snapshot = on_snapshot
-        self._on_failure = on_failure
-        self._on_durable = on_durable
+        self._listener = listener or CommitListener()
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
@@ -217,8 +229,7 @@ class MetadataLog:
     def _fail(self, error: StorageFailed) -> None:
         if self.failed is None:
             self.failed = error
-            if self._on_failure is not None:
-                self._on_failure(error)
+            self._listener.storage_failed(error)
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
         await self._raise_reservation()
@@ -330,13 +341,12 @@ class MetadataLog:
         return True
 
     def _after_batch(self, records: int, took: float, in_thread: bool, batch_end: int) -> None:
-        if self._on_batch is not None:
-            self._on_batch(records, took, in_thread)
+        listener = self._listener
+        listener.batch_written(records, took, in_thread)
         self.durable_end = batch_end
         done, self._durable_event = self._durable_event, trio.Event()
         done.set()
-        if self._on_durable is not None:
-            self._on_durable(batch_end)
+        listener.committed(batch_end)
 
     async def _write_snapshot(self, offset: int, state: Callable[[], dict[str, Any]]) -> None:
         # Shielded: a snapshot that has started is finished even during shutdown.
@@ -345,8 +355,7 @@ class MetadataLog:
                 size = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
                 if size is not None:
                     self.snapshot_offset = offset
-                    if self._on_snapshot is not None:
-                        self._on_snapshot(size)
+                    self._listener.snapshot_written(size)
             except StorageFailed as e:
                 self._fail(e)
                 raise

@@ -9,9 +9,7 @@ answers, flush.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import operator
 import os
 import resource
 import signal
@@ -26,23 +24,21 @@ from pidctl.controller.api.handlers import Controller, RequestLimits
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
-from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.datadir import StorageFailed, lock_data_dir
 from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
 from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import recover
 from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
+from pidctl.controller.server.after_commit import AfterCommit
 from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.alarms import Alarm
-from pidctl.controller.server.telemetry.logs import log_each
 from pidctl.controller.server.telemetry.metrics import Metrics, StateView
 from pidctl.controller.server.transport.admission import Admission, bind_listeners
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.transport.http import HttpEndpoint
-from pidctl.controller.server.transport.outbox import Outboxes
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
@@ -115,11 +111,7 @@ class PidctlServer:
         self._low_space = Alarm("disk_space", "data dir nearly full", self.http.faults)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
-        self._outboxes: Outboxes | None = None
-        # Grants applied, by offset, whose audit line waits until they are durable.
-        self._grants_not_durable: collections.deque[tuple[int, ProducerIdsGranted]] = (
-            collections.deque()
-        )
+        self.after_commit = AfterCommit(self.metrics, self.http)
 
     def reload(self, load: Callable[[], Settings]) -> str:
         """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes.
@@ -198,7 +190,7 @@ class PidctlServer:
         try:
             recovery = await trio.to_thread.run_sync(recover, data_dir)
         except StorageFailed as e:  # e.g. truncating a torn tail: named like any other
-            self._storage_failed(e)
+            self.after_commit.storage_failed(e)
             raise
         state = recovery.state.configure(
             pid_range=settings.pid_range,
@@ -234,10 +226,7 @@ class PidctlServer:
             retention_bytes=settings.log_retention_bytes,
             retention_ms=settings.log_retention_ms,
             inline_sync_max_s=settings.log_inline_sync_max_ms / 1000,
-            on_batch=self.metrics.log_batch,
-            on_snapshot=self.metrics.snapshot_written,
-            on_failure=self._storage_failed,
-            on_durable=self._committed,
+            listener=self.after_commit,
             reservation=recovery.reservation,
         )
         limits = RequestLimits(
@@ -251,7 +240,9 @@ class PidctlServer:
         self._controller = controller
         controller.on_no_producer_id = self._no_producer_id
         lease_keeper = self._lease_keeper(controller, metalog)
-        controller.observers.append(self._observer(lease_keeper))
+        controller.observers.append(self.after_commit.applied)
+        if lease_keeper is not None:
+            controller.observers.append(lease_keeper.applied)
         if not self.authorizer.enabled:
             log.warning(
                 "no authorizer: every client may do everything, as Kafka without an authorizer;"
@@ -275,7 +266,7 @@ class PidctlServer:
             ),
             log_requests=settings.log_level == "debug",
         )
-        self._outboxes = connections.outboxes
+        self.after_commit.outboxes = connections.outboxes
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(controller)
@@ -395,18 +386,6 @@ class PidctlServer:
             task_status = trio.TASK_STATUS_IGNORED
             await trio.sleep(FREE_SPACE_CHECK_S)
 
-    def _storage_failed(self, error: StorageFailed) -> None:
-        """Fail-stop: not ready any more, one event saying what failed; the error then ends
-        the process (exit status ``StorageFailed.exit_code``, 74)."""
-        self.http.ready = False
-        log.error(
-            "storage_failed",
-            file=str(error.path),
-            operation=error.operation,
-            errno=error.errno,
-            error=error.errno_name,
-        )
-
     def _lease_keeper(self, controller: Controller, metalog: MetadataLog) -> LeaseKeeper | None:
         """With ``pid_source``: the task that leases from etcd. Without: refuse a data dir that
         leased before, whose PIDs above its last lease other controllers may hold."""
@@ -437,39 +416,6 @@ class PidctlServer:
             return
         self.metrics.etcd_counter_regressions.inc()
         self.http.faults["etcd_counter"] = str(error)
-
-    def _observer(self, lease_keeper: LeaseKeeper | None) -> Callable[[int, Record], None]:
-        """What happens beside the log when a record is applied: grants are counted, wait
-        for their audit line (:meth:`_log_durable_grants`), and may call for the next lease."""
-        metrics, pending = self.metrics, self._grants_not_durable
-
-        def observe(offset: int, record: Record) -> None:
-            if isinstance(record, ProducerIdsGranted):
-                count = record.next_producer_id - record.first_producer_id
-                metrics.granted(record.holder, record.broker_id, count)
-                pending.append((offset, record))
-                if lease_keeper is not None:
-                    lease_keeper.poke()
-
-        return observe
-
-    def _committed(self, durable_end: int) -> None:
-        """After each commit: the audit lines first (an answered grant always has its line,
-        whatever happens next), then the answers that waited for it."""
-        self._log_durable_grants(durable_end)
-        if self._outboxes is not None:
-            self._outboxes.send_durable(durable_end)
-
-    def _log_durable_grants(self, durable_end: int) -> None:
-        """The audit trail: a line per grant once it is durable (a grant lost to a crash
-        before its commit was never answered, and is not in the trail), the lines of one
-        commit written together."""
-        pending = self._grants_not_durable
-        if pending and pending[0][0] < durable_end:
-            grants = []
-            while pending and pending[0][0] < durable_end:
-                grants.append(_grant_values(pending.popleft()[1]))
-            log_each("producer ids granted", _GRANT_FIELDS, grants)
 
     async def _expire_transactional_ids(self, controller: Controller, metalog: MetadataLog) -> None:
         """Every cleanup interval, expire what is due in steps of at most
@@ -614,20 +560,6 @@ def load_credentials(settings: Settings) -> CredentialStore:
     if not settings.credentials_file:
         return CredentialStore()
     return CredentialStore.load(Path(settings.credentials_file))
-
-
-#: A grant's audit line: attributes of its record, with their types.
-_GRANT_FIELDS = (
-    ("holder", "str"),
-    ("broker_id", "int"),
-    ("broker_epoch", "int"),
-    ("first_producer_id", "int"),
-    ("last_producer_id", "int"),
-    ("principal", "str | None"),
-    ("client_id", "str | None"),
-)
-#: A grant record's values of :data:`_GRANT_FIELDS`, in their order.
-_grant_values = operator.attrgetter(*(name for name, _ in _GRANT_FIELDS))
 
 
 async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:

@@ -19,6 +19,7 @@ import trio
 
 from pidctl.controller.api.handlers import Controller, Now
 from pidctl.controller.core.producer_ids import ProducerIdSpaceExhausted
+from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.server.fleet.etcd import (
     Counter,
     EtcdCounter,
@@ -124,6 +125,11 @@ class LeaseKeeper:
     def poke(self) -> None:
         """A grant happened: look again whether a lease is wanted."""
         self._wake.set()
+
+    def applied(self, offset: int, record: Record) -> None:
+        """A controller observer: each grant pokes (:meth:`poke`)."""
+        if isinstance(record, ProducerIdsGranted):
+            self._wake.set()
 
     def wanted(self) -> bool:
         return self.controller.state.producer_ids.wants_lease(self.lease_size, self.prefetch_ratio)

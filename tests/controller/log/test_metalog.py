@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,27 @@ from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.datadir import (
     read_reservation,
 )
-from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.recovery import read_log, recover
+
+
+class Listener(CommitListener):
+    """Tells a test's functions what the log did."""
+
+    def __init__(
+        self,
+        batch: Callable[[int, float, bool], object] | None = None,
+        committed: Callable[[int], object] | None = None,
+    ) -> None:
+        self._batch, self._committed = batch, committed
+
+    def batch_written(self, records: int, seconds: float, in_thread: bool) -> None:
+        if self._batch is not None:
+            self._batch(records, seconds, in_thread)
+
+    def committed(self, durable_end: int) -> None:
+        if self._committed is not None:
+            self._committed(durable_end)
 
 
 def append(metalog: MetadataLog, record: Record) -> int:
@@ -93,7 +113,7 @@ async def test_commits_run_on_the_loop_while_syncs_are_quick_or_always_in_the_th
         0,
         lambda: state.copy().to_snapshot,
         inline_sync_max_s=inline_sync_max_s,
-        on_batch=lambda _records, _seconds, thread: where.append(thread),
+        listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
@@ -129,9 +149,8 @@ async def test_a_task_that_never_waits_does_not_hold_commits_back(tmp_path: Path
 async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     batches: list[int] = []
     state = ControllerState()
-    metalog = MetadataLog(
-        tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_batch=lambda n, *_: batches.append(n)
-    )
+    listener = Listener(batch=lambda n, *_: batches.append(n))
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
     records = history(200)
     # trio starts tasks in no fixed order; each takes the next record when it runs.
     pending = iter(records)
@@ -270,7 +289,8 @@ async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path
     def committed(durable_end: int) -> None:
         seen.append((read_reservation(tmp_path), durable_end))
 
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_durable=committed)
+    listener = Listener(committed=committed)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in reserving_history():

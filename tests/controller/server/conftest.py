@@ -17,7 +17,7 @@ from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLi
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
@@ -184,10 +184,11 @@ async def serving(
     state = ControllerState()
     servers: list[ConnectionServer] = []
 
-    def committed(durable_end: int) -> None:
-        servers[0].outboxes.send_durable(durable_end)
+    class Committed(CommitListener):
+        def committed(self, durable_end: int) -> None:
+            servers[0].outboxes.send_durable(durable_end)
 
-    log = MetadataLog(data_dir, 0, 0, lambda: state.copy().to_snapshot, on_durable=committed)
+    log = MetadataLog(data_dir, 0, 0, lambda: state.copy().to_snapshot, listener=Committed())
     controller = Controller(state, log, limits=request_limits)
     controller.apply(state.cluster.create_cluster("test-cluster", 1), now())
     metrics = Metrics()

@@ -19,7 +19,7 @@ from pidctl.controller.api.handlers import NO_WAIT
 from pidctl.controller.core.logformat import encode_entry
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.metalog import MetadataLog
+from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.server.transport.outbox import Outbox, Outboxes, Timings
 from pidctl.controller.server.transport.socket_io import SocketIO
 from tests.controller.server.conftest import TcpPair
@@ -62,11 +62,12 @@ async def setup(tmp_path: Path, tcp_pair: TcpPair) -> AsyncIterator[Setup]:
     state = ControllerState()
     outboxes: Outboxes | None = None
 
-    def committed(durable_end: int) -> None:
-        assert outboxes is not None
-        outboxes.send_durable(durable_end)
+    class Committed(CommitListener):
+        def committed(self, durable_end: int) -> None:
+            assert outboxes is not None
+            outboxes.send_durable(durable_end)
 
-    log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, on_durable=committed)
+    log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=Committed())
     sent: list[tuple[int, Timings]] = []
     outboxes = Outboxes(log, lambda size, timings: sent.append((size, timings)))
     async with trio.open_nursery() as nursery:

@@ -1,0 +1,87 @@
+"""After a commit, in one place: a grant's audit line and count come with its commit (never
+before, nor for a grant whose commit failed), before the answers leave; a storage failure
+makes the server not ready at once."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from pidctl.controller.core.records import ProducerIdsGranted
+from pidctl.controller.log.datadir import StorageFailed
+from pidctl.controller.server.after_commit import AfterCommit
+from pidctl.controller.server.telemetry import logs
+from pidctl.controller.server.telemetry.metrics import Metrics
+from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.server.transport.outbox import Outboxes
+
+
+@pytest.fixture
+def audit() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    logs.configure_logging("json", "info", out)
+    yield out
+    structlog.reset_defaults()
+
+
+def grant(first: int) -> ProducerIdsGranted:
+    return ProducerIdsGranted(1, 1, first, first + 1000, principal="User:b", client_id="c")
+
+
+def granted(metrics: Metrics) -> float:
+    labels = {"holder": "broker", "broker": "1"}
+    value = metrics.registry.get_sample_value("pidctl_producer_id_blocks_granted_total", labels)
+    return value or 0.0
+
+
+def lines(out: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_a_grant_has_its_line_and_count_once_its_commit_is_durable(audit: io.StringIO) -> None:
+    metrics = Metrics()
+    after = AfterCommit(metrics, HttpEndpoint(metrics, 1))
+    after.applied(5, grant(0))
+    after.applied(6, grant(1000))
+    assert granted(metrics) == 0 and lines(audit) == []
+    after.committed(6)  # offset 5 durable, 6 not yet
+    assert granted(metrics) == 1
+    assert [line["first_producer_id"] for line in lines(audit)] == [0]
+    after.committed(7)
+    assert granted(metrics) == 2
+    assert [line["first_producer_id"] for line in lines(audit)] == [0, 1000]
+    assert lines(audit)[1]["event"] == "producer ids granted"
+    assert lines(audit)[1]["principal"] == "User:b"
+
+
+def test_the_audit_lines_come_before_the_answers_are_sent(audit: io.StringIO) -> None:
+    metrics = Metrics()
+    after = AfterCommit(metrics, HttpEndpoint(metrics, 1))
+    seen: list[tuple[str, int]] = []
+
+    class Watched(Outboxes):
+        def send_durable(self, durable_end: int) -> None:
+            seen.append(("sent", len(lines(audit))))
+
+    class NoLog:
+        durable_end = 0
+
+    after.outboxes = Watched(NoLog(), lambda *_: None)  # type: ignore[arg-type]
+    after.applied(0, grant(0))
+    after.committed(1)
+    assert seen == [("sent", 1)]
+
+
+def test_a_storage_failure_makes_the_server_not_ready(tmp_path: Path) -> None:
+    metrics = Metrics()
+    http = HttpEndpoint(metrics, 1)
+    http.ready = True
+    after = AfterCommit(metrics, http)
+    after.applied(0, grant(0))
+    after.storage_failed(StorageFailed(tmp_path / "0.log", "fdatasync", OSError(5, "EIO")))
+    assert not http.ready and granted(metrics) == 0
