@@ -3,7 +3,7 @@
 #   ops/dev.sh serve [FLAGS]   start `pidctl serve` on its embedded defaults (or FLAGS); the
 #                              default data dir ./pidctl-data is formatted on first use
 #   ops/dev.sh test [ARGS]     lint, type-check and run the whole test suite (ARGS go to pytest),
-#                              in TEST_WORKERS processes (default 3; pytest-xdist; 0: one); a
+#                              in TEST_WORKERS processes (default 2; pytest-xdist; 0: one); a
 #                              `serve` running beside it must be left alone (TEST_USER_SERVER=
 #                              start: it plays one on the default ports, on a machine of its own)
 #   ops/dev.sh bench [ARGS]    the benchmark suite against its baselines (ARGS go to the suite)
@@ -109,11 +109,11 @@ case "$command" in
         "$venv/bin/ruff" format --check .
         type_check
         status=0
-        # Three workers on two cores: the suite waits on servers, JVMs and databases much of
-        # the time (it used under half of two cores in two workers), and it must pass on a
-        # busy machine. A module runs on one worker (loadscope): its fixtures (a Spark
-        # cluster, a Kafka broker) start once, not once per worker.
-        "$venv/bin/python" -m pytest -n "${TEST_WORKERS:-3}" --dist loadscope "$@" || status=$?
+        # Two workers: the suite waits on servers, JVMs and databases some of the time (a
+        # third made the Spark modules twice as slow: their JVMs need the cores), and it must
+        # pass on a busy machine. A module runs on one worker (loadscope): its fixtures (a
+        # Spark cluster, a Kafka broker) start once, not once per worker.
+        "$venv/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadscope "$@" || status=$?
         if [[ $status -eq 5 ]]; then
             echo "pytest collected no tests: that is a failure, not a pass" >&2
             exit 1
