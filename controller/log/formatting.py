@@ -30,7 +30,7 @@ from pidctl.controller.core.logformat import (
     snapshot_name,
 )
 from pidctl.controller.core.records import ClusterCreated
-from pidctl.controller.log.datadir import LOCK_FILE, lock_data_dir
+from pidctl.controller.log.datadir import LOCK_FILE, fsync_dir, lock_data_dir
 from pidctl.controller.log.recovery import read_log, rebuild_state
 
 #: What a directory may hold and still be formatted: ext4's ``lost+found`` (a new volume
@@ -117,7 +117,7 @@ def format_data_dir(data_dir: Path, cluster_id: str, node_id: int, now_ms: int) 
         _check_new(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if created:
-        _fsync_dir(data_dir.resolve().parent)
+        fsync_dir(data_dir.resolve().parent)
     lock_fd = lock_data_dir(data_dir)
     try:
         _check_new(data_dir)  # again, under the lock: another format may have been first
@@ -133,7 +133,7 @@ def format_data_dir(data_dir: Path, cluster_id: str, node_id: int, now_ms: int) 
         finally:
             os.close(fd)
         os.replace(tmp, segment)
-        _fsync_dir(data_dir)
+        fsync_dir(data_dir)
     finally:
         os.close(lock_fd)
 
@@ -157,11 +157,3 @@ def _check_new(data_dir: Path) -> None:
             f"{data_dir} is not empty ({shown}) and holds no metadata log: format a new or "
             "empty directory"
         )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,10 +4,10 @@ A connection task used to park until its round's answers were durable, wake, wri
 park again for the next request: two passes through the scheduler per durable request. Now
 it posts the answers here and goes straight back to reading; the commit that makes them
 durable writes them to the socket itself (:meth:`Outboxes.send_durable`, called by
-``server/after_commit.py`` after each commit), and the kernel takes them at once. Nothing is ever written before it
-is durable, and a connection's answers leave in the order they were decided. Only when the
-kernel does not take all of it (a client that does not read) does a task of its own finish
-the write, waiting for room.
+``server/after_commit.py`` after each commit), and the kernel takes them at once. Nothing
+is ever written before it is durable, and a connection's answers leave in the order they
+were decided. Only when the kernel does not take all of it (a client that does not read)
+does a task of its own finish the write, waiting for room.
 
 Plain TCP connections only (:class:`SocketIO`); TLS connections wait and write themselves.
 """
