@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import datetime
 import re
-import sys
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i64
 
-from pidctl.protocol.apis import ApiKey, SupportedApis, response_class
+from pidctl.protocol.apis import ApiKey, SupportedApis, entity_class, response_class
 
 # KIP-511: client software name and version must match this (Kafka's ApiVersionsRequest.isValid).
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
@@ -33,7 +32,7 @@ def build_api_versions_response(
     """An ApiVersionsResponse at ``version`` listing every supported API range, and (v3+)
     no features: see :data:`NO_FINALIZED_FEATURES_EPOCH`."""
     cls = response_class(ApiKey.API_VERSIONS, version)
-    entry = sys.modules[cls.__module__].ApiVersion
+    entry = entity_class(cls, "api_keys")
     api_keys = tuple(
         entry(api_key=i16(key), min_version=i16(r.min), max_version=i16(r.max))
         for key, r in sorted(supported.items())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import IntEnum
 from functools import cache
 from types import MappingProxyType
+from typing import cast, get_args
 
 from kio.index import load_request_schema, load_response_schema
 from kio.static.protocol import RequestPayload, ResponsePayload
@@ -63,6 +64,21 @@ def request_class(api_key: int, api_version: int) -> type[RequestPayload]:
 def response_class(api_key: int, api_version: int) -> type[ResponsePayload]:
     """The kio response entity for this API version."""
     return load_response_schema(api_key, api_version)
+
+
+@cache
+def entity_class(message: type, field_name: str) -> type:
+    """The class of the entries of ``message``'s array field ``field_name`` (a kio message
+    or entity class): ``entity_class(MetadataResponse v12, "topics")`` is its
+    ``MetadataResponseTopic``. Read from the dataclass's field type, once per pair."""
+    for field in fields(message):
+        if field.name == field_name:
+            array = field.type  # tuple[Entry, ...], or tuple[Entry, ...] | None
+            if type(None) in get_args(array):
+                (array,) = (t for t in get_args(array) if t is not type(None))
+            (entry, _) = get_args(array)
+            return cast(type, entry)
+    raise LookupError(f"{message.__qualname__} has no field {field_name!r}")
 
 
 def request_header_version(api_key: int, api_version: int) -> int:

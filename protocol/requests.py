@@ -15,7 +15,7 @@ from kio.schema.unregister_broker.v0 import UnregisterBrokerRequest
 from kio.static.primitive import i8, i16, i64, u16
 
 from pidctl.protocol.addresses import parse_listener
-from pidctl.protocol.apis import ApiKey, request_class
+from pidctl.protocol.apis import ApiKey, entity_class, request_class
 
 
 def registration(
@@ -106,10 +106,8 @@ def find_coordinator(key: str, key_type: int = 1, *, version: int = 6) -> Any:
 
 def metadata(topics: list[str] | None = None, *, version: int = 12) -> Any:
     """A Metadata request; ``None`` asks for all topics (v1+), as clients do at start."""
-    import sys
-
     cls: Any = request_class(ApiKey.METADATA, version)
-    topic_cls = sys.modules[cls.__module__].MetadataRequestTopic
+    topic_cls = entity_class(cls, "topics")
     entries = None
     if topics is not None:
         entries = tuple(

@@ -7,7 +7,8 @@ import hashlib
 import hmac
 import secrets
 
-_DIGESTS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+#: Each SCRAM mechanism's hash (RFC 7677, RFC 5802): the one table, the server's too.
+SCRAM_DIGESTS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 
 
 def plain_token(user: str, password: str) -> bytes:
@@ -21,7 +22,7 @@ class ScramClient:
 
     def __init__(self, mechanism: str, user: str, password: str) -> None:
         """Start an exchange for ``user`` with ``mechanism`` (SCRAM-SHA-256 or -512)."""
-        self.digest = _DIGESTS[mechanism]
+        self.digest = SCRAM_DIGESTS[mechanism]
         self.password = password
         name = user.replace("=", "=3D").replace(",", "=2C")
         self._bare = f"n={name},r={base64.b64encode(secrets.token_bytes(18)).decode()}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,13 @@ from pidctl.protocol.api_versions import (
     has_valid_client_software,
     invalid_request_response,
 )
-from pidctl.protocol.apis import ApiKey, SupportedApis, response_class, supported_apis
+from pidctl.protocol.apis import (
+    ApiKey,
+    SupportedApis,
+    entity_class,
+    response_class,
+    supported_apis,
+)
 from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import RequestHeader
 
@@ -426,9 +431,8 @@ class Controller:
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """This node is the only broker and the controller; it hosts no topics."""
         version, cls = request.api_version, response_class(request.api_key, request.api_version)
-        entities = sys.modules[cls.__module__]
         broker = _build(
-            entities.MetadataResponseBroker,
+            entity_class(cls, "brokers"),
             node_id=i32(self.node_id),
             host=conn.advertised_host,
             port=i32(conn.advertised_port),
@@ -449,7 +453,7 @@ class Controller:
                 error = ErrorCode.topic_authorization_failed
             topics.append(
                 _build(
-                    entities.MetadataResponseTopic,
+                    entity_class(cls, "topics"),
                     error_code=error,
                     name=topic.name,
                     topic_id=getattr(topic, "topic_id", None),
@@ -472,7 +476,7 @@ class Controller:
         """The brokers registered with this controller (endpoint type 1), or this controller
         itself (type 2, KIP-919). Fenced brokers are listed from v2 only if asked for."""
         body, cls = request.body, response_class(request.api_key, request.api_version)
-        entry = sys.modules[cls.__module__].DescribeClusterBroker
+        entry = entity_class(cls, "brokers")
         endpoint_type = getattr(body, "endpoint_type", 1)
         common = {
             "throttle_time": _NO_THROTTLE,
@@ -575,7 +579,7 @@ class Controller:
             return found
 
         if version >= 4:
-            entry = sys.modules[cls.__module__].Coordinator
+            entry = entity_class(cls, "coordinators")
             keys, most = body.coordinator_keys, self.limits.max_coordinator_keys
             if len(keys) > most:
                 return Reply(_too_many_keys(request, len(keys), most))
@@ -626,7 +630,7 @@ def _too_many_keys(request: Request, asked: int, most: int) -> Any:
     """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
     was asked, so the answer stays small."""
     cls: Any = response_class(request.api_key, request.api_version)
-    refusal = sys.modules[cls.__module__].Coordinator(
+    refusal = entity_class(cls, "coordinators")(
         key="",
         error_code=ErrorCode.invalid_request,
         error_message=f"{asked} keys in one request; at most {most} (max_coordinator_keys)",
@@ -643,7 +647,7 @@ def _too_many_topics(request: Request, asked: int, most: int) -> Any:
     cls: Any = response_class(request.api_key, request.api_version)
     topics: tuple[Any, ...] = ()
     if request.api_version < 13:
-        entity = sys.modules[cls.__module__].MetadataResponseTopic
+        entity = entity_class(cls, "topics")
         topics = (
             _build(
                 entity,

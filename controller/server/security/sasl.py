@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCRAM_MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+from pidctl.protocol.sasl_client import SCRAM_DIGESTS
+
+#: The SCRAM mechanisms served, each with its hash (the same table as the client's).
+SCRAM_MECHANISMS = SCRAM_DIGESTS
 MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 #: Kafka's minimum (and default) SCRAM iteration count.
 MIN_ITERATIONS = 4096
