@@ -20,9 +20,6 @@ import trio
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.controller.core.records import (
-    ClusterCreated,
-    ControllerStarted,
-    Record,
     new_cluster_id,
 )
 from pidctl.controller.server.fleet.etcd import Counter, EtcdCounter
@@ -109,11 +106,6 @@ def import_into_data_dir(
         wanted = block.next_producer_id
         if not check_raise(state.next_producer_id, wanted, f"the high-water mark of {data_dir}"):
             return f"{data_dir}: high-water mark already {wanted}; nothing to do"
-        records: list[Record] = []
-        if state.cluster_id is None:
-            records += [ClusterCreated(cluster_id or new_cluster_id(), node_id)]
-            records += [ControllerStarted(node_id, "import-zk")]
-        records += state.producer_ids.raise_floor(wanted, origin).records
 
         async def write() -> None:
             log = MetadataLog(
@@ -128,7 +120,15 @@ def import_into_data_dir(
                 await nursery.start(log.run)
                 wall = time.time_ns() // 1_000_000
                 now = Now(wall, time.monotonic_ns() // 1_000_000)
-                controller.apply_records(records, now)
+                # Each record a manager's decision, as start-up's (Kafka's
+                # ActivationRecordsGenerator): a log made here begins as `pidctl format`'s.
+                if state.cluster_id is None:
+                    cluster = state.cluster
+                    controller.apply(
+                        cluster.create_cluster(cluster_id or new_cluster_id(), node_id), now
+                    )
+                    controller.apply(cluster.controller_started(node_id, "import-zk"), now)
+                controller.apply(state.producer_ids.raise_floor(wanted, origin), now)
                 await log.flush()
                 nursery.cancel_scope.cancel()
 

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import datetime
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -236,11 +236,6 @@ class Controller:
                 for observe in self.observers:
                     observe(offset, record)
         return result.response, state.next_offset - 1
-
-    def apply_records(self, records: Sequence[Record], now: Now) -> int:
-        """Apply records that no request decided (tools: an import's floor, a benchmark's
-        history); return the offset to wait for."""
-        return self.apply(ControllerResult(tuple(records), None), now)[1]
 
     def snapshot(self) -> Callable[[], dict[str, Any]]:
         """What the log needs for a snapshot at this instant: taken at once, built later."""

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
@@ -27,9 +28,21 @@ import trio
 from ops.bench.common import ROOT, exit_on_sigterm, run_json
 from ops.testing.serverproc import ServerProcess
 from pidctl.controller.api.handlers import Controller, Now
-from pidctl.controller.core.records import BrokerRegistered, ClusterCreated, ProducerIdsGranted
+from pidctl.controller.core.records import (
+    BrokerRegistered,
+    ClusterCreated,
+    ProducerIdsGranted,
+    Record,
+)
+from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
+
+
+def append_history(controller: Controller, records: Sequence[Record], now: Now) -> int:
+    """A benchmark's hand-made history: records no manager decided (the server never writes
+    such), replayed and appended as :meth:`Controller.apply` does; the offset to wait for."""
+    return controller.apply(ControllerResult(tuple(records), None), now)[1]
 
 
 def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 10_000) -> None:
@@ -50,11 +63,11 @@ def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(metalog.run)
-            controller.apply_records([ClusterCreated("bench-cluster", 1)], now)
-            controller.apply_records([BrokerRegistered(1, "inc", state.next_offset)], now)
+            append_history(controller, [ClusterCreated("bench-cluster", 1)], now)
+            append_history(controller, [BrokerRegistered(1, "inc", state.next_offset)], now)
             for done in range(grants):
                 first = state.next_producer_id
-                controller.apply_records([ProducerIdsGranted(1, 1, first, first + 1000)], now)
+                append_history(controller, [ProducerIdsGranted(1, 1, first, first + 1000)], now)
                 if done % 5000 == 4999:
                     await metalog.flush()
             await metalog.flush()

@@ -65,7 +65,7 @@ from typing import Any
 
 from ops.bench import cloadgen
 from ops.bench.common import ROOT, ceiling_process, exit_on_sigterm, rss_kib, run_json
-from ops.bench.core import build_history, disk_rate, time_restart
+from ops.bench.core import append_history, build_history, disk_rate, time_restart
 from ops.bench.stalls import stall_probe
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
 from ops.testing.serverproc import ServerProcess
@@ -149,13 +149,13 @@ def build_transactional_ids(data_dir: Path, count: int) -> None:
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(metalog.run)
-            controller.apply_records([ClusterCreated("bench", 1)], now)
-            controller.apply_records(
-                [ProducerIdsGranted(1, -1, 0, count, holder="controller")], now
+            append_history(controller, [ClusterCreated("bench", 1)], now)
+            append_history(
+                controller, [ProducerIdsGranted(1, -1, 0, count, holder="controller")], now
             )
             for i in range(count):
                 record = TransactionalIdUpdated(f"app-{i:08d}", i, 0, i, -1, 60_000, now.wall_ms)
-                controller.apply_records([record], now)
+                append_history(controller, [record], now)
                 if i % 20_000 == 19_999:
                     await metalog.flush()
             await metalog.flush()
