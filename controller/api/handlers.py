@@ -10,17 +10,27 @@ loop, so the logic needs no locks.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i32, i64
 
+from pidctl.controller.api.responses import (
+    KAFKA_MESSAGES,
+    NO_THROTTLE,
+    REFUSALS,
+    Reply,
+    build_entity,
+    first_listener,
+    init_reply,
+    no_block,
+    response_for,
+    too_many_keys,
+    too_many_topics,
+)
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPIRY_BATCH
 from pidctl.controller.core.jobs import parse_job_key
@@ -32,10 +42,8 @@ from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import (
     DEFAULT_EXPIRY_BATCH,
-    ProducerIdAndEpoch,
     parse_expected,
 )
-from pidctl.protocol.addresses import parse_listener
 from pidctl.protocol.api_versions import (
     build_api_versions_response,
     has_valid_client_software,
@@ -69,8 +77,6 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: (0, 0),
 }
 
-NO_WAIT = -1
-
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
 
@@ -90,17 +96,6 @@ class Now(NamedTuple):
 
     wall_ms: int
     mono_ms: int
-
-
-class Reply(NamedTuple):
-    """A response, and the log offset that must be durable before it is sent."""
-
-    body: Any
-    durable_offset: int = NO_WAIT
-    #: Producer ids this request created (for the quota on them): 1 for an idempotent
-    #: InitProducerId answered with a PID, and for a transactional id's first use or
-    #: rotation to a new PID; 0 otherwise.
-    new_producer_ids: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +179,8 @@ class Controller:
         try:
             return self._handlers[request.api_key](self, request, now, conn)
         except RecordTooLarge:
-            refusal = _REFUSALS[request.api_key]
-            return Reply(_response(request, error_code=ErrorCode.invalid_request, **refusal))
+            refusal = REFUSALS[request.api_key]
+            return Reply(response_for(request, error_code=ErrorCode.invalid_request, **refusal))
 
     @property
     def entry_limits(self) -> dict[int, int]:
@@ -202,9 +197,9 @@ class Controller:
         its header alone (the array was never decoded): INVALID_REQUEST as that API says it."""
         request = Request(header, None)
         if header.api_key == ApiKey.METADATA:
-            return Reply(_too_many_topics(request, entries, limit))
+            return Reply(too_many_topics(request, entries, limit))
         if header.api_key == ApiKey.FIND_COORDINATOR:
-            return Reply(_too_many_keys(request, entries, limit))
+            return Reply(too_many_keys(request, entries, limit))
         raise ValueError(f"API key {header.api_key} has no array limit")
 
     def apply(self, result: ControllerResult[T], now: Now) -> tuple[T, int]:
@@ -289,11 +284,11 @@ class Controller:
         body = request.body
         if not self._may(conn, "ClusterAction"):
             error = ErrorCode.cluster_authorization_failed
-            return Reply(_response(request, error_code=error, broker_epoch=i64(-1)))
+            return Reply(response_for(request, error_code=error, broker_epoch=i64(-1)))
         most = max(len(body.listeners), len(body.features), len(getattr(body, "log_dirs", ())))
         if body.incarnation_id is None or most > self.limits.max_registration_entries:
             return Reply(
-                _response(request, error_code=ErrorCode.invalid_request, broker_epoch=i64(-1))
+                response_for(request, error_code=ErrorCode.invalid_request, broker_epoch=i64(-1))
             )
         result = self.state.cluster.register(
             broker_id=body.broker_id,
@@ -305,7 +300,7 @@ class Controller:
             next_offset=self.state.next_offset,
         )
         registered, offset = self.apply(result, now)
-        response = _response(
+        response = response_for(
             request, error_code=registered.error, broker_epoch=i64(registered.broker_epoch)
         )
         return Reply(response, offset)
@@ -314,7 +309,7 @@ class Controller:
         body = request.body
         if not self._may(conn, "ClusterAction"):
             error = ErrorCode.cluster_authorization_failed
-            return Reply(_response(request, error_code=error, should_shut_down=False))
+            return Reply(response_for(request, error_code=error, should_shut_down=False))
         result = self.state.cluster.heartbeat(
             broker_id=body.broker_id,
             broker_epoch=body.broker_epoch,
@@ -323,7 +318,7 @@ class Controller:
             now_ms=now.mono_ms,
         )
         beat, offset = self.apply(result, now)
-        response = _response(
+        response = response_for(
             request,
             error_code=beat.error,
             is_caught_up=beat.error == ErrorCode.none,
@@ -336,7 +331,9 @@ class Controller:
         if not self._may(conn, "Alter"):  # Kafka: Alter on the cluster for this one
             error = ErrorCode.cluster_authorization_failed
             return Reply(
-                _response(request, error_code=error, error_message="Alter on the cluster is needed")
+                response_for(
+                    request, error_code=error, error_message="Alter on the cluster is needed"
+                )
             )
         broker_id = request.body.broker_id
         error, offset = self.apply(self.state.cluster.unregister(broker_id), now)
@@ -344,7 +341,7 @@ class Controller:
         message = (
             "" if error == ErrorCode.none else f"Broker ID {broker_id} is not currently registered"
         )
-        return Reply(_response(request, error_code=error, error_message=message), offset)
+        return Reply(response_for(request, error_code=error, error_message=message), offset)
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
@@ -354,14 +351,14 @@ class Controller:
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
         job = (body.broker_id, body.broker_epoch) == (JOB_BROKER_ID, JOB_BROKER_EPOCH)
         if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
-            return Reply(_no_block(request, ErrorCode.cluster_authorization_failed))
+            return Reply(no_block(request, ErrorCode.cluster_authorization_failed))
         if job:
             # A job that names itself (app id, version, block in the client id) gets the
             # blocks recorded under that name back: controller/core/jobs.py.
             try:
                 key = parse_job_key(client_id)
             except ValueError:
-                return Reply(_no_block(request, ErrorCode.invalid_request))
+                return Reply(no_block(request, ErrorCode.invalid_request))
             if key is None:
                 result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
             else:
@@ -378,8 +375,8 @@ class Controller:
         block, offset = self.apply(result, now)
         if block.error in (ErrorCode.unknown_server_error, LEASE_EXHAUSTED):
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
-        # Plain ints, as in _init_reply: a broker's every block request answers here.
-        response = _response(
+        # Plain ints, as in init_reply: a broker's every block request answers here.
+        response = response_for(
             request,
             error_code=block.error,
             producer_id_start=block.first,
@@ -392,14 +389,14 @@ class Controller:
         transactional_id = body.transactional_id
         if transactional_id is not None:
             if not self._may(conn, "Write", "TransactionalId", transactional_id):
-                return _init_reply(request, ErrorCode.transactional_id_authorization_failed)
+                return init_reply(request, ErrorCode.transactional_id_authorization_failed)
         elif not self._may(conn, "IdempotentWrite"):
-            return _init_reply(request, ErrorCode.cluster_authorization_failed)
+            return init_reply(request, ErrorCode.cluster_authorization_failed)
         expected = parse_expected(
             getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1)
         )
         if isinstance(expected, ErrorCode):
-            return _init_reply(request, expected)
+            return init_reply(request, expected)
         transactions = self.state.transactions
         held: int | None = None  # the transactional id's producer id before
         if transactional_id is None:
@@ -421,12 +418,12 @@ class Controller:
         if error == ErrorCode.producer_fenced and request.api_version < 4:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
         created = 1 if error == ErrorCode.none and answer.producer_id != held else 0
-        return _init_reply(request, error, answer, offset, created)
+        return init_reply(request, error, answer, offset, created)
 
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """This node is the only broker and the controller; it hosts no topics."""
         version, cls = request.api_version, response_class(request.api_key, request.api_version)
-        broker = _build(
+        broker = build_entity(
             entity_class(cls, "brokers"),
             node_id=i32(self.node_id),
             host=conn.advertised_host,
@@ -435,7 +432,7 @@ class Controller:
         )
         asked = request.body.topics or ()
         if len(asked) > self.limits.max_metadata_topics:
-            return Reply(_too_many_topics(request, len(asked), self.limits.max_metadata_topics))
+            return Reply(too_many_topics(request, len(asked), self.limits.max_metadata_topics))
         topics = []
         for topic in asked:
             # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those. A
@@ -447,7 +444,7 @@ class Controller:
             elif topic.name is not None and not self._may(conn, "Describe", "Topic", topic.name):
                 error = ErrorCode.topic_authorization_failed
             topics.append(
-                _build(
+                build_entity(
                     entity_class(cls, "topics"),
                     error_code=error,
                     name=topic.name,
@@ -456,9 +453,9 @@ class Controller:
                     partitions=(),
                 )
             )
-        body = _build(
+        body = build_entity(
             cls,
-            throttle_time=_NO_THROTTLE,
+            throttle_time=NO_THROTTLE,
             brokers=(broker,),
             cluster_id=self.state.cluster_id,
             controller_id=i32(self.node_id),
@@ -474,13 +471,13 @@ class Controller:
         entry = entity_class(cls, "brokers")
         endpoint_type = getattr(body, "endpoint_type", 1)
         common = {
-            "throttle_time": _NO_THROTTLE,
+            "throttle_time": NO_THROTTLE,
             "endpoint_type": endpoint_type,
             "cluster_authorized_operations": i32(-(2**31)),
         }
         if not self._may(conn, "Describe"):
             return Reply(
-                _build(
+                build_entity(
                     cls,
                     **common,
                     error_code=ErrorCode.cluster_authorization_failed,
@@ -494,7 +491,7 @@ class Controller:
         listed = []
         if endpoint_type == 2:
             listed.append(
-                _build(
+                build_entity(
                     entry,
                     broker_id=i32(self.node_id),
                     host=conn.advertised_host,
@@ -509,9 +506,9 @@ class Controller:
                 fenced = cluster.is_fenced(registration.broker_id, now.mono_ms)
                 if fenced and not include_fenced and request.api_version >= 2:
                     continue
-                host, port = _first_listener(registration.listeners)
+                host, port = first_listener(registration.listeners)
                 listed.append(
-                    _build(
+                    build_entity(
                         entry,
                         broker_id=i32(registration.broker_id),
                         host=host,
@@ -521,7 +518,7 @@ class Controller:
                     )
                 )
         error = ErrorCode.none if endpoint_type in (1, 2) else ErrorCode.unsupported_endpoint_type
-        response = _build(
+        response = build_entity(
             cls,
             **common,
             error_code=error,
@@ -563,7 +560,7 @@ class Controller:
         not_allowed = {
             **refused,
             "error_code": denied,
-            "error_message": "" if batched else _KAFKA_MESSAGES[denied],
+            "error_message": "" if batched else KAFKA_MESSAGES[denied],
         }
 
         def answer(key: str) -> dict[str, Any]:
@@ -577,110 +574,7 @@ class Controller:
             entry = entity_class(cls, "coordinators")
             keys, most = body.coordinator_keys, self.limits.max_coordinator_keys
             if len(keys) > most:
-                return Reply(_too_many_keys(request, len(keys), most))
+                return Reply(too_many_keys(request, len(keys), most))
             coordinators = tuple(entry(key=key, **answer(key)) for key in keys)
-            return Reply(_build(cls, throttle_time=_NO_THROTTLE, coordinators=coordinators))
-        return Reply(_build(cls, throttle_time=_NO_THROTTLE, **answer(body.key)))
-
-
-_NO_THROTTLE = datetime.timedelta(0)
-#: Kafka's messages of the errors pidctl answers with Kafka's wording (Errors.java).
-_KAFKA_MESSAGES = {
-    ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
-    ErrorCode.group_authorization_failed: "Group authorization failed.",
-}
-#: The rest of an error answer, per API that writes records.
-_REFUSALS: dict[int, dict[str, Any]] = {
-    ApiKey.BROKER_REGISTRATION: {"broker_epoch": i64(-1)},
-    ApiKey.UNREGISTER_BROKER: {"error_message": "record too large"},
-    ApiKey.ALLOCATE_PRODUCER_IDS: {"producer_id_start": i64(0), "producer_id_len": i32(0)},
-    ApiKey.INIT_PRODUCER_ID: {"producer_id": i64(-1), "producer_epoch": i16(-1)},
-}
-
-
-def _init_reply(
-    request: Request,
-    error: ErrorCode,
-    answer: ProducerIdAndEpoch | None = None,
-    durable_offset: int = NO_WAIT,
-    new_producer_ids: int = 0,
-) -> Reply:
-    pid, epoch = (
-        (-1, -1) if error or answer is None else (answer.producer_id, answer.producer_epoch)
-    )
-    # Plain ints, not i64(pid)/i16(epoch): kio's phantom types cost ~9 us each per answer
-    # to re-check what the state already bounds (and the precompiled encoder's struct.pack
-    # refuses an out-of-range value anyway); at runtime both are ints.
-    cls: Any = response_class(request.api_key, request.api_version)
-    body = cls(throttle_time=_NO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
-    return Reply(body, durable_offset, new_producer_ids)
-
-
-def _no_block(request: Request, error: ErrorCode) -> Any:
-    """AllocateProducerIds refused: the error, start 0 and length 0 (as Kafka answers)."""
-    return _response(request, error_code=error, producer_id_start=i64(0), producer_id_len=i32(0))
-
-
-def _too_many_keys(request: Request, asked: int, most: int) -> Any:
-    """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
-    was asked, so the answer stays small."""
-    cls: Any = response_class(request.api_key, request.api_version)
-    refusal = entity_class(cls, "coordinators")(
-        key="",
-        error_code=ErrorCode.invalid_request,
-        error_message=f"{asked} keys in one request; at most {most} (max_coordinator_keys)",
-        node_id=i32(-1),
-        host="",
-        port=i32(-1),
-    )
-    return _build(cls, throttle_time=_NO_THROTTLE, coordinators=(refusal,))
-
-
-def _too_many_topics(request: Request, asked: int, most: int) -> Any:
-    """Metadata naming more topics than allowed: INVALID_REQUEST, top-level from v13
-    (KIP-1102), before that as the one topic listed; no brokers, nothing else."""
-    cls: Any = response_class(request.api_key, request.api_version)
-    topics: tuple[Any, ...] = ()
-    if request.api_version < 13:
-        entity = entity_class(cls, "topics")
-        topics = (
-            _build(
-                entity,
-                error_code=ErrorCode.invalid_request,
-                name="",
-                topic_id=uuid.UUID(int=0),
-                is_internal=False,
-                partitions=(),
-            ),
-        )
-    return _build(
-        cls,
-        throttle_time=_NO_THROTTLE,
-        brokers=(),
-        cluster_id=None,
-        controller_id=i32(-1),
-        topics=topics,
-        error_code=ErrorCode.invalid_request,  # v13+ only
-    )
-
-
-def _response(request: Request, **fields: Any) -> Any:
-    """The response entity for the request's API version (throttle time filled in)."""
-    cls: Any = response_class(request.api_key, request.api_version)
-    return cls(throttle_time=_NO_THROTTLE, **fields)
-
-
-def _first_listener(listeners: tuple[str, ...]) -> tuple[str, int]:
-    """(host, port) of a registration's first ``NAME://host:port`` listener, or ("", -1)."""
-    for listener in listeners:
-        with contextlib.suppress(ValueError):
-            address = parse_listener(listener)[1]
-            return address.host, address.port
-    return "", -1
-
-
-def _build(cls: Any, **fields: Any) -> Any:
-    """Instantiate a kio entity with the given fields that its version has (older versions
-    lack e.g. throttle_time, cluster_id or rack)."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{name: value for name, value in fields.items() if name in known})
+            return Reply(build_entity(cls, throttle_time=NO_THROTTLE, coordinators=coordinators))
+        return Reply(build_entity(cls, throttle_time=NO_THROTTLE, **answer(body.key)))

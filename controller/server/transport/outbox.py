@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
-from pidctl.controller.api.handlers import NO_WAIT
+from pidctl.controller.api.responses import NO_WAIT
 from pidctl.controller.server.transport.socket_io import SocketIO
 
 #: Each request's API name and when it was received (for the latency histogram).

@@ -19,7 +19,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.api import handlers
+from pidctl.controller.api import responses
 from pidctl.protocol.apis import ApiKey
 
 #: Per API, the functions (``module:qualified.name``) that decide its answers.
@@ -38,11 +38,11 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ),
     ApiKey.FIND_COORDINATOR: (
         "pidctl.controller.api.handlers:Controller._find_coordinator",
-        "pidctl.controller.api.handlers:_too_many_keys",
+        "pidctl.controller.api.responses:too_many_keys",
     ),
     ApiKey.METADATA: (
         "pidctl.controller.api.handlers:Controller._metadata",
-        "pidctl.controller.api.handlers:_too_many_topics",
+        "pidctl.controller.api.responses:too_many_topics",
     ),
     ApiKey.BROKER_REGISTRATION: (
         "pidctl.controller.api.handlers:Controller._broker_registration",
@@ -68,6 +68,7 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
 #: The modules whose functions decide answers (searched by :func:`unlisted_deciders`).
 DECIDING_MODULES = (
     "pidctl.controller.api.handlers",
+    "pidctl.controller.api.responses",
     "pidctl.controller.core.cluster",
     "pidctl.controller.core.producer_ids",
     "pidctl.controller.core.transactions",
@@ -79,7 +80,7 @@ DECIDING_MODULES = (
 NOT_THESE_APIS: dict[str, str] = {
     "pidctl.controller.api.handlers:Controller._describe_cluster": "DescribeCluster",
     "pidctl.controller.api.handlers:Controller.handle": (
-        "the RecordTooLarge refusal: INVALID_REQUEST for each API of handlers._REFUSALS, "
+        "the RecordTooLarge refusal: INVALID_REQUEST for each API of responses.REFUSALS, "
         "added by error_codes_by_api"
     ),
 }
@@ -134,7 +135,7 @@ def error_codes_by_api() -> dict[ApiKey, set[int]]:
         api: {ErrorCode.none.value}.union(*(_codes(_resolve(f)) for f in functions))
         for api, functions in DECIDERS.items()
     }
-    for api in handlers._REFUSALS:  # Controller.handle's refusal of a record too large
+    for api in responses.REFUSALS:  # Controller.handle's refusal of a record too large
         found[ApiKey(api)].add(ErrorCode.invalid_request.value)
     for api, code in UNREACHABLE:
         found[api].discard(code)

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from pidctl.controller.api.handlers import NO_WAIT
+from pidctl.controller.api.responses import NO_WAIT
 from pidctl.controller.core.logformat import encode_entry
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.core.state import ControllerState

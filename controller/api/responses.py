@@ -1,0 +1,141 @@
+"""Building the answers: kio response entities for the API version asked, the refusals
+each API answers with, and the :class:`Reply` a handler returns (the response, and the
+offset that must be durable before it is sent)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import uuid
+from typing import Any, NamedTuple
+
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16, i32, i64
+
+from pidctl.controller.core.transactions import (
+    ProducerIdAndEpoch,
+)
+from pidctl.protocol.addresses import parse_listener
+from pidctl.protocol.apis import (
+    ApiKey,
+    entity_class,
+    response_class,
+)
+from pidctl.protocol.codec import Request
+
+NO_WAIT = -1
+
+
+class Reply(NamedTuple):
+    """A response, and the log offset that must be durable before it is sent."""
+
+    body: Any
+    durable_offset: int = NO_WAIT
+    #: Producer ids this request created (for the quota on them): 1 for an idempotent
+    #: InitProducerId answered with a PID, and for a transactional id's first use or
+    #: rotation to a new PID; 0 otherwise.
+    new_producer_ids: int = 0
+
+
+NO_THROTTLE = datetime.timedelta(0)
+#: Kafka's messages of the errors pidctl answers with Kafka's wording (Errors.java).
+KAFKA_MESSAGES = {
+    ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
+    ErrorCode.group_authorization_failed: "Group authorization failed.",
+}
+#: The rest of an error answer, per API that writes records.
+REFUSALS: dict[int, dict[str, Any]] = {
+    ApiKey.BROKER_REGISTRATION: {"broker_epoch": i64(-1)},
+    ApiKey.UNREGISTER_BROKER: {"error_message": "record too large"},
+    ApiKey.ALLOCATE_PRODUCER_IDS: {"producer_id_start": i64(0), "producer_id_len": i32(0)},
+    ApiKey.INIT_PRODUCER_ID: {"producer_id": i64(-1), "producer_epoch": i16(-1)},
+}
+
+
+def init_reply(
+    request: Request,
+    error: ErrorCode,
+    answer: ProducerIdAndEpoch | None = None,
+    durable_offset: int = NO_WAIT,
+    new_producer_ids: int = 0,
+) -> Reply:
+    pid, epoch = (
+        (-1, -1) if error or answer is None else (answer.producer_id, answer.producer_epoch)
+    )
+    # Plain ints, not i64(pid)/i16(epoch): kio's phantom types cost ~9 us each per answer
+    # to re-check what the state already bounds (and the precompiled encoder's struct.pack
+    # refuses an out-of-range value anyway); at runtime both are ints.
+    cls: Any = response_class(request.api_key, request.api_version)
+    body = cls(throttle_time=NO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
+    return Reply(body, durable_offset, new_producer_ids)
+
+
+def no_block(request: Request, error: ErrorCode) -> Any:
+    """AllocateProducerIds refused: the error, start 0 and length 0 (as Kafka answers)."""
+    return response_for(request, error_code=error, producer_id_start=i64(0), producer_id_len=i32(0))
+
+
+def too_many_keys(request: Request, asked: int, most: int) -> Any:
+    """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
+    was asked, so the answer stays small."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    refusal = entity_class(cls, "coordinators")(
+        key="",
+        error_code=ErrorCode.invalid_request,
+        error_message=f"{asked} keys in one request; at most {most} (max_coordinator_keys)",
+        node_id=i32(-1),
+        host="",
+        port=i32(-1),
+    )
+    return build_entity(cls, throttle_time=NO_THROTTLE, coordinators=(refusal,))
+
+
+def too_many_topics(request: Request, asked: int, most: int) -> Any:
+    """Metadata naming more topics than allowed: INVALID_REQUEST, top-level from v13
+    (KIP-1102), before that as the one topic listed; no brokers, nothing else."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    topics: tuple[Any, ...] = ()
+    if request.api_version < 13:
+        entity = entity_class(cls, "topics")
+        topics = (
+            build_entity(
+                entity,
+                error_code=ErrorCode.invalid_request,
+                name="",
+                topic_id=uuid.UUID(int=0),
+                is_internal=False,
+                partitions=(),
+            ),
+        )
+    return build_entity(
+        cls,
+        throttle_time=NO_THROTTLE,
+        brokers=(),
+        cluster_id=None,
+        controller_id=i32(-1),
+        topics=topics,
+        error_code=ErrorCode.invalid_request,  # v13+ only
+    )
+
+
+def response_for(request: Request, **fields: Any) -> Any:
+    """The response entity for the request's API version (throttle time filled in)."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    return cls(throttle_time=NO_THROTTLE, **fields)
+
+
+def first_listener(listeners: tuple[str, ...]) -> tuple[str, int]:
+    """(host, port) of a registration's first ``NAME://host:port`` listener, or ("", -1)."""
+    for listener in listeners:
+        with contextlib.suppress(ValueError):
+            address = parse_listener(listener)[1]
+            return address.host, address.port
+    return "", -1
+
+
+def build_entity(cls: Any, **fields: Any) -> Any:
+    """Instantiate a kio entity with the given fields that its version has (older versions
+    lack e.g. throttle_time, cluster_id or rack)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in fields.items() if name in known})
