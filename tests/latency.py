@@ -67,17 +67,8 @@ def measure_paced(
     values: list[float] = []
     calls = 0
     while calls < minimum or not until():
-        started = time.monotonic()
-        request()
-        took = time.monotonic() - started
+        _paced_call(request, interval_s, values)
         calls += 1
-        values.append(took)
-        missed = took - interval_s
-        while missed > 0:
-            values.append(missed)
-            missed -= interval_s
-        if took < interval_s:
-            time.sleep(interval_s - took)
     return Latencies(sorted(values))
 
 
@@ -91,22 +82,29 @@ def measure_paced_beside(
     """:func:`measure_paced` of ``request`` and of ``baseline`` taking turns, each every
     ``interval_s``: the baseline is measured in the same seconds, so a machine that turns
     busy meanwhile slows both series, not only the one under test."""
-    series: tuple[list[float], list[float]] = ([], [])
+    measured: list[float] = []
+    baseline_values: list[float] = []
     calls = 0
     while calls < minimum or not until():
-        for call, values in zip((request, baseline), series, strict=True):
-            started = time.monotonic()
-            call()
-            took = time.monotonic() - started
-            values.append(took)
-            missed = took - interval_s
-            while missed > 0:
-                values.append(missed)
-                missed -= interval_s
-            if took < interval_s:
-                time.sleep(interval_s - took)
+        _paced_call(request, interval_s, measured)
+        _paced_call(baseline, interval_s, baseline_values)
         calls += 1
-    return Latencies(sorted(series[0])), Latencies(sorted(series[1]))
+    return Latencies(sorted(measured)), Latencies(sorted(baseline_values))
+
+
+def _paced_call(call: Callable[[], None], interval_s: float, values: list[float]) -> None:
+    """One timed call, with the late answers it stands for (see :func:`measure_paced`),
+    then the rest of its interval."""
+    started = time.monotonic()
+    call()
+    took = time.monotonic() - started
+    values.append(took)
+    missed = took - interval_s
+    while missed > 0:
+        values.append(missed)
+        missed -= interval_s
+    if took < interval_s:
+        time.sleep(interval_s - took)
 
 
 def bound(baseline: Latencies) -> float:
