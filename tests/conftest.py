@@ -13,7 +13,7 @@ from hypothesis import settings
 
 from ops.testing.conformance.targets import kafka_node as conformance_kafka_node
 from ops.testing.coordination import EtcdProcess
-from ops.testing.kafka import KafkaNode
+from ops.testing.kafka import QUICK_JVM_OPTIONS, KafkaNode
 from ops.testing.serverproc import ServerProcess
 from ops.testing.user_server import UserServerCheck
 
@@ -41,9 +41,8 @@ def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     saved = {name: os.environ.get(name) for name in ("TMPDIR", "JAVA_TOOL_OPTIONS", "PYTHONPATH")}
     # The tests' JVMs (Spark, Kafka, the Java client) live seconds to minutes: C1's quick
     # compiles and one GC thread cost a third less CPU than C2 and G1 on two cores, which the
-    # suite's JVMs share (the benchmarks, outside the tests, run Kafka as shipped).
-    quick_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    java = f"-Djava.io.tmpdir={directory} -XX:-UsePerfData {quick_jvm}"
+    # suite's JVMs share (a benchmark's Kafka runs as shipped: KafkaNode(shipped_jvm=True)).
+    java = " ".join([f"-Djava.io.tmpdir={directory}", "-XX:-UsePerfData", *QUICK_JVM_OPTIONS])
     os.environ["TMPDIR"] = str(directory)
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [saved["JAVA_TOOL_OPTIONS"], java]))
     # The processes started run without hypothesis, as installed (its stand-in says why).

@@ -150,7 +150,7 @@ def shared_node(run: suite.Run) -> KafkaNode:
     """The run's Kafka node as shipped, started on first use and stopped when the run ends:
     the rows share it (it stays warm, as a broker in service is)."""
     if "kafka" not in run.shared:
-        run.shared["kafka"] = run.resources.enter_context(KafkaNode(SHIPPED))
+        run.shared["kafka"] = run.resources.enter_context(KafkaNode(SHIPPED, shipped_jvm=True))
     node: KafkaNode = run.shared["kafka"]
     return node
 
@@ -162,7 +162,7 @@ def kafka_with(run: suite.Run, settings: dict[str, str]) -> Iterator[KafkaNode]:
     if not settings:
         yield shared_node(run)
         return
-    with KafkaNode(settings) as node:
+    with KafkaNode(settings, shipped_jvm=True) as node:
         yield node
 
 

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"rows": args.rows, "value_bytes": VALUE_BYTES}
     with (
         tempfile.TemporaryDirectory(prefix="pidctl-bench-kafka-") as tmp,
-        KafkaNode() as kafka,
+        KafkaNode(shipped_jvm=True) as kafka,
         started(
             ServerProcess(Path(tmp) / "data", "--first-producer-id", str(JOB_RANGE_START))
         ) as pidctl,

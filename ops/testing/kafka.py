@@ -51,6 +51,9 @@ LOG_TAIL_LINES = 40
 NODE_ID = 1
 #: The JVM's options: a heap that fits beside the tests, no hsperfdata files left in /tmp.
 JVM_OPTIONS = ("-Xms256m", "-Xmx768m", "-XX:-UsePerfData", "-Djava.awt.headless=true")
+#: What the test suite gives its short-lived JVMs through JAVA_TOOL_OPTIONS (tests/conftest.py:
+#: C1 only, one GC thread); a benchmark's Kafka runs without them, as shipped.
+QUICK_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 #: Settings every node gets: what a single node needs (replication factor 1 for Kafka's
 #: internal topics), everything else as Kafka ships it. ``settings`` add or override.
@@ -97,11 +100,14 @@ class KafkaNode:
         port: int | None = None,
         controller_port: int | None = None,
         sasl_users: Mapping[str, str] | None = None,
+        shipped_jvm: bool = False,
     ) -> None:
         """``settings``: Kafka properties added to :data:`BASE_SETTINGS` (e.g.
         ``{"transaction.max.timeout.ms": "60000"}``). ``port``/``controller_port``: the
         listeners' ports (free ones by default). ``sasl_users``: user → password of the
-        SASL listeners and the authorizer (none by default)."""
+        SASL listeners and the authorizer (none by default). ``shipped_jvm``: the broker's
+        JVM without :data:`QUICK_JVM_OPTIONS` (for benchmarks)."""
+        self.shipped_jvm = shipped_jvm
         self.settings = {**BASE_SETTINGS, **(settings or {})}
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
@@ -203,6 +209,13 @@ class KafkaNode:
         (self.directory / "log4j2.properties").write_text(_LOG4J2.format(log=self.log_file))
         return config
 
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.shipped_jvm and "JAVA_TOOL_OPTIONS" in env:
+            kept = [o for o in env["JAVA_TOOL_OPTIONS"].split() if o not in QUICK_JVM_OPTIONS]
+            env["JAVA_TOOL_OPTIONS"] = " ".join(kept)
+        return env
+
     def _java(self, main: str, *args: str) -> list[str]:
         return [
             require_java(),
@@ -266,6 +279,7 @@ class KafkaNode:
             with (self.directory / "console.log").open("wb") as console:
                 self.process = subprocess.Popen(
                     self._java("kafka.Kafka", str(config)),
+                    env=self._env(),
                     stdout=console,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
