@@ -5,11 +5,15 @@ server then stops reading that connection for that long (KIP-219), whatever the 
 does with the field. A new connection over its source address's rate is accepted only after
 the delay (KIP-612). Rates are token buckets: ``rate`` per second with a burst of
 ``rate * window_s``; a request that takes the bucket below zero is throttled for as long as
-the bucket needs to refill to zero (Kafka's quota ``throttleTime``).
+the bucket needs to refill to zero (Kafka's quota ``throttleTime``). The throttles answered on
+the wire are decided in whole milliseconds, as Kafka's ``QuotaUtils.throttleTime`` rounds
+them (``Math.round``) before its ``throttleTimeMs > 0`` check: under half a millisecond is
+no throttle, neither in the answer nor in the metrics.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 #: Buckets not touched for this long are full again and forgotten, bounding memory.
@@ -128,7 +132,7 @@ class Quotas:
 
     def request(self, api_key: int, principal: str, client_id: str | None, now_s: float) -> float:
         rate = self.rate(api_key, principal, client_id)
-        return self._requests.take((api_key, principal, client_id), now_s, rate)
+        return _whole_ms(self._requests.take((api_key, principal, client_id), now_s, rate))
 
     def connection(self, address: str, now_s: float) -> float:
         return self._connections.take(address, now_s)
@@ -138,4 +142,9 @@ class Quotas:
         InitProducerId, a transactional id's first use or rotation); how long to throttle
         the connection, or 0. The principal's override applies, else the default rate."""
         rate = self._producer_ids_rates.get(principal, self._producer_ids.rate)
-        return self._producer_ids.take(principal, now_s, rate, count)
+        return _whole_ms(self._producer_ids.take(principal, now_s, rate, count))
+
+
+def _whole_ms(seconds: float) -> float:
+    """``seconds`` rounded to a whole millisecond as Java's ``Math.round`` rounds (half up)."""
+    return math.floor(seconds * 1000 + 0.5) / 1000

@@ -381,10 +381,8 @@ class ConnectionServer:
             body = reply.body
             delay = 0.0
             if limited:
-                delay = _whole_ms(
-                    quotas.request(
-                        request.api_key, info.principal, request.header.client_id, time.monotonic()
-                    )
+                delay = quotas.request(
+                    request.api_key, info.principal, request.header.client_id, time.monotonic()
                 )
             if reply.new_producer_ids:
                 delay = max(delay, self._new_producer_ids(info.principal, reply.new_producer_ids))
@@ -466,7 +464,7 @@ class ConnectionServer:
         child.inc(count)
         if not self.quotas.limits_producer_ids:
             return 0.0
-        delay = _whole_ms(self.quotas.producer_ids(principal, count, time.monotonic()))
+        delay = self.quotas.producer_ids(principal, count, time.monotonic())
         if delay:
             self.metrics.producer_ids_throttled.labels(principal).inc()
             self.metrics.producer_ids_throttle_seconds.labels(principal).inc(delay)
@@ -522,9 +520,3 @@ class _Answers:
         self.data.append(data)
         self.durable_offset = max(self.durable_offset, durable_offset)
         self.timings.append((api, received))
-
-
-def _whole_ms(seconds: float) -> float:
-    """A throttle as the wire carries it, in whole milliseconds (Kafka's are longs): under
-    half a millisecond is no throttle, neither on the wire nor in the metrics."""
-    return round(seconds * 1000) / 1000

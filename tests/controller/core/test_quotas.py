@@ -74,3 +74,12 @@ def test_new_producer_ids_per_principal_with_overrides() -> None:
     assert all(quotas.producer_ids("User:bulk", 100, 0.0) == 0.0 for _ in range(3))
     assert quotas.producer_ids("User:a", 1, 10.0) == 0.0  # refilled
     assert not Quotas({}).limits_producer_ids
+
+
+def test_throttles_are_whole_milliseconds_rounded_as_kafka_rounds_them() -> None:
+    """QuotaUtils.throttleTime: Math.round of the milliseconds, then > 0 throttles."""
+    quotas = Quotas({67: 2_000.0}, window_s=1 / 2_000)  # a burst of 1, refilled in 0.5 ms
+    assert quotas.request(67, "User:a", None, 0.0) == 0.0
+    assert quotas.request(67, "User:a", None, 0.0001) == 0.0  # 0.4 ms: rounds to 0
+    assert quotas.request(67, "User:a", None, 0.0001) == 0.001  # 0.9 ms: 1 ms
+    assert quotas.request(67, "User:a", None, 0.0001) == 0.001  # 1.4 ms: 1 ms
