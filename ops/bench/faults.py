@@ -29,6 +29,7 @@ Prints one JSON object; exits 1 unless lost, twice and failed restarts are all 0
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -42,7 +43,7 @@ from typing import Any
 from ops.bench.common import first_overlap
 from ops.testing.coordination import EtcdProcess
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from ops.testing.serverproc import ServerProcess, strace_prefix
+from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
 from pidctl.controller.core.logformat import SEGMENT_SUFFIX
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
 from pidctl.controller.log.recovery import read_log
@@ -193,9 +194,8 @@ def _cycle(
                 tally.problems.append(f"exited {server.proc.returncode} without storage_failed")
         else:
             if kind == "flip":  # a record of this run's own to flip, on a busy machine too
-                deadline = time.monotonic() + FAULT_TIMEOUT_S
-                while acked.count == before and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                with contextlib.suppress(TimeoutError):  # else the flip finds none: tried again
+                    wait_until(lambda: acked.count > before, "a grant", FAULT_TIMEOUT_S, 0.02)
             time.sleep(rng.uniform(0.02, 0.3))
             tally.kills += 1
     finally:
