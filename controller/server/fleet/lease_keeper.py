@@ -86,7 +86,8 @@ def etcd_counter(
 
 
 class LeaseKeeper:
-    """Takes leases for one controller; ``poke()`` after every grant."""
+    """Takes leases for one controller; it observes the controller's records
+    (:meth:`applied`), and each grant pokes it."""
 
     def __init__(
         self,
@@ -129,7 +130,7 @@ class LeaseKeeper:
     def applied(self, offset: int, record: Record) -> None:
         """A controller observer: each grant pokes (:meth:`poke`)."""
         if isinstance(record, ProducerIdsGranted):
-            self._wake.set()
+            self.poke()
 
     def wanted(self) -> bool:
         return self.controller.state.producer_ids.wants_lease(self.lease_size, self.prefetch_ratio)
