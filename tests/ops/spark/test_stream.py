@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,20 @@ SCHEMA = "id LONG, name STRING"
 
 
 def _source(folder: Path) -> Path:
-    """FILES JSON files of PER_FILE rows: ids 0..FILES*PER_FILE-1."""
+    """FILES JSON files of PER_FILE rows: ids 0..FILES*PER_FILE-1, a second apart in
+    modification time: Spark's file source takes new files oldest first, in any order when
+    their times are equal (as files written in the same millisecond are), and the tests
+    expect micro-batch N to be file N."""
     folder.mkdir()
+    written = int(time.time()) - FILES
     for index in range(FILES):
         lines = (
             json.dumps({"id": i, "name": f"row-{i}"})
             for i in range(index * PER_FILE, (index + 1) * PER_FILE)
         )
-        (folder / f"part-{index}.json").write_text("\n".join(lines) + "\n")
+        path = folder / f"part-{index}.json"
+        path.write_text("\n".join(lines) + "\n")
+        os.utime(path, (written + index, written + index))
     return folder
 
 
