@@ -201,8 +201,9 @@ def _layout(api_key: int, api_version: int) -> tuple[int, Callable[[bytes, int],
 _LENGTH = struct.Struct(">i")
 
 # Precompiled answers of the hot APIs (every producer's InitProducerId, every broker's
-# AllocateProducerIds): one struct.pack instead of kio's generic, field-by-field writer;
-# ApiVersions (every connection's first request): its body's bytes cached per body.
+# AllocateProducerIds): one struct.pack instead of kio's generic, field-by-field writer.
+# (ApiVersions, every connection's first request, is built and encoded once by the server's
+# response building, controller/api/responses.py, and framed by frame_response.)
 # Length, correlation id, [tagged fields of a v1 header], the body, [its tagged fields]; the
 # tests check them byte for byte against kio's encoders.
 _INIT_PRODUCER_ID_V0 = struct.Struct(">iiihqh")  # v0-v1: not flexible
@@ -299,36 +300,33 @@ def _find_coordinator_v4(correlation_id: int, body: Any) -> bytes:
 _INT32 = struct.Struct(">i")
 
 
-#: Distinct ApiVersions bodies whose encoding is kept (a handful are ever made: one per
-#: version, with and without an error); past the bound the rest are encoded each time.
-MAX_CACHED_API_VERSIONS_BODIES = 64
 _RESPONSE_HEADER_V0 = struct.Struct(">ii")  # length, correlation id
-# Keyed by id() first (the server answers with the same few body objects, kept alive here, so
-# their ids are not reused), then by equality: hashing a body's fields costs ~4 us.
-_api_versions_by_id: dict[int, tuple[Any, bytes]] = {}
-_api_versions_bodies: dict[Any, bytes] = {}
 
 
-def _api_versions(correlation_id: int, body: Any) -> bytes:
-    """ApiVersions answers are the same for every connection asking at one version: the
-    body's bytes are encoded once (kio's writer) and kept; only the header is packed per
-    answer. The response header is v0 at every ApiVersions version (KIP-511), so a client
-    can always read it."""
-    known = _api_versions_by_id.get(id(body))
-    if known is not None and known[0] is body:
-        encoded = known[1]
-    else:
-        encoded = _api_versions_bodies.get(body) or _encode_body(body)
-        if len(_api_versions_by_id) < MAX_CACHED_API_VERSIONS_BODIES:
-            _api_versions_bodies.setdefault(body, encoded)
-            _api_versions_by_id[id(body)] = (body, encoded)
-    return _RESPONSE_HEADER_V0.pack(len(encoded) + 4, correlation_id) + encoded
-
-
-def _encode_body(body: Any) -> bytes:
+def encode_response_body(body: ResponsePayload) -> bytes:
+    """A response body's bytes alone, by kio's writer: for an answer built and encoded once
+    and sent to many (ApiVersions), which :func:`frame_response` frames for each request."""
     buffer = io.BytesIO()
     entity_writer(type(body))(buffer, body)
     return buffer.getvalue()
+
+
+def frame_response(header: RequestHeader, body: ResponsePayload, encoded_body: bytes) -> bytes:
+    """The frame of the response to ``header``'s request whose body ``encoded_body`` holds
+    (:func:`encode_response_body` of ``body``): the same bytes as :func:`encode_response`
+    gives, with only the header packed per answer."""
+    version = response_header_version(body.__api_key__, body.__version__)
+    if version == 0:  # (ApiVersions at every version, KIP-511: any client can read it)
+        return _RESPONSE_HEADER_V0.pack(len(encoded_body) + 4, header.correlation_id) + (
+            encoded_body
+        )
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    write_response_header(buffer, version, header.correlation_id)
+    buffer.write(encoded_body)
+    data = buffer.getbuffer()
+    _LENGTH.pack_into(data, 0, len(data) - 4)
+    return bytes(data)
 
 
 PRECOMPILED_RESPONSES: dict[tuple[int, int], Callable[[int, Any], bytes]] = {
@@ -336,7 +334,6 @@ PRECOMPILED_RESPONSES: dict[tuple[int, int], Callable[[int, Any], bytes]] = {
     (ApiKey.INIT_PRODUCER_ID, 1): _init_producer_id_v0,
     **{(ApiKey.INIT_PRODUCER_ID, v): _init_producer_id_v2 for v in range(2, 6)},
     (ApiKey.ALLOCATE_PRODUCER_IDS, 0): _allocate_producer_ids_v0,
-    **{(ApiKey.API_VERSIONS, v): _api_versions for v in range(5)},
     **{(ApiKey.FIND_COORDINATOR, v): _find_coordinator_v4 for v in range(4, 7)},
 }
 
@@ -346,8 +343,7 @@ def encode_response(header: RequestHeader, body: ResponsePayload) -> bytes:
 
     The response header version follows the body's own API version, so the ApiVersions
     fallback (a v0 body for a request of another version) gets the v0 header it needs.
-    InitProducerId and AllocateProducerIds answers are packed by precompiled structs;
-    ApiVersions answers reuse their body's cached bytes.
+    InitProducerId and AllocateProducerIds answers are packed by precompiled structs.
     """
     precompiled = PRECOMPILED_RESPONSES.get((body.__api_key__, body.__version__))
     if precompiled is not None:

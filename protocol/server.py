@@ -28,6 +28,7 @@ from pidctl.protocol.codec import (
     UnsupportedApiVersionsVersion,
     decode_request,
     encode_response,
+    frame_response,
 )
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError
 from pidctl.protocol.headers import RequestHeader
@@ -218,6 +219,11 @@ class ServerConnection:
     def send(self, header: RequestHeader, body: ResponsePayload) -> bytes:
         """The bytes of the response to the request with ``header``."""
         return encode_response(header, body)
+
+    def send_encoded(self, header: RequestHeader, body: ResponsePayload, encoded: bytes) -> bytes:
+        """:meth:`send` for a body encoded ahead (``encoded``, its
+        :func:`~pidctl.protocol.codec.encode_response_body`): only the header is packed."""
+        return frame_response(header, body, encoded)
 
     # -- SASL -------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pidctl.controller.api.responses import (
     KAFKA_MESSAGES,
     NO_THROTTLE,
     REFUSALS,
+    ApiVersionsAnswers,
     Reply,
     build_entity,
     first_listener,
@@ -43,11 +44,6 @@ from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import (
     DEFAULT_EXPIRY_BATCH,
     parse_expected,
-)
-from pidctl.protocol.api_versions import (
-    build_api_versions_response,
-    has_valid_client_software,
-    invalid_request_response,
 )
 from pidctl.protocol.apis import (
     ApiKey,
@@ -156,9 +152,7 @@ class Controller:
         #: waiting for a lease or a block.
         self.on_no_producer_id: Callable[[str, bool], None] = lambda api, exhausted: None
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
-        # ApiVersions answers by (version, error): the same for every connection, and ~100 us
-        # to build; built once (and so encoded once, see PRECOMPILED_RESPONSES).
-        self._api_versions_answers: dict[tuple[int, ErrorCode], Any] = {}
+        self.api_versions = ApiVersionsAnswers(self.supported)
         self._handlers: dict[int, Handler] = {
             ApiKey.API_VERSIONS: Controller._api_versions,
             ApiKey.BROKER_REGISTRATION: Controller._broker_registration,
@@ -268,17 +262,7 @@ class Controller:
     # -- handlers ---------------------------------------------------------------------------
 
     def _api_versions(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
-        valid = has_valid_client_software(request.body)
-        error = ErrorCode.none if valid else ErrorCode.invalid_request
-        key = (request.api_version, error)
-        body = self._api_versions_answers.get(key)
-        if body is None:
-            if valid:
-                body = build_api_versions_response(request.api_version, self.supported)
-            else:
-                body = invalid_request_response(request.api_version)
-            self._api_versions_answers[key] = body
-        return Reply(body)
+        return self.api_versions.reply(request)  # (no ACL: every client asks it first)
 
     def _broker_registration(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body

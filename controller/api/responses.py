@@ -17,12 +17,18 @@ from pidctl.controller.core.transactions import (
     ProducerIdAndEpoch,
 )
 from pidctl.protocol.addresses import parse_listener
+from pidctl.protocol.api_versions import (
+    build_api_versions_response,
+    has_valid_client_software,
+    invalid_request_response,
+)
 from pidctl.protocol.apis import (
     ApiKey,
+    SupportedApis,
     entity_class,
     response_class,
 )
-from pidctl.protocol.codec import Request
+from pidctl.protocol.codec import Request, encode_response_body
 
 NO_WAIT = -1
 
@@ -36,6 +42,38 @@ class Reply(NamedTuple):
     #: InitProducerId answered with a PID, and for a transactional id's first use or
     #: rotation to a new PID; 0 otherwise.
     new_producer_ids: int = 0
+    #: The body's bytes when it was encoded ahead (:class:`ApiVersionsAnswers`), for the
+    #: connection to frame as they are unless it changes the body (a throttle); None: the
+    #: body is encoded when sent.
+    encoded: bytes | None = None
+
+
+class ApiVersionsAnswers:
+    """The ApiVersions answers, each built and encoded once: the same for every connection
+    asking at one version (every connection's first request), and ~100 µs to build and as
+    much to encode. The server's only cache of them: one per served version, valid or not
+    (KIP-511's client software check), at most twice the versions served."""
+
+    __slots__ = ("_replies", "supported")
+
+    def __init__(self, supported: SupportedApis) -> None:
+        self.supported = supported
+        self._replies: dict[tuple[int, bool], Reply] = {}
+
+    def reply(self, request: Request) -> Reply:
+        """The answer to an ApiVersions request (at a version served: the codec answers the
+        others), its body's bytes with it."""
+        valid = has_valid_client_software(request.body)
+        key = (request.api_version, valid)
+        reply = self._replies.get(key)
+        if reply is None:
+            version = request.api_version
+            if valid:
+                body = build_api_versions_response(version, self.supported)
+            else:
+                body = invalid_request_response(version)
+            reply = self._replies[key] = Reply(body, encoded=encode_response_body(body))
+        return reply
 
 
 NO_THROTTLE = datetime.timedelta(0)

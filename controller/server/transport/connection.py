@@ -401,7 +401,11 @@ class ConnectionServer:
                     correlation_id=request.header.correlation_id,
                     error=getattr(body, "error_code", 0),
                 )
-            answers.add(connection.send(request.header, body), reply.durable_offset, api, received)
+            if reply.encoded is None or delay:
+                data = connection.send(request.header, body)
+            else:  # (ApiVersions: its body encoded once, by controller/api/responses.py)
+                data = connection.send_encoded(request.header, body, reply.encoded)
+            answers.add(data, reply.durable_offset, api, received)
             if delay:
                 decided.throttle = delay
                 return  # muted: the rest waits until the throttle time has passed

@@ -32,6 +32,7 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ),
     ApiKey.API_VERSIONS: (
         "pidctl.controller.api.handlers:Controller._api_versions",
+        "pidctl.controller.api.responses:ApiVersionsAnswers.reply",
         "pidctl.protocol.api_versions:build_api_versions_response",
         "pidctl.protocol.api_versions:unsupported_version_response",
         "pidctl.protocol.api_versions:invalid_request_response",
