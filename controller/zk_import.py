@@ -94,7 +94,7 @@ def import_into_data_dir(
 ) -> str:
     """Log a :class:`ProducerIdFloorRaised` (the controller must be stopped: the data dir is
     locked while it runs). Returns what was done, in one line."""
-    from pidctl.controller.api.handlers import Controller, Now
+    from pidctl.controller.api.quorum import Now, QuorumController
     from pidctl.controller.log.datadir import lock_data_dir
     from pidctl.controller.log.metalog import MetadataLog
     from pidctl.controller.log.recovery import recover
@@ -108,14 +108,15 @@ def import_into_data_dir(
             return f"{data_dir}: high-water mark already {wanted}; nothing to do"
 
         async def write() -> None:
+            quorum: QuorumController
             log = MetadataLog(
                 data_dir,
                 state.next_offset,
                 recovery.snapshot_offset,
-                lambda: state.copy().to_snapshot,
+                lambda: quorum.snapshot(),
                 reservation=recovery.reservation,
             )
-            controller = Controller(state, log, node_id=node_id)
+            quorum = QuorumController(state, log)
             async with trio.open_nursery() as nursery:
                 await nursery.start(log.run)
                 wall = time.time_ns() // 1_000_000
@@ -124,11 +125,11 @@ def import_into_data_dir(
                 # ActivationRecordsGenerator): a log made here begins as `pidctl format`'s.
                 if state.cluster_id is None:
                     cluster = state.cluster
-                    controller.apply(
+                    quorum.apply(
                         cluster.create_cluster(cluster_id or new_cluster_id(), node_id), now
                     )
-                    controller.apply(cluster.controller_started(node_id, "import-zk"), now)
-                controller.apply(state.producer_ids.raise_floor(wanted, origin), now)
+                    quorum.apply(cluster.controller_started(node_id, "import-zk"), now)
+                quorum.apply(state.producer_ids.raise_floor(wanted, origin), now)
                 await log.flush()
                 nursery.cancel_scope.cancel()
 

@@ -137,3 +137,13 @@ def test_each_room_of_the_server_holds_modules() -> None:
     for room in ("telemetry", "security", "fleet", "transport", "server"):
         folder, _ = ROOMS[room]
         assert [p for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"], room
+
+
+def test_the_quorum_controller_knows_no_handler() -> None:
+    """``api/quorum.py`` (apply and snapshots) lies below the handlers and their responses
+    (Kafka's QuorumController below its ControllerApis): it imports neither, so whatever
+    writes records without a request (start-up, expiry, the lease keeper, import-zk) needs
+    no handler."""
+    path = ROOT / "controller/api/quorum.py"
+    above = [m for _, m in _imports(path) if m.startswith("pidctl.controller.api.")]
+    assert above == []

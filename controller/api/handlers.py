@@ -1,11 +1,10 @@
-"""The controller: API handlers over the domain managers, and the one place results apply.
+"""The controller's API handlers: Kafka's ``ControllerApis`` side of the
+``ControllerApis`` / ``QuorumController`` line.
 
-A handler authorises, calls one manager's decision and builds the response entity; nothing
-else. :meth:`Controller.apply` replays a result's records onto the managers (which checks
-every invariant first, so a record that would corrupt the log fails the request before it
-is appended) and appends them to the log's buffer (which never waits). The response may be
-sent once everything decided so far is durable. Decisions run one at a time on the event
-loop, so the logic needs no locks.
+A handler authorises, calls one manager's decision, has :class:`QuorumController` apply its
+result (``quorum.py``: the records replayed and appended) and builds the response from
+``responses.py``; nothing else. The response may be sent once everything decided so far
+is durable.
 """
 
 from __future__ import annotations
@@ -13,11 +12,12 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
+from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.api.responses import (
     KAFKA_MESSAGES,
     NO_THROTTLE,
@@ -33,18 +33,11 @@ from pidctl.controller.api.responses import (
     too_many_topics,
 )
 from pidctl.controller.core.acl import Authorizer
-from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPIRY_BATCH
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
-from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
+from pidctl.controller.core.logformat import RecordTooLarge
 from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID, LEASE_EXHAUSTED
-from pidctl.controller.core.records import Record
-from pidctl.controller.core.result import ControllerResult
-from pidctl.controller.core.state import ControllerState
-from pidctl.controller.core.transactions import (
-    DEFAULT_EXPIRY_BATCH,
-    parse_expected,
-)
+from pidctl.controller.core.transactions import parse_expected
 from pidctl.protocol.apis import (
     ApiKey,
     SupportedApis,
@@ -75,23 +68,6 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
-
-T = TypeVar("T")
-
-
-class RecordSink(Protocol):
-    """Where records go to become durable (the metadata log)."""
-
-    def append_entry(self, entry: bytes) -> int:
-        """Buffer one encoded entry (:func:`encode_entry`); return its offset."""
-        ...
-
-
-class Now(NamedTuple):
-    """Wall-clock time for records, monotonic time for sessions; both in milliseconds."""
-
-    wall_ms: int
-    mono_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,25 +104,24 @@ class RequestLimits:
 
 
 class Controller:
-    """Turns requests into records and responses against one :class:`ControllerState`."""
+    """Answers requests: per API, authorise, decide (one manager), apply (the quorum
+    controller), respond."""
 
     def __init__(
         self,
-        state: ControllerState,
-        sink: RecordSink,
+        quorum: QuorumController,
         *,
         node_id: int = 1,
         authorizer: Authorizer | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
-        self.state = state
+        #: The managers, for their decisions (read and decided here; changed only by apply).
+        self.state = quorum.state
         self.node_id = node_id
         self.limits = limits or RequestLimits()
         self.authorizer = authorizer or Authorizer()
-        self.sink = sink
-        #: Told of every record applied, with its offset, before it is durable (metrics, the
-        #: audit log's pending lines, the lease keeper's wake-up).
-        self.observers: list[Callable[[int, Record], None]] = []
+        # Bound once: every request that writes calls it.
+        self._apply = quorum.apply
         #: Told of each request refused for want of a producer id: the API's name, and
         #: whether the range is used up for good (an operator must widen it) rather than
         #: waiting for a lease or a block.
@@ -196,56 +171,6 @@ class Controller:
             return Reply(too_many_keys(request, entries, limit))
         raise ValueError(f"API key {header.api_key} has no array limit")
 
-    def apply(self, result: ControllerResult[T], now: Now) -> tuple[T, int]:
-        """Replay a result's records and append them; return its response and the offset
-        to wait for: everything decided so far, not just these records, since a response
-        may report state (a retried registration's epoch, a PID of a pool block) that an
-        earlier, still pending record made."""
-        state, sink = self.state, self.sink
-        records = result.records
-        if records:
-            # Encoded first: a record replay could not read back (RecordTooLarge) fails the
-            # request before anything changes. Then replayed (every invariant checked before
-            # the state changes), then appended.
-            first = state.next_offset
-            try:
-                entries = [encode_entry(first + i, now.wall_ms, r) for i, r in enumerate(records)]
-            except RecordTooLarge:
-                # The decision may have filled the InitProducerId pool from a grant in this
-                # result, now not logged: dropping the pool wastes a block or two, and never
-                # hands out a PID twice.
-                state.transactions.pool.clear()
-                raise
-            for entry, record in zip(entries, records, strict=True):
-                offset = state.next_offset
-                state.replay(offset, record)
-                appended = sink.append_entry(entry)
-                if appended != offset:
-                    raise AssertionError(f"log offset {appended} != state offset {offset}")
-                for observe in self.observers:
-                    observe(offset, record)
-        return result.response, state.next_offset - 1
-
-    def snapshot(self) -> Callable[[], dict[str, Any]]:
-        """What the log needs for a snapshot at this instant: taken at once, built later."""
-        return self.state.copy().to_snapshot
-
-    def expire_transactional_ids(
-        self, now: Now, limit: int = DEFAULT_EXPIRY_BATCH
-    ) -> tuple[int, int]:
-        """Log an expiry for each of at most ``limit`` transactional ids unused past the
-        setting, longest unused first; return how many, and the offset to wait for (fewer
-        than ``limit``: none is left to expire)."""
-        return self.apply(self.state.transactions.expire(now.wall_ms, limit), now)
-
-    def expire_job_allocations(
-        self, now: Now, limit: int = DEFAULT_JOB_EXPIRY_BATCH
-    ) -> tuple[int, int]:
-        """Log an expiry for each of at most ``limit`` job app ids unused past
-        ``job_allocation_expiration_ms``, oldest first; return how many, and the offset to
-        wait for (fewer than ``limit``: none is left to expire)."""
-        return self.apply(self.state.jobs.expire(now.wall_ms, limit), now)
-
     def _may(
         self,
         conn: ConnectionInfo,
@@ -283,7 +208,7 @@ class Controller:
             now_ms=now.mono_ms,
             next_offset=self.state.next_offset,
         )
-        registered, offset = self.apply(result, now)
+        registered, offset = self._apply(result, now)
         response = response_for(
             request, error_code=registered.error, broker_epoch=i64(registered.broker_epoch)
         )
@@ -301,7 +226,7 @@ class Controller:
             want_shut_down=body.want_shut_down,
             now_ms=now.mono_ms,
         )
-        beat, offset = self.apply(result, now)
+        beat, offset = self._apply(result, now)
         response = response_for(
             request,
             error_code=beat.error,
@@ -320,7 +245,7 @@ class Controller:
                 )
             )
         broker_id = request.body.broker_id
-        error, offset = self.apply(self.state.cluster.unregister(broker_id), now)
+        error, offset = self._apply(self.state.cluster.unregister(broker_id), now)
         # Kafka's messages: empty on success (the field's default), its exception's text.
         message = (
             "" if error == ErrorCode.none else f"Broker ID {broker_id} is not currently registered"
@@ -356,7 +281,7 @@ class Controller:
                 principal=conn.principal,
                 client_id=client_id,
             )
-        block, offset = self.apply(result, now)
+        block, offset = self._apply(result, now)
         if block.error in (ErrorCode.unknown_server_error, LEASE_EXHAUSTED):
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
         # Plain ints, as in init_reply: a broker's every block request answers here.
@@ -395,7 +320,7 @@ class Controller:
                 expected=expected,
                 now_ms=now.wall_ms,
             )
-        answer, offset = self.apply(result, now)
+        answer, offset = self._apply(result, now)
         error = answer.error
         if error == ErrorCode.coordinator_load_in_progress:
             self.on_no_producer_id("InitProducerId", self.state.producer_ids.exhausted())

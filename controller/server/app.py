@@ -21,6 +21,7 @@ import structlog
 import trio
 
 from pidctl.controller.api.handlers import Controller, RequestLimits
+from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
@@ -220,7 +221,7 @@ class PidctlServer:
             data_dir,
             state.next_offset,
             recovery.snapshot_offset,
-            lambda: state.copy().to_snapshot,
+            lambda: quorum.snapshot(),  # (the quorum controller, made below over this log)
             segment_max_bytes=settings.segment_max_bytes,
             snapshot_interval_records=settings.snapshot_interval_records,
             retention_bytes=settings.log_retention_bytes,
@@ -234,15 +235,16 @@ class PidctlServer:
             max_metadata_topics=settings.max_metadata_topics,
             max_registration_entries=settings.max_registration_entries,
         )
+        quorum = QuorumController(state, metalog)
         controller = Controller(
-            state, metalog, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
+            quorum, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
         )
         self._controller = controller
         controller.on_no_producer_id = self._no_producer_id
-        lease_keeper = self._lease_keeper(controller, metalog)
-        controller.observers.append(self.after_commit.applied)
+        lease_keeper = self._lease_keeper(quorum, metalog)
+        quorum.observers.append(self.after_commit.applied)
         if lease_keeper is not None:
-            controller.observers.append(lease_keeper.applied)
+            quorum.observers.append(lease_keeper.applied)
         if not self.authorizer.enabled:
             log.warning(
                 "no authorizer: every client may do everything, as Kafka without an authorizer;"
@@ -269,13 +271,13 @@ class PidctlServer:
         self.after_commit.outboxes = connections.outboxes
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
-            self._initialise_cluster(controller)
-            self._resume(controller, recovery.reservation)
+            self._initialise_cluster(quorum)
+            self._resume(quorum, recovery.reservation)
             await metalog.flush()
             if state.producer_ids.exhausted():
                 self._no_producer_id("start-up", True)
             await background.start(self._watch_free_space, data_dir)
-            background.start_soon(self._expire_transactional_ids, controller, metalog)
+            background.start_soon(self._expire_transactional_ids, quorum, metalog)
             if lease_keeper is not None:
                 await background.start(lease_keeper.run)
                 if state.producer_ids.lease_remaining() == 0:
@@ -287,7 +289,7 @@ class PidctlServer:
                 await self._serve(connections, task_status)
                 await metalog.flush()
                 # Everything granted is durable: the next start need skip nothing.
-                controller.apply(state.producer_ids.release_reservation(), now())
+                quorum.apply(state.producer_ids.release_reservation(), now())
                 await metalog.flush()
             finally:
                 if lease_keeper is not None:
@@ -386,12 +388,12 @@ class PidctlServer:
             task_status = trio.TASK_STATUS_IGNORED
             await trio.sleep(FREE_SPACE_CHECK_S)
 
-    def _lease_keeper(self, controller: Controller, metalog: MetadataLog) -> LeaseKeeper | None:
+    def _lease_keeper(self, quorum: QuorumController, metalog: MetadataLog) -> LeaseKeeper | None:
         """With ``pid_source``: the task that leases from etcd. Without: refuse a data dir that
         leased before, whose PIDs above its last lease other controllers may hold."""
         settings = self.settings
         if not settings.pid_source:
-            if controller.state.producer_ids.lease_mode:
+            if quorum.state.producer_ids.lease_mode:
                 raise PidSourceMismatch(
                     "this data dir took its producer ids from etcd leases; without pid_source "
                     "it could grant ids other controllers hold (set pid_source again)"
@@ -400,7 +402,7 @@ class PidctlServer:
         self.metrics.lease_size.set(settings.pid_lease_size)
         return LeaseKeeper(
             etcd_counter(settings, self.metrics.etcd_request, leases=True),
-            controller,
+            quorum,
             metalog.wait_durable,
             now,
             lease_size=settings.pid_lease_size,
@@ -417,7 +419,9 @@ class PidctlServer:
         self.metrics.etcd_counter_regressions.inc()
         self.http.faults["etcd_counter"] = str(error)
 
-    async def _expire_transactional_ids(self, controller: Controller, metalog: MetadataLog) -> None:
+    async def _expire_transactional_ids(
+        self, quorum: QuorumController, metalog: MetadataLog
+    ) -> None:
         """Every cleanup interval, expire what is due in steps of at most
         ``transactional_id_expiry_batch`` ids (Kafka's TransactionStateManager removes expired
         ids in batches too): each step costs what it expires, and the next one waits until
@@ -431,7 +435,7 @@ class PidctlServer:
             longest = 0.0  # the event loop's CPU time in one step: what a request waits behind
             while True:
                 started = time.thread_time()
-                expired, offset = controller.expire_transactional_ids(now(), batch)
+                expired, offset = quorum.expire_transactional_ids(now(), batch)
                 longest = max(longest, time.thread_time() - started)
                 total += expired
                 steps += 1
@@ -450,7 +454,7 @@ class PidctlServer:
             # Job app ids past job_allocation_expiration_ms, the same way.
             total = 0
             while True:
-                expired, offset = controller.expire_job_allocations(now(), batch)
+                expired, offset = quorum.expire_job_allocations(now(), batch)
                 total += expired
                 if expired < batch:
                     break
@@ -458,12 +462,12 @@ class PidctlServer:
             if total:
                 log.info("job allocations expired", count=total)
 
-    def _resume(self, controller: Controller, reservation: int | None) -> None:
+    def _resume(self, quorum: QuorumController, reservation: int | None) -> None:
         """Raise the high-water mark above whatever the log's tail may have lost (the
         reservation), before anything is served."""
-        producer_ids = controller.state.producer_ids
+        producer_ids = quorum.state.producer_ids
         before = producer_ids.next_producer_id
-        floor, _ = controller.apply(producer_ids.resume(reservation), now())
+        floor, _ = quorum.apply(producer_ids.resume(reservation), now())
         if floor > before:
             log.warning(
                 "producer ids go on above the reservation",
@@ -473,8 +477,8 @@ class PidctlServer:
                 reason="the log's tail may have lost grants below it (a crash, or damage)",
             )
 
-    def _initialise_cluster(self, controller: Controller) -> None:
-        cluster, wanted = controller.state.cluster, self.settings.cluster_id
+    def _initialise_cluster(self, quorum: QuorumController) -> None:
+        cluster, wanted = quorum.state.cluster, self.settings.cluster_id
         if cluster.cluster_id is None:  # a log without its first record: made by hand
             raise NotFormatted(
                 f"data dir {self.settings.data_dir} holds no ClusterCreated record: it was not "
@@ -484,7 +488,7 @@ class PidctlServer:
             raise ClusterIdMismatch(
                 f"cluster_id {wanted!r} does not match {cluster.cluster_id!r} stored in the log"
             )
-        controller.apply(cluster.controller_started(self.settings.node_id, __version__), now())
+        quorum.apply(cluster.controller_started(self.settings.node_id, __version__), now())
 
 
 def log_start(settings: Settings) -> None:

@@ -27,7 +27,7 @@ import trio
 
 from ops.bench.common import ROOT, exit_on_sigterm, run_json
 from ops.testing.serverproc import ServerProcess
-from pidctl.controller.api.handlers import Controller, Now
+from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.records import (
     BrokerRegistered,
     ClusterCreated,
@@ -39,10 +39,10 @@ from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
 
 
-def append_history(controller: Controller, records: Sequence[Record], now: Now) -> int:
+def append_history(quorum: QuorumController, records: Sequence[Record], now: Now) -> int:
     """A benchmark's hand-made history: records no manager decided (the server never writes
-    such), replayed and appended as :meth:`Controller.apply` does; the offset to wait for."""
-    return controller.apply(ControllerResult(tuple(records), None), now)[1]
+    such), replayed and appended by :meth:`QuorumController.apply`; the offset to wait for."""
+    return quorum.apply(ControllerResult(tuple(records), None), now)[1]
 
 
 def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 10_000) -> None:
@@ -51,23 +51,23 @@ def build_history(data_dir: Path, grants: int, snapshot_interval_records: int = 
 
     async def main() -> None:
         state = ControllerState()
-        controller: Controller
+        quorum: QuorumController
         metalog = MetadataLog(
             data_dir,
             0,
             0,
-            lambda: controller.snapshot(),
+            lambda: quorum.snapshot(),
             snapshot_interval_records=snapshot_interval_records,
         )
-        controller = Controller(state, metalog)
+        quorum = QuorumController(state, metalog)
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(metalog.run)
-            append_history(controller, [ClusterCreated("bench-cluster", 1)], now)
-            append_history(controller, [BrokerRegistered(1, "inc", state.next_offset)], now)
+            append_history(quorum, [ClusterCreated("bench-cluster", 1)], now)
+            append_history(quorum, [BrokerRegistered(1, "inc", state.next_offset)], now)
             for done in range(grants):
                 first = state.next_producer_id
-                append_history(controller, [ProducerIdsGranted(1, 1, first, first + 1000)], now)
+                append_history(quorum, [ProducerIdsGranted(1, 1, first, first + 1000)], now)
                 if done % 5000 == 4999:
                     await metalog.flush()
             await metalog.flush()

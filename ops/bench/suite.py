@@ -128,7 +128,7 @@ def build_transactional_ids(data_dir: Path, count: int) -> None:
     """A data dir holding ``count`` transactional ids, written through the real log."""
     import trio
 
-    from pidctl.controller.api.handlers import Controller, Now
+    from pidctl.controller.api.quorum import Now, QuorumController
     from pidctl.controller.core.records import (
         ClusterCreated,
         ProducerIdsGranted,
@@ -141,21 +141,19 @@ def build_transactional_ids(data_dir: Path, count: int) -> None:
 
     async def main() -> None:
         state = ControllerState()
-        controller: Controller
+        quorum: QuorumController
         metalog = MetadataLog(
-            data_dir, 0, 0, lambda: controller.snapshot(), snapshot_interval_records=10**9
+            data_dir, 0, 0, lambda: quorum.snapshot(), snapshot_interval_records=10**9
         )
-        controller = Controller(state, metalog)
+        quorum = QuorumController(state, metalog)
         now = Now(int(time.time() * 1000), 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(metalog.run)
-            append_history(controller, [ClusterCreated("bench", 1)], now)
-            append_history(
-                controller, [ProducerIdsGranted(1, -1, 0, count, holder="controller")], now
-            )
+            append_history(quorum, [ClusterCreated("bench", 1)], now)
+            append_history(quorum, [ProducerIdsGranted(1, -1, 0, count, holder="controller")], now)
             for i in range(count):
                 record = TransactionalIdUpdated(f"app-{i:08d}", i, 0, i, -1, 60_000, now.wall_ms)
-                append_history(controller, [record], now)
+                append_history(quorum, [record], now)
                 if i % 20_000 == 19_999:
                     await metalog.flush()
             await metalog.flush()

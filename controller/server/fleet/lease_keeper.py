@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 import trio
 
-from pidctl.controller.api.handlers import Controller, Now
+from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.producer_ids import ProducerIdSpaceExhausted
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.server.fleet.etcd import (
@@ -86,13 +86,13 @@ def etcd_counter(
 
 
 class LeaseKeeper:
-    """Takes leases for one controller; it observes the controller's records
-    (:meth:`applied`), and each grant pokes it."""
+    """Takes leases for one controller; it observes the records its quorum controller
+    applies (:meth:`applied`), and each grant pokes it."""
 
     def __init__(
         self,
         counter: EtcdCounter,
-        controller: Controller,
+        quorum: QuorumController,
         wait_durable: Callable[[int], Awaitable[None]],
         now: Callable[[], Now],
         *,
@@ -102,7 +102,7 @@ class LeaseKeeper:
         on_counter_went_back: Callable[[CounterWentBack | None], None] = lambda error: None,
     ) -> None:
         self.counter = counter
-        self.controller = controller
+        self.quorum = quorum
         self._wait_durable = wait_durable
         self._now = now
         self.lease_size = lease_size
@@ -128,12 +128,12 @@ class LeaseKeeper:
         self._wake.set()
 
     def applied(self, offset: int, record: Record) -> None:
-        """A controller observer: each grant pokes (:meth:`poke`)."""
+        """An observer of the quorum controller: each grant pokes (:meth:`poke`)."""
         if isinstance(record, ProducerIdsGranted):
             self.poke()
 
     def wanted(self) -> bool:
-        return self.controller.state.producer_ids.wants_lease(self.lease_size, self.prefetch_ratio)
+        return self.quorum.state.producer_ids.wants_lease(self.lease_size, self.prefetch_ratio)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -151,7 +151,7 @@ class LeaseKeeper:
                 await self._refuse(e)
                 continue
             except (EtcdUnavailable, EtcdRefused) as e:
-                left = self.controller.state.producer_ids.lease_remaining()
+                left = self.quorum.state.producer_ids.lease_remaining()
                 if left == 0 and out_since is None:
                     out_since = time.monotonic()
                     log.error(
@@ -197,7 +197,7 @@ class LeaseKeeper:
                 source=str(self.location),
                 counter=error.counter,
                 highest_lease_seen=error.highest,
-                lease_remaining=self.controller.state.producer_ids.lease_remaining(),
+                lease_remaining=self.quorum.state.producer_ids.lease_remaining(),
                 error=str(error),
             )
             self._refusal_logged = moment
@@ -211,7 +211,7 @@ class LeaseKeeper:
         recorded in etcd by any controller of the fleet beside the counter) went back:
         :class:`CounterWentBack`."""
         highest = max(
-            self._highest_seen, self.controller.state.producer_ids.highest_lease_end, seen.leased
+            self._highest_seen, self.quorum.state.producer_ids.highest_lease_end, seen.leased
         )
         if seen.value < highest:
             raise CounterWentBack(seen.value, highest)
@@ -223,19 +223,15 @@ class LeaseKeeper:
         seen = self._last_seen if self._last_seen is not None else await self.counter.read()
         while True:
             self._check(seen)
-            first, end = self.controller.state.producer_ids.lease_bounds(
-                seen.value, self.lease_size
-            )
+            first, end = self.quorum.state.producer_ids.lease_bounds(seen.value, self.lease_size)
             swap = await self.counter.compare_and_swap(seen, end)
             seen = swap.counter
             self._last_seen = seen
             if swap.succeeded:
                 self._highest_seen = max(self._highest_seen, end)
                 break
-        lease = self.controller.state.producer_ids.lease(
-            first, end, str(self.location), swap.revision
-        )
-        offset = self.controller.apply(lease, self._now())[1]
+        lease = self.quorum.state.producer_ids.lease(first, end, str(self.location), swap.revision)
+        offset = self.quorum.apply(lease, self._now())[1]
         await self._wait_durable(offset)
         self._on_lease(end - first)
         self.leased.set()

@@ -28,7 +28,8 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now
+from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.quorum import Now
 from pidctl.controller.api.responses import NO_WAIT
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.security.sasl import CredentialStore

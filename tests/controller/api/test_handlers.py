@@ -9,7 +9,8 @@ import pytest
 from kio.schema.find_coordinator.v4 import FindCoordinatorRequest
 from kio.static.primitive import i8
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now, RequestLimits
+from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.acl import Acl, Authorizer
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol import requests
@@ -29,23 +30,18 @@ class MemoryLog:
         return len(self.entries) - 1
 
 
-def _controller(authorizer: Authorizer | None = None, **limits: int) -> Controller:
-    controller = Controller(
-        ControllerState(), MemoryLog(), authorizer=authorizer, limits=RequestLimits(**limits)
-    )
-    controller.apply(controller.state.cluster.create_cluster("c", 1), NOW)
+def _controller(
+    authorizer: Authorizer | None = None, log: MemoryLog | None = None, **limits: int
+) -> Controller:
+    quorum = QuorumController(ControllerState(), MemoryLog() if log is None else log)
+    controller = Controller(quorum, authorizer=authorizer, limits=RequestLimits(**limits))
+    quorum.apply(quorum.state.cluster.create_cluster("c", 1), NOW)
     return controller
 
 
 def _handle(controller: Controller, body: Any, principal: str = "User:ANONYMOUS") -> Any:
     request: Request = decode_request(encode_request(body, 7, "t")[4:], controller.supported)
     return controller.handle(request, NOW, ConnectionInfo(principal=principal)).body
-
-
-def _written(controller: Controller) -> int:
-    log = controller.sink
-    assert isinstance(log, MemoryLog)
-    return len(log.entries)
 
 
 def test_allocation_needs_cluster_action_and_a_job_needs_idempotent_write() -> None:
@@ -79,20 +75,22 @@ def test_a_fenced_producer_hears_what_its_version_understands(version: int, erro
 
 
 def test_a_transactional_id_too_long_to_log_is_refused_and_nothing_written() -> None:
-    controller = _controller()
-    before = _written(controller)
+    log = MemoryLog()
+    controller = _controller(log=log)
+    before = len(log.entries)
     answer = _handle(controller, requests.init_producer_id("\x01" * 40_000))
     assert (answer.error_code, answer.producer_id, answer.producer_epoch) == (42, -1, -1)
-    assert _written(controller) == before
+    assert len(log.entries) == before
     assert _handle(controller, requests.init_producer_id()).producer_id == 0  # pool untouched
 
 
 def test_a_registration_whose_record_would_be_too_large_is_refused() -> None:
-    controller = _controller()
+    log = MemoryLog()
+    controller = _controller(log=log)
     listeners = tuple(f"L{i}://{'h' * 2000}:{i}" for i in range(900))
     answer = _handle(controller, requests.registration(1, "c", listeners=listeners))
     assert (answer.error_code, answer.broker_epoch) == (42, -1)
-    assert _written(controller) == 1  # ClusterCreated only
+    assert len(log.entries) == 1  # ClusterCreated only
 
 
 def test_registration_entries_are_bounded() -> None:

@@ -17,7 +17,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller, Now
+from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.logformat import scan_segment
 from pidctl.controller.core.records import Record
@@ -69,7 +70,8 @@ def _request(body: object, supported: object, client_id: str = "prop") -> object
     return decode_request(encoded[4:], supported)  # type: ignore[arg-type]
 
 
-def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
+def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
+    controller = Controller(quorum)
     clock = 0
     conn = ConnectionInfo()
     for kind, a, b in ops:
@@ -78,10 +80,10 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
             clock += a
             continue
         if kind == "expire":
-            controller.expire_transactional_ids(now, limit=2)  # in steps of two
+            quorum.expire_transactional_ids(now, limit=2)  # in steps of two
             continue
         if kind == "expire_jobs":
-            controller.expire_job_allocations(now, limit=2)
+            quorum.expire_job_allocations(now, limit=2)
             continue
         if kind == "job":
             version, block = cast(tuple[int, int], b)
@@ -93,10 +95,10 @@ def drive(controller: Controller, ops: list[tuple[str, int, object]]) -> None:
         if kind == "lease":
             counter = producer_ids.high_water() + a
             first, end = producer_ids.lease_bounds(counter, int(b) * 1000)  # type: ignore[call-overload]
-            controller.apply(producer_ids.lease(first, end, "etcd://x/p", 1), now)
+            quorum.apply(producer_ids.lease(first, end, "etcd://x/p", 1), now)
             continue
         if kind == "floor":
-            controller.apply(producer_ids.raise_floor(producer_ids.high_water() + a, "zk"), now)
+            quorum.apply(producer_ids.raise_floor(producer_ids.high_water() + a, "zk"), now)
             continue
         if kind == "init_idempotent":
             body: object = requests.init_producer_id(None)
@@ -128,15 +130,15 @@ def _init_transactional(controller: Controller, transactional_id: str, mode: int
     )
 
 
-def _fresh_controller(sink: object) -> Controller:
+def _fresh_quorum(sink: object) -> QuorumController:
     state = ControllerState().configure(
         transactional_id_expiration_ms=10_000,
         job_allocation_reuse_ms=10_000,
         job_allocation_expiration_ms=20_000,
     )
-    controller = Controller(state, sink)  # type: ignore[arg-type]
-    controller.apply(state.cluster.create_cluster(CLUSTER, 1), Now(0, 0))
-    return controller
+    quorum = QuorumController(state, sink)  # type: ignore[arg-type]
+    quorum.apply(state.cluster.create_cluster(CLUSTER, 1), Now(0, 0))
+    return quorum
 
 
 @given(ops=st.lists(operation, max_size=60), cut=st.integers(0, 200))
@@ -144,13 +146,13 @@ def test_replay_from_scratch_and_from_any_snapshot(
     ops: list[tuple[str, int, object]], cut: int
 ) -> None:
     sink = ListSink()
-    controller = _fresh_controller(sink)
-    drive(controller, ops)
+    quorum = _fresh_quorum(sink)
+    drive(quorum, ops)
 
     replayed = ControllerState()
     for offset, record in sink.entries:
         replayed.replay(offset, record)
-    assert replayed == controller.state
+    assert replayed == quorum.state
 
     cut = min(cut, len(sink.entries))
     partial = ControllerState()
@@ -159,7 +161,7 @@ def test_replay_from_scratch_and_from_any_snapshot(
     resumed = ControllerState.from_snapshot(partial.to_snapshot())
     for offset, record in sink.entries[cut:]:
         resumed.replay(offset, record)
-    assert resumed == controller.state
+    assert resumed == quorum.state
 
 
 @settings(max_examples=30, deadline=None)
@@ -171,15 +173,15 @@ def test_replay_through_real_files_with_snapshots(
         data_dir = Path(tmp)
 
         async def main() -> ControllerState:
-            controller: Controller
+            quorum: QuorumController
             metalog = MetadataLog(
-                data_dir, 0, 0, lambda: controller.snapshot(), snapshot_interval_records=interval
+                data_dir, 0, 0, lambda: quorum.snapshot(), snapshot_interval_records=interval
             )
-            controller = _fresh_controller(metalog)
+            quorum = _fresh_quorum(metalog)
             async with trio.open_nursery() as nursery:
                 await nursery.start(metalog.run)
                 for index, op in enumerate(ops):
-                    drive(controller, [op])
+                    drive(quorum, [op])
                     # Vary the group-commit batches: sometimes wait for the disk, sometimes not.
                     if index % 3 == 0:
                         await metalog.flush()
@@ -187,7 +189,7 @@ def test_replay_through_real_files_with_snapshots(
                         await trio.sleep(0)
                 await metalog.flush()
                 nursery.cancel_scope.cancel()
-            return controller.state
+            return quorum.state
 
         written = trio.run(main)
         # The streaming recovery and the tools' whole-log reader agree.

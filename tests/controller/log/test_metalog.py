@@ -53,7 +53,7 @@ class Listener(CommitListener):
 
 
 def append(metalog: MetadataLog, record: Record) -> int:
-    """Buffer one record as :meth:`Controller.apply` does (encoded for the next offset)."""
+    """Buffer one record as :meth:`QuorumController.apply` does (encoded for the next offset)."""
     return metalog.append_entry(encode_entry(metalog.end_offset, 0, record))
 
 

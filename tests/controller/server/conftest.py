@@ -14,6 +14,7 @@ import trio.testing
 from kio.static.protocol import RequestPayload
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
@@ -188,9 +189,11 @@ async def serving(
         def committed(self, durable_end: int) -> None:
             servers[0].outboxes.send_durable(durable_end)
 
-    log = MetadataLog(data_dir, 0, 0, lambda: state.copy().to_snapshot, listener=Committed())
-    controller = Controller(state, log, limits=request_limits)
-    controller.apply(state.cluster.create_cluster("test-cluster", 1), now())
+    quorum: QuorumController
+    log = MetadataLog(data_dir, 0, 0, lambda: quorum.snapshot(), listener=Committed())
+    quorum = QuorumController(state, log)
+    controller = Controller(quorum, limits=request_limits)
+    quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
     metrics = Metrics()
     store = credentials or CredentialStore()
     server = ConnectionServer(
@@ -205,7 +208,7 @@ async def serving(
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
         served = Served(server, controller, log, metrics, nursery, listener)
-        controller.observers.append(lambda offset, record: served.records.append(record))
+        quorum.observers.append(lambda offset, record: served.records.append(record))
         server.outboxes.start_soon = nursery.start_soon
         nursery.start_soon(server.watch)
         nursery.start_soon(server.poll)

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from ops.testing.coordination import EtcdProcess
-from pidctl.controller.api.handlers import Controller
+from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.controller.core.producer_ids import LEASE_EXHAUSTED, Block, ProducerIdRange
 from pidctl.controller.core.state import ControllerState
@@ -53,7 +53,7 @@ def shared_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProces
 @dataclass
 class Kept:
     keeper: LeaseKeeper
-    controller: Controller
+    quorum: QuorumController
     log: MetadataLog
     nursery: trio.Nursery
     etcd: EtcdProcess
@@ -66,15 +66,15 @@ class Kept:
     def grant(self) -> Block:
         """A block, as a job's AllocateProducerIds takes one; the keeper is poked after, as
         the server pokes it after every grant."""
-        manager = self.controller.state.producer_ids
-        block, _ = self.controller.apply(
+        manager = self.quorum.state.producer_ids
+        block, _ = self.quorum.apply(
             manager.allocate_for_job(principal="User:test", client_id=None), now()
         )
         self.keeper.poke()
         return block
 
     def held(self) -> list[tuple[int, int]]:
-        return [(lease.first, lease.end) for lease in self.controller.state.producer_ids.leases]
+        return [(lease.first, lease.end) for lease in self.quorum.state.producer_ids.leases]
 
     async def counter(self) -> int | None:
         return await trio.to_thread.run_sync(self.etcd.counter, self.prefix)
@@ -112,16 +112,17 @@ async def keeping(
     ``start_log`` is false), leasing under a new prefix of ``etcd``; ``leased``: the range
     is leased from the start (``pid_source`` set), else grants need no lease."""
     state = ControllerState().configure(pid_range=ProducerIdRange(leased=leased))
-    log = MetadataLog(data_dir, 0, 0, lambda: state.copy().to_snapshot)
-    controller = Controller(state, log)
-    controller.apply(state.cluster.create_cluster("test-cluster", 1), now())
+    quorum: QuorumController
+    log = MetadataLog(data_dir, 0, 0, lambda: quorum.snapshot())
+    quorum = QuorumController(state, log)
+    quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
     prefix = f"keeper{next(_prefixes)}"
     counter = EtcdCounter(EtcdLocation.parse(etcd.pid_source(prefix)), timeout_s=5.0, member="1")
     leases: list[int] = []
     went_back: list[CounterWentBack | None] = []
     keeper = LeaseKeeper(
         counter,
-        controller,
+        quorum,
         log.wait_durable,
         now,
         lease_size=lease_size,
@@ -133,7 +134,7 @@ async def keeping(
         async with trio.open_nursery() as nursery:
             if start_log:
                 await nursery.start(log.run)
-            yield Kept(keeper, controller, log, nursery, etcd, prefix, leases, went_back)
+            yield Kept(keeper, quorum, log, nursery, etcd, prefix, leases, went_back)
             nursery.cancel_scope.cancel()
     finally:
         await counter.aclose()
@@ -180,7 +181,7 @@ async def test_a_data_dir_that_granted_alone_leases_above_what_it_granted(
 ) -> None:
     async with keeping(tmp_path, shared_etcd, leased=False) as kept:
         assert [kept.grant().first for _ in range(3)] == [0, 1000, 2000]
-        kept.controller.state.configure(pid_range=ProducerIdRange(leased=True))  # pid_source
+        kept.quorum.state.configure(pid_range=ProducerIdRange(leased=True))  # pid_source
         assert await kept.counter() is None  # etcd has handed out nothing
         assert await kept.keeper.take_lease() == (3000, 6000)
         assert await kept.counter() == 6000

@@ -16,7 +16,8 @@ import pytest
 import trio
 import trustme
 
-from pidctl.controller.api.handlers import ConnectionInfo, Now
+from pidctl.controller.api.handlers import ConnectionInfo
+from pidctl.controller.api.quorum import Now
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
