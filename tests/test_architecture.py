@@ -3,13 +3,15 @@
 protocol ← core ← api, log ← server; the libraries (client, broker, spark) ← protocol, core.
 Inside server: telemetry, security ← fleet, transport ← the wiring (``server/app.py``).
 The command line, the settings and import-zk sit on top and may use every room. Read from
-the source with ``ast``, so a forbidden import fails here before anyone runs it.
+the source with ``ast``, so a forbidden import fails here before anyone runs it. And the one
+rule of names: a shipped module is ``pidctl.`` and its path, a leading ``ops/`` dropped.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,3 +149,69 @@ def test_the_quorum_controller_knows_no_handler() -> None:
     path = ROOT / "controller/api/quorum.py"
     above = [m for _, m in _imports(path) if m.startswith("pidctl.controller.api.")]
     assert above == []
+
+
+def import_name(folder: str) -> str:
+    """ARCHITECTURE.md's one rule: a shipped folder's import name is ``pidctl.`` and its
+    path, a leading ``ops/`` dropped (``ops/spark/examples`` is ``pidctl.spark.examples``,
+    ``controller/api`` is ``pidctl.controller.api``)."""
+    return "pidctl." + folder.removeprefix("ops/").replace("/", ".")
+
+
+def package_folders(setup: dict[str, Any]) -> dict[str, str]:
+    """Each package ``[tool.setuptools]`` ships, and the folder it is read from (setuptools'
+    reading of ``package-dir``: the longest mapped prefix of the name, the rest folders)."""
+    mapped: dict[str, str] = setup.get("package-dir", {})
+    folders = {}
+    for package in setup["packages"]:
+        parts = package.split(".")
+        folder = "/".join(parts)
+        for cut in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:cut])
+            if prefix in mapped:
+                folder = "/".join([mapped[prefix], *parts[cut:]])
+                break
+        folders[package] = folder
+    return folders
+
+
+def misnamed(setup: dict[str, Any]) -> dict[str, str]:
+    """Packages whose folder's name by :func:`import_name` is another: package → that name."""
+    named = {p: import_name(f) for p, f in package_folders(setup).items()}
+    return {p: name for p, name in named.items() if name != p}
+
+
+def _setup() -> dict[str, Any]:
+    import tomllib
+
+    setup: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+        "setuptools"
+    ]
+    return setup
+
+
+def test_every_shipped_package_is_named_by_the_rule() -> None:
+    """pyproject's packages and their folders follow :func:`import_name`, so a newcomer (or a
+    tool) finds a module from its name and names a module from its path."""
+    setup = _setup()
+    assert misnamed(setup) == {}
+    folders = package_folders(setup)
+    assert [p for p, f in folders.items() if not (ROOT / f / "__init__.py").is_file()] == []
+    # Every folder of Python under a shipped root is a package shipped (so named by the rule).
+    holding = {
+        str(path.parent.relative_to(ROOT))
+        for root in setup["package-dir"].values()
+        for path in (ROOT / root).rglob("*.py")
+    }
+    assert holding - set(folders.values()) == set()
+
+
+def test_the_rule_finds_a_package_named_otherwise() -> None:
+    setup = _setup()
+    moved = {**setup, "package-dir": {**setup["package-dir"], "pidctl.spark": "ops/sparkle"}}
+    assert misnamed(moved) == {
+        "pidctl.spark": "pidctl.sparkle",
+        "pidctl.spark.examples": "pidctl.sparkle.examples",
+    }
+    harness = {"packages": ["pidctl.bench"], "package-dir": {"pidctl.bench": "ops/testing"}}
+    assert misnamed(harness) == {"pidctl.bench": "pidctl.testing"}
