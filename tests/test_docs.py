@@ -109,6 +109,11 @@ BLOCKS = {
         "2026-11-25, a saturated machine (at 900b64d)",
         0,
     ): not_run("benchmark runs (as the README's)"),
+    (
+        "docs/bench-request-path.md",
+        "2026-11-25, memory per transactional id (p34)",
+        0,
+    ): not_run("benchmark runs (as the README's)"),
     ("docs/bench-request-path.md", "Instructions per request (callgrind)", 0): not_run(
         "9 minutes under valgrind; tests/ops/bench/test_instructions.py runs a row of it"
     ),

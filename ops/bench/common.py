@@ -46,12 +46,12 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
-def rss_kib(pid: int | str = "self") -> int:
-    """Resident set size of a process, in KiB."""
+def rss_kib(pid: int | str = "self", field: str = "VmRSS") -> int:
+    """Resident set size of a process, in KiB (``field="VmHWM"``: the most it has had)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
 
 
 @contextmanager

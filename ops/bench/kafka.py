@@ -758,7 +758,8 @@ def row_memory(run: suite.Run) -> None:
     create_transactional_ids(node, count)
     created_s = time.monotonic() - t0
     after = live_heap_bytes(node.pid)
-    empty_kib, held_kib = suite.rss_with_transactional_ids(run.tmp / "kafka-memory", count)
+    memory = suite.rss_with_transactional_ids(run.tmp / "kafka-memory", count)
+    empty_kib, held_kib = memory.empty_kib, memory.held_kib
     kafka_per_id = (after - before) / count
     pidctl_per_id = (held_kib - empty_kib) * 1024 / count
     version = kafka_version()

@@ -17,7 +17,8 @@ issue 17 (the request path), each runnable alone with ``--only``:
   all started within 1 s: the time until the last is served, against the ceiling (a minimal
   trio server) with the same client;
 - ``memory-per-transactional-id``: RSS per transactional id with 100,000 ids, against the
-  same server's RSS without any.
+  same server's RSS without any (read once the snapshot due at its start is written; also
+  just after start-up, and its peak);
 
 The throughput rows are measured at 1, 4 and 16 connections, for a latency-vs-throughput
 chart per scenario (``<row>.png``; the storm's chart is the fraction served over time).
@@ -61,14 +62,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ops.bench import cloadgen
 from ops.bench.common import ROOT, ceiling_process, exit_on_sigterm, rss_kib, run_json
 from ops.bench.core import append_history, build_history, disk_rate, time_restart
 from ops.bench.stalls import stall_probe
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, wait_until
 
 #: The storm opens --storm connections from one address (the defaults would refuse most);
 #: within a 20,000 file-descriptor limit.
@@ -407,9 +408,24 @@ def row_storm(run: Run) -> None:
     storm_chart(producers, mine["curve"], base["curve"], run.args.out / "storm.png")
 
 
-def rss_with_transactional_ids(directory: Path, count: int) -> tuple[int, int]:
-    """pidctl's RSS in KiB just after start-up on an empty data dir, and on one holding
-    ``count`` transactional ids (both under ``directory``)."""
+class HeldMemory(NamedTuple):
+    """pidctl's RSS in KiB on an empty data dir, and on one holding transactional ids."""
+
+    empty_kib: int
+    #: Holding the ids, once its start-up work is done (the snapshot of them all it writes
+    #: in a thread just after start-up, when the log holds more records than the interval).
+    held_kib: int
+    #: Holding the ids, just after start-up: the snapshot's buffers may be in it.
+    at_start_kib: int
+    #: The most it had (``VmHWM``): recovery's and the snapshot's buffers at their largest.
+    peak_kib: int
+
+
+def rss_with_transactional_ids(directory: Path, count: int) -> HeldMemory:
+    """pidctl's RSS just after start-up on an empty data dir, and on one holding ``count``
+    transactional ids (both under ``directory``)."""
+    from pidctl.controller.log.metalog import DEFAULT_SNAPSHOT_INTERVAL_RECORDS
+
     empty = ServerProcess(directory / "empty").start()
     assert empty.proc is not None
     empty_kib = rss_kib(empty.proc.pid)
@@ -417,16 +433,26 @@ def rss_with_transactional_ids(directory: Path, count: int) -> tuple[int, int]:
     build_transactional_ids(directory / "txn", count)
     held = ServerProcess(directory / "txn").start(timeout=600)
     assert held.proc is not None
+    at_start_kib = rss_kib(held.proc.pid)
+    if count >= DEFAULT_SNAPSHOT_INTERVAL_RECORDS:  # (the data dir has no snapshot)
+        wait_until(
+            lambda: any(e.get("event") == "snapshot written" for e in held.events),
+            "the start-up snapshot",
+            timeout=600,
+        )
     held_kib = rss_kib(held.proc.pid)
+    peak_kib = rss_kib(held.proc.pid, "VmHWM")
     held.kill()
-    return empty_kib, held_kib
+    return HeldMemory(empty_kib, held_kib, at_start_kib, peak_kib)
 
 
 def row_memory(run: Run) -> None:
     """RSS per transactional id: the server holding ``--transactional-ids`` ids against the
-    same server started on an empty data dir (both just after start-up)."""
+    same server started on an empty data dir (both just after start-up; the one holding
+    ids once it has written the snapshot due at its start), and the most it held."""
     count = run.args.transactional_ids
-    empty_kib, held_kib = rss_with_transactional_ids(run.tmp, count)
+    memory = rss_with_transactional_ids(run.tmp, count)
+    empty_kib, held_kib = memory.empty_kib, memory.held_kib
     run.row(
         "memory-per-transactional-id",
         f"RSS with {count:,} transactional ids",
@@ -434,6 +460,8 @@ def row_memory(run: Run) -> None:
         rss_mib=held_kib / 1024,
         empty_rss_mib=empty_kib / 1024,
         bytes_per_id=(held_kib - empty_kib) * 1024 / count,
+        bytes_per_id_at_start=(memory.at_start_kib - empty_kib) * 1024 / count,
+        peak_bytes_per_id=(memory.peak_kib - empty_kib) * 1024 / count,
         ratio=held_kib / empty_kib,
         baseline="the same server's RSS without ids",
     )

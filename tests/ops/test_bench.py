@@ -75,6 +75,8 @@ def test_suite_short_mode_reports_every_ratio_row(tmp_path: Path) -> None:
     by_group = {row["group"]: row for row in written["rows"]}
     for name in ("storm", "memory-per-transactional-id"):
         assert by_group[name]["ratio"] > 0, name
+    memory = by_group["memory-per-transactional-id"]
+    assert memory["peak_bytes_per_id"] >= memory["bytes_per_id"] > 0
     for name in suite.RATIO_ROWS[:5]:
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
     assert by_group["storm"]["served"] == 200

@@ -223,6 +223,28 @@ def test_recovery_holds_the_state_not_the_history(tmp_path: Path, snapshot: bool
     assert peak < 1.3 * kept
 
 
+def test_writing_a_snapshot_holds_no_copy_of_its_raw_sections(tmp_path: Path) -> None:
+    """The packed transactional ids go to the file as they are, never joined with the rest
+    into one buffer: writing a snapshot of many ids holds little beyond what its state
+    already holds (joined, it held the packed section's size again: 44 B per id)."""
+    state = transactional_state([f"app-{i:08d}" for i in range(20_000)])
+    fields = state.to_snapshot()
+    packed = len(fields["transactional_ids_packed"])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        snapshot = write_snapshot_file(tmp_path, state.next_offset, fields)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak < packed / 10
+    write_segment(tmp_path, [], base=state.next_offset)
+    assert snapshot.stat().st_size > packed
+    assert recover(tmp_path).state == state
+
+
 def test_a_damaged_missing_or_stale_reservation_file_stops_start_up(tmp_path: Path) -> None:
     write_segment(tmp_path, reserving_history())
     with pytest.raises(LogCorruption, match="missing, but the log reserved producer ids up"):
