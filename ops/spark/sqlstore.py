@@ -208,6 +208,7 @@ class SqlStore:
     create_view = "CREATE VIEW IF NOT EXISTS"
     unlogged = ""  # a per-write stage's kind of table
     row_position = "rowid"  # a row's physical position, to keep one of identical copies
+    stage_lock = ""  # how a publish stops late attempts staging (SQLite: it runs alone)
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -683,6 +684,11 @@ class SqlStore:
         if ended is not None:
             return ended
         stage = quote(write_stage_table(write_id))
+        if self.stage_lock:
+            # The check and the copy below are two statements, each seeing what had committed
+            # when it began (READ COMMITTED): an attempt committing between them (a zombie
+            # of a finished job) would be copied without having been counted.
+            self.execute(self.stage_lock.format(stage=stage))
         producers = self.execute(
             "SELECT pidctl_producer_id, COUNT(*), MIN(pidctl_sequence), MAX(pidctl_sequence)"
             f" FROM {stage} GROUP BY pidctl_producer_id"
@@ -840,6 +846,9 @@ class PostgresStore(SqlStore):
     create_view = "CREATE OR REPLACE VIEW"
     unlogged = "UNLOGGED "
     row_position = "ctid"
+    # SHARE conflicts with the ROW EXCLUSIVE an INSERT takes: the publish waits for attempts
+    # still staging, and later ones wait for it (then find the stage gone).
+    stage_lock = "LOCK TABLE {stage} IN SHARE MODE"
 
     def __init__(self, url: str) -> None:
         import psycopg

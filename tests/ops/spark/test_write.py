@@ -286,6 +286,56 @@ def test_copies_of_retried_attempts_are_published_once(postgres_url: str) -> Non
         store.close()
 
 
+def test_an_attempt_still_staging_is_waited_for_and_counted(postgres_url: str) -> None:
+    """An attempt whose transaction is still open when the publish starts (a zombie of a
+    finished job, or a speculative copy) is waited for, then counted and published once:
+    the publish's check and its copy see the same rows. (Without the stage's lock the check
+    ran at once; an attempt committing between the check and the copy was copied twice.)"""
+    import psycopg
+
+    url = postgres_url
+    store = open_store(url)
+    try:
+        columns = store.create_tables("t", [("id", "BIGINT")])
+        store.begin_staged_write(Write("w1", "t", "job"), [("id", "BIGINT")])
+        stage = write_stage_table("w1")
+        once = [(i, 5, i) for i in range(3)]
+        insert = f"INSERT INTO {stage} (id, pidctl_producer_id, pidctl_sequence) VALUES"
+        store.connection.cursor().executemany(f"{insert} (%s, %s, %s)", once)
+        store.connection.commit()
+        with psycopg.connect(url) as late:
+            late.cursor().executemany(f"{insert} (%s, %s, %s)", once)  # not committed yet
+            published: list[Any] = []
+            publishing = threading.Thread(
+                target=lambda: published.append(store.publish_stage("w1", "t", columns, 0))
+            )
+            publishing.start()
+            with psycopg.connect(url, autocommit=True) as watcher:
+                wait_until(
+                    lambda: (
+                        watcher.execute(
+                            "SELECT COUNT(*) FROM pg_locks WHERE NOT granted AND mode = 'ShareLock'"
+                            " AND relation = %s::regclass",
+                            (stage,),
+                        ).fetchone()
+                        == (1,)
+                    ),
+                    timeout=30,
+                    what="the publish waiting for the attempt still staging",
+                )
+            assert not published
+            late.commit()
+        publishing.join(timeout=60)
+        ((outcome,),) = [published]
+        assert (outcome.state, outcome.rows) == (WriteState.COMMITTED, 3)
+        store.connection.commit()
+        rows = store.execute("SELECT id, pidctl_sequence FROM t ORDER BY id").fetchall()
+        assert rows == [(0, 0), (1, 1), (2, 2)]
+        assert store.execute("SELECT duplicate_rows FROM pidctl_sink_commits").fetchall() == [(3,)]
+    finally:
+        store.close()
+
+
 def test_a_lower_version_losing_a_race_fails_naming_the_winner(
     spark: Any, pidctl: ServerProcess, postgres_url: str, tmp_path: Path
 ) -> None:
