@@ -1,7 +1,9 @@
 """The job ``python -m ops.bench.spark --cluster`` submits to a standalone cluster: the same
-DataFrame written by Spark's own JDBC sink (``df.write.jdbc``) and by pidctl's
-(``write_sql``), alternately, several rounds, each run timed with the CPU of the executors,
-PostgreSQL and the driver. Prints one JSON object per run.
+DataFrame written by Spark's own JDBC sink (``df.write.jdbc``) as a data team calls it
+(``jdbc``), by the same sink with the JDBC driver setting ``write_sql`` uses
+(``jdbc_rewrite``: ``reWriteBatchedInserts=true``), and by pidctl's (``write_sql``), in
+turns, several rounds, each run timed with the CPU of the executors, PostgreSQL and the
+driver. Prints one JSON object per run.
 
     spark-submit --master spark://... --jars /usr/share/java/postgresql.jar \\
         ops/bench/spark_jdbc_job.py --url postgresql://... --bootstrap H:P \\
@@ -55,7 +57,9 @@ def group_cpu_seconds(groups: list[int]) -> float:
 
 #: What each round writes: ``id`` and a label, as the issue's job did.
 JDBC_TABLE = "jdbc_rows"
+JDBC_REWRITE_TABLE = "jdbc_rewrite_rows"
 PIDCTL_TABLE = "pidctl_rows"
+TABLES = (JDBC_TABLE, JDBC_REWRITE_TABLE, PIDCTL_TABLE)
 
 
 def _reset(url: str) -> None:
@@ -63,7 +67,7 @@ def _reset(url: str) -> None:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as connection:
-        for table in (JDBC_TABLE, PIDCTL_TABLE):
+        for table in TABLES:
             connection.execute(f"TRUNCATE {table}")
         connection.execute("CHECKPOINT")
 
@@ -86,6 +90,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--executor-groups", default="", help="process groups of the workers")
     parser.add_argument("--postgres-pid", type=int, default=0, help="the postmaster")
+    parser.add_argument(
+        "--sinks", default="jdbc,jdbc_rewrite,pidctl_sql", help="which of the three to run"
+    )
     args = parser.parse_args()
 
     import psycopg
@@ -101,12 +108,15 @@ def main() -> None:
     )
     jdbc_url, properties = jdbc_location(args.url)
     properties["driver"] = "org.postgresql.Driver"
+    rewrite_properties = {**properties, "reWriteBatchedInserts": "true"}
     with psycopg.connect(args.url, autocommit=True) as connection:
-        connection.execute(f"CREATE TABLE IF NOT EXISTS {JDBC_TABLE} (id BIGINT, label TEXT)")
+        for table in (JDBC_TABLE, JDBC_REWRITE_TABLE):
+            connection.execute(f"CREATE TABLE IF NOT EXISTS {table} (id BIGINT, label TEXT)")
     # A first small write of each: the table write_sql appends to (and its sink tables), and
-    # the executors' JDBC classes loaded, so that neither sink's first run pays for them.
+    # the executors' JDBC classes loaded, so that no sink's first run pays for them.
     write_sql(df.limit(1), bootstrap=args.bootstrap, url=args.url, table=PIDCTL_TABLE)
     df.limit(1).write.jdbc(jdbc_url, JDBC_TABLE, "append", properties)
+    df.limit(1).write.jdbc(jdbc_url, JDBC_REWRITE_TABLE, "append", rewrite_properties)
     groups = [int(g) for g in args.executor_groups.split(",") if g]
 
     def run(name: str, write: Callable[[], Any], table: str, index: int) -> None:
@@ -146,13 +156,26 @@ def main() -> None:
     def jdbc() -> None:
         df.write.jdbc(jdbc_url, JDBC_TABLE, "append", properties)
 
+    def jdbc_rewrite() -> None:
+        df.write.jdbc(jdbc_url, JDBC_REWRITE_TABLE, "append", rewrite_properties)
+
     def pidctl() -> None:
         write_sql(df, bootstrap=args.bootstrap, url=args.url, table=PIDCTL_TABLE)
 
+    chosen = args.sinks.split(",")
+    sinks = [
+        sink
+        for sink in [
+            ("jdbc", jdbc, JDBC_TABLE),
+            ("jdbc_rewrite", jdbc_rewrite, JDBC_REWRITE_TABLE),
+            ("pidctl_sql", pidctl, PIDCTL_TABLE),
+        ]
+        if sink[0] in chosen
+    ]
     for index in range(args.rounds):
-        # Alternately first: a run is not always the one after the other's.
-        order = [("jdbc", jdbc, JDBC_TABLE), ("pidctl_sql", pidctl, PIDCTL_TABLE)]
-        for name, write, table in order if index % 2 == 0 else order[::-1]:
+        # In turns: each sink runs first, second and third in three rounds.
+        turn = index % len(sinks)
+        for name, write, table in sinks[turn:] + sinks[:turn]:
             run(name, write, table, index)
     spark.stop()
 

@@ -253,6 +253,11 @@ def _write_through_jdbc(df: Any, settings: SinkOptions, columns: list[Column]) -
         batchsize=str(settings.batch_size),
         # Each task's partition in one transaction: what makes a failed attempt leave nothing.
         isolationLevel="READ_COMMITTED",
+        # The JDBC driver sends a batch as multi-row INSERTs instead of one statement per row:
+        # PostgreSQL's CPU for the stage fell from about 7 s to 2.3 s per million rows, the
+        # stage and the publish together (docs/spark-sink.md). Each task's rows still go in
+        # one transaction, in the same order.
+        reWriteBatchedInserts="true",
     )
     heartbeat = Heartbeat(settings.url, write_id, settings.abandoned_after_s)
     try:

@@ -139,4 +139,6 @@ def test_the_benchmark_against_spark_jdbc_runs(
     out = jdbc_rounds(cluster, postgres, pidctl.bootstrap, 4_000, 4, 1)
     (round_,) = out["rounds"]
     assert round_["ratio"] > 0 and round_["jdbc_s"] > 0
-    assert set(round_["pidctl_sql_cpu_s"]) == {"executors", "postgres", "driver"}
+    assert round_["ratio_to_rewrite"] > 0 and round_["jdbc_rewrite_s"] > 0
+    assert set(round_["cpu_s"]) == {"jdbc", "jdbc_rewrite", "pidctl_sql"}
+    assert set(round_["cpu_s"]["pidctl_sql"]) == {"executors", "postgres", "driver"}
