@@ -1,12 +1,13 @@
 """One trio task per client connection, driving a sans-IO :class:`ServerConnection`.
 
 The task reads, feeds the bytes to the connection object, has the controller decide each
-request in arrival order, and writes all the answers of one round with one send once the log
-has made everything they decided durable. On a plain TCP connection it posts them to the
-connection's outbox, which the commit making them durable writes, and reads on meanwhile; at
-most ``max_in_flight`` requests wait for their answers before it stops reading, and a client
-that stops reading our answers is pushed back by TCP. A TLS connection waits for the log and
-writes its answers itself before it reads again.
+request in arrival order, and posts all the answers of one round, as one write, to the
+connection's outbox (outbox.py), the one way answers leave: they are written once the log
+has made everything they decided durable. On a plain TCP connection the commit making them
+durable writes them, and the task reads on meanwhile; at most ``max_in_flight`` requests
+wait for their answers before it stops reading, and a client that stops reading our answers
+is pushed back by TCP. A TLS connection cannot write without awaiting: its task has the
+outbox write them (waiting for the log) before it reads again.
 While a plain TCP connection has nothing but its next request to wait for, its task parks
 in the :class:`Poller`, which runs its rounds (read, decide, post) with every other parked
 connection's in one task; the connection's task wakes for what a round cannot do without it
@@ -22,7 +23,7 @@ import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 import trio
@@ -37,7 +38,7 @@ from pidctl.controller.server.security.sasl_session import SaslSession
 from pidctl.controller.server.telemetry.metrics import Metrics, api_name
 from pidctl.controller.server.transport.outbox import Durability, Outbox, Outboxes, Timings
 from pidctl.controller.server.transport.poller import Poller, available
-from pidctl.controller.server.transport.socket_io import SocketIO
+from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.codec import Request
 from pidctl.protocol.server import (
@@ -69,12 +70,6 @@ DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
 DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
-
-
-class _Duplex(Protocol):
-    async def receive_some(self, max_bytes: int) -> bytes | bytearray: ...
-
-    async def send_all(self, data: bytes) -> None: ...
 
 
 def now() -> Now:
@@ -179,44 +174,41 @@ class ConnectionServer:
             max_entries=self.controller.entry_limits,
             now=trio.current_time(),
         )
-        # Plain TCP on its descriptor, answers waiting for the log in an outbox (see
-        # socket_io.py, outbox.py); TLS through trio's stream.
-        outbox = Outbox(SocketIO(stream)) if isinstance(stream, trio.SocketStream) else None
+        # Plain TCP on its descriptor, TLS through trio's stream (socket_io.py); the
+        # answers, waiting for the log, in an outbox either way (outbox.py).
+        io = SocketIO(stream) if isinstance(stream, trio.SocketStream) else StreamIO(stream)
+        outbox = Outbox(io)
         live = LiveConnection(connection)
         self.live.add(live)
         try:
             reason = "shutdown"
             with live.scope:
-                reason = await self._loop(stream, outbox, live, info)
+                reason = await self._loop(outbox, live, info)
             if live.scope.cancelled_caught:
                 # Cancelled while reading: by the watchdog (a deadline) or by the shutdown.
                 closed = connection.next_event()
                 if isinstance(closed, ConnectionClosed):
                     log.info("closing connection", peer=info.peer, reason=closed.reason)
                     reason = closed.reason
-            if outbox is not None and reason != "broken":
+            if reason != "broken":
                 await outbox.wait_empty()  # what was decided is answered before the close
             return reason
         finally:
-            if outbox is not None:
-                self.outboxes.discard(outbox)
+            self.outboxes.discard(outbox)
             self.live.discard(live)
 
-    async def _loop(
-        self,
-        stream: trio.abc.Stream,
-        outbox: Outbox | None,
-        live: LiveConnection,
-        info: ConnectionInfo,
-    ) -> str:
+    async def _loop(self, outbox: Outbox, live: LiveConnection, info: ConnectionInfo) -> str:
         connection = live.connection
-        io: _Duplex = stream if outbox is None else outbox.io
+        io = outbox.io
         sasl = SaslSession(connection, self.limits.sasl_mechanisms, self.credentials)
         max_in_flight = self.limits.max_in_flight
         max_unwritten = self.limits.max_unwritten_bytes
-        poller = self.poller if outbox is not None else None
+        # The poller reads descriptors: plain TCP only. A TLS connection's task awaits the
+        # write of each round's answers (nothing is held: it reads nothing meanwhile).
+        plain = io if isinstance(io, SocketIO) else None
+        poller = self.poller if plain is not None else None
         while True:
-            if outbox is not None:
+            if plain is not None:
                 if outbox.full(max_in_flight, max_unwritten):
                     # As many requests as a round takes wait for their answers, or their
                     # answers hold max_unwritten_bytes: decide and read no more until they
@@ -232,8 +224,8 @@ class ConnectionServer:
                     return "shutdown"
                 live.reading = True
                 try:
-                    if poller is not None and outbox is not None and self._may_park(live):
-                        decided = await self._park(poller, live, outbox, info)
+                    if poller is not None and plain is not None and self._may_park(live):
+                        decided = await self._park(poller, live, outbox, plain, info)
                         if decided is None:
                             continue  # the outbox is full or broke, or the poller stopped
                     else:
@@ -247,22 +239,20 @@ class ConnectionServer:
                 # between this one's rounds (a read would have been the wait; an answer sent
                 # on a plain socket is none).
                 await trio.lowlevel.checkpoint()
-            room = max_in_flight - (0 if outbox is None else outbox.requests)
+            room = max_in_flight - (0 if plain is None else outbox.requests)
             if decided is None:
                 decided = self._decide(connection, info, room)
             info = await self._authenticate_and_go_on(connection, sasl, info, room, decided)
             answers = decided.answers
-            if outbox is not None:
+            if plain is not None:
                 self._post(outbox, answers)
             elif answers.data:
-                try:
-                    if answers.durable_offset != NO_WAIT:  # (ApiVersions and the like: no call)
-                        await self.log.wait_durable(answers.durable_offset)
-                    data = b"".join(answers.data)
-                    await io.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # TLS: the task awaits the outbox's write (it holds nothing meanwhile).
+                data = b"".join(answers.data)
+                offset = answers.durable_offset
+                await self.outboxes.write_awaiting(outbox, offset, data, answers.timings)
+                if outbox.broken:
                     return "broken"
-                self._sent(len(data), answers.timings)
             closed = decided.closed
             if closed is not None:
                 if closed.reason != "client":
@@ -289,7 +279,12 @@ class ConnectionServer:
         )
 
     async def _park(
-        self, poller: Poller, live: LiveConnection, outbox: Outbox, info: ConnectionInfo
+        self,
+        poller: Poller,
+        live: LiveConnection,
+        outbox: Outbox,
+        io: SocketIO,
+        info: ConnectionInfo,
     ) -> _Round | None:
         """Leave the connection's rounds to the poller until one needs this task (a SASL
         request, a throttle, the end of the connection, more requests than a round takes):
@@ -304,7 +299,7 @@ class ConnectionServer:
         def read_and_decide() -> bool:
             if not self._may_park(live):
                 return False  # the watchdog closed it, or the shutdown began: the task sees
-            data = outbox.io.receive_now(RECEIVE_BYTES)
+            data = io.receive_now(RECEIVE_BYTES)
             if data is None:
                 return True  # readable, then not
             self._received(connection, data)
@@ -315,7 +310,7 @@ class ConnectionServer:
             self._post(outbox, decided.answers)
             return not outbox.full(max_in_flight, max_unwritten) and not outbox.broken
 
-        await poller.park(outbox.io.fileno, read_and_decide)
+        await poller.park(io.fileno, read_and_decide)
         return handed_back[0] if handed_back else None
 
     def _received(self, connection: ServerConnection, data: bytes | bytearray) -> None:

@@ -9,7 +9,10 @@ is ever written before it is durable, and a connection's answers leave in the or
 were decided. Only when the kernel does not take all of it (a client that does not read)
 does a task of its own finish the write, waiting for room.
 
-Plain TCP connections only (:class:`SocketIO`); TLS connections wait and write themselves.
+Every answer leaves through here, TLS included. A TLS connection cannot write a byte without
+awaiting (:class:`StreamIO`), so there is nothing for a commit to write at once: its task,
+which would have nothing else to do, awaits :meth:`Outboxes.write_awaiting` (the write a
+stalled plain outbox's task makes) after each round, before it reads again.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from pidctl.controller.api.responses import NO_WAIT
-from pidctl.controller.server.transport.socket_io import SocketIO
+from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 
 #: Each request's API name and when it was received (for the latency histogram).
 Timings = Sequence[tuple[str, float]]
@@ -40,7 +43,7 @@ class Outbox:
 
     __slots__ = ("_emptied", "broken", "held", "io", "stalled")
 
-    def __init__(self, io: SocketIO) -> None:
+    def __init__(self, io: SocketIO | StreamIO) -> None:
         self.io = io
         #: (log offset to wait for, answers, their timings); the rest of a partly written
         #: entry waits for nothing (NO_WAIT).
@@ -159,6 +162,26 @@ class Outboxes:
             assert self.start_soon is not None, "Outboxes.start_soon is not set"
             self.start_soon(self._finish, outbox)
 
+    async def write_awaiting(
+        self, outbox: Outbox, offset: int, data: bytes, timings: Timings
+    ) -> None:
+        """Write ``data`` once the log is durable past ``offset``, awaiting the log and then
+        room for all of it: a TLS connection's answers (its task awaits this after each
+        round, and holds nothing), and a stalled outbox's (:meth:`_finish`). A connection
+        that broke or ended is marked broken, and nothing more is written for it."""
+        if outbox.broken:
+            return
+        try:
+            if offset >= self._log.durable_end:  # (else no call: durable, or NO_WAIT)
+                await self._log.wait_durable(offset)
+                if outbox.broken:  # the connection ended meanwhile
+                    return
+            await outbox.io.send_all(data)  # refuses once the connection has ended
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            outbox.broken = True
+            return
+        self._on_sent(len(data), timings)
+
     async def _finish(self, outbox: Outbox) -> None:
         """Write a stalled outbox's answers, waiting for room and for the log, until it is
         empty; the commits then write for it again."""
@@ -166,14 +189,10 @@ class Outboxes:
         try:
             while held and not outbox.broken:
                 offset, data, timings = held[0]
-                await self._log.wait_durable(offset)
-                if outbox.broken:  # the connection ended meanwhile
+                await self.write_awaiting(outbox, offset, data, timings)
+                if outbox.broken:  # (ended meanwhile: what it held is gone)
                     break
-                await outbox.io.send_all(data)  # refuses once the connection has ended
                 held.popleft()  # only now: post() writes directly only when nothing is held
-                self._on_sent(len(data), timings)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            outbox.broken = True
         finally:
             outbox.stalled = False
         outbox.clear()

@@ -1,4 +1,5 @@
-"""Reading and writing a plain TCP connection on its descriptor.
+"""A connection's reads and writes: a plain TCP connection's on its descriptor
+(:class:`SocketIO`), a TLS connection's through trio's ``SSLStream`` (:class:`StreamIO`).
 
 trio's ``SocketStream`` tries every read before it waits, and after every read or write that
 succeeds it passes through the scheduler once more. A client that sends a request and waits
@@ -9,7 +10,8 @@ readable first, and a write the kernel takes whole returns without a pass. The w
 trio's own (``wait_readable``, ``wait_writable``): cancellation, and a close from another
 task, end them as they end trio's socket operations.
 
-TLS connections keep trio's ``SSLStream``.
+TLS connections keep trio's ``SSLStream``: nothing of it is written without awaiting
+(:meth:`StreamIO.send_now` takes nothing), so its answers leave by the outbox's awaiting write.
 
 The descriptor is only a number: once the connection is done with it, :meth:`SocketIO.close`
 makes every later read or write refuse, since after the socket is closed the number may be
@@ -19,6 +21,7 @@ another connection's (or a log file's).
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -92,3 +95,25 @@ class SocketIO:
             view = view[self.send_now(view) :]
             if view:
                 await trio.lowlevel.wait_writable(self._descriptor())
+
+
+class StreamIO:
+    """A TLS connection's ``receive_some``/``send_all``: trio's ``SSLStream``'s own (bound
+    once: no call of ours between a request and its stream), with :class:`SocketIO`'s
+    :meth:`close` and :meth:`send_now`. TLS cannot write a byte without awaiting (the record
+    is encrypted, then sent by trio), so an outbox writes through ``send_all``
+    (``Outboxes.write_awaiting``)."""
+
+    __slots__ = ("receive_some", "send_all")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.receive_some: Callable[[int], Awaitable[bytes | bytearray]] = stream.receive_some
+        self.send_all: Callable[[bytes | memoryview], Awaitable[None]] = stream.send_all
+
+    def close(self) -> None:
+        """Nothing to forget: no descriptor is held here, and the stream, once its owner has
+        closed it, refuses every read and write itself."""
+
+    def send_now(self, data: bytes | memoryview) -> int:
+        """Nothing, ever: a TLS write awaits (``send_all``)."""
+        return 0

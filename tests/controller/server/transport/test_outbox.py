@@ -1,11 +1,13 @@
 """Outboxes: answers leave once the real metadata log has made them durable, in the order they
 were posted; a write the kernel does not take whole is finished by a task; nothing is written
-for a connection that has ended. Over real loopback TCP and a real log in a temporary dir."""
+for a connection that has ended; a TLS connection's answers go the same way. Over real
+loopback TCP and a real log in a temporary dir."""
 
 from __future__ import annotations
 
 import os
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+import trustme
 
 from pidctl.controller.api.responses import NO_WAIT
 from pidctl.controller.core.logformat import encode_entry
@@ -21,7 +24,7 @@ from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.server.transport.outbox import Outbox, Outboxes, Timings
-from pidctl.controller.server.transport.socket_io import SocketIO
+from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from tests.controller.server.conftest import TcpPair
 
 
@@ -160,3 +163,36 @@ async def test_a_connection_reset_by_the_client_is_broken(setup: Setup) -> None:
             setup.outboxes.post(outbox, setup.append(), b"x" * 65536, [])
             await setup.log.flush()
     await outbox.wait_empty()
+
+
+async def test_a_tls_connections_answers_leave_by_the_outboxes_too(setup: Setup) -> None:
+    """TLS cannot write without awaiting: its task awaits write_awaiting, which writes an
+    answer only once it is durable, encrypted (a real TLS session over the loopback pair),
+    and nothing for a connection that ended."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    server = trio.SSLStream(setup.server, server_context, server_side=True)
+    client = trio.SSLStream(setup.client, client_context, server_hostname="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        nursery.start_soon(client.do_handshake)
+    outbox = Outbox(StreamIO(server))
+    # Each write with the log's durable end at the time.
+    written: list[tuple[int, Timings, int]] = []
+    outboxes = Outboxes(setup.log, lambda n, t: written.append((n, t, setup.log.durable_end)))
+    offset = setup.append()
+    with trio.fail_after(10):
+        await outboxes.write_awaiting(outbox, offset, b"first", [])
+        await outboxes.write_awaiting(outbox, NO_WAIT, b"second", [("api_versions", 0.0)])
+        data = b""
+        while len(data) < 11:
+            data += await client.receive_some(11 - len(data))
+    assert data == b"firstsecond"
+    assert [(n, t) for n, t, _ in written] == [(5, []), (6, [("api_versions", 0.0)])]
+    assert written[0][2] > offset  # written once durable, not before
+    outboxes.discard(outbox)
+    await outboxes.write_awaiting(outbox, NO_WAIT, b"after the end", [])
+    assert len(written) == 2 and outbox.broken
