@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -64,29 +64,19 @@ _UPDATED_AT = _PACKED.size - _UPDATED.size
 DEFAULT_EXPIRY_BATCH = 1000
 
 
-def _pack(
-    producer_id: int,
-    producer_epoch: int,
-    previous_producer_id: int,
-    last_producer_epoch: int,
-    timeout_ms: int,
-    updated_ms: int,
-) -> bytes:
+def _pack(fields: StateFields) -> bytes:
+    producer_id, epoch, previous, last, timeout_ms, updated_ms = fields
     if not 0 <= updated_ms < MAX_UPDATED_MS:
         raise ValueError(f"updated_ms {updated_ms} is outside [0, 2**48)")
     return _PACKED.pack(
-        producer_id,
-        producer_epoch,
-        previous_producer_id,
-        last_producer_epoch,
-        timeout_ms,
-        updated_ms >> 32,
-        updated_ms & 0xFFFFFFFF,
+        producer_id, epoch, previous, last, timeout_ms, updated_ms >> 32, updated_ms & 0xFFFFFFFF
     )
 
 
-#: A state's fields in :class:`TransactionalIdState`'s order (its row's, less the split).
-_fields = operator.attrgetter(
+#: A state's fields, in :class:`TransactionalIdState`'s order (a state is one).
+StateFields = tuple[int, int, int, int, int, int]
+#: A :class:`TransactionalIdUpdated` record's :data:`StateFields`.
+_fields: Callable[[TransactionalIdUpdated], StateFields] = operator.attrgetter(
     "producer_id",
     "producer_epoch",
     "previous_producer_id",
@@ -141,30 +131,14 @@ class TransactionalIdTable:
 
     def __setitem__(self, transactional_id: str, state: TransactionalIdState) -> None:
         """Store ``state``; ValueError if a field does not fit its packed width."""
-        self.put(transactional_id, *_fields(state))
+        self.put(transactional_id, state)
 
-    def put(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        previous_producer_id: int,
-        last_producer_epoch: int,
-        timeout_ms: int,
-        updated_ms: int,
-    ) -> None:
-        """Store the state of these fields (:class:`TransactionalIdState`'s, in its order)
-        without making one: what replay does per record. ValueError if a field does not fit
-        its packed width."""
+    def put(self, transactional_id: str, fields: StateFields) -> None:
+        """Store the state of these fields: a :class:`TransactionalIdState`, or the same
+        fields of a record without making one (what replay does per record). ValueError if
+        a field does not fit its packed width."""
         try:
-            row = _pack(
-                producer_id,
-                producer_epoch,
-                previous_producer_id,
-                last_producer_epoch,
-                timeout_ms,
-                updated_ms,
-            )
+            row = _pack(fields)
         except struct.error as e:
             raise ValueError(f"transactional id {transactional_id!r}: {e}") from e
         rows = self._rows
@@ -406,7 +380,7 @@ class TransactionControlManager:
                     raise InvariantViolation(f"offset {offset}: invalid epoch")
                 try:
                     # The record's fields straight into the row (no state object between).
-                    self.transactional_ids.put(record.transactional_id, *_fields(record))
+                    self.transactional_ids.put(record.transactional_id, _fields(record))
                 except ValueError as e:  # a field too wide for its row: stored nothing
                     raise InvariantViolation(f"offset {offset}: {e}") from e
             case TransactionalIdExpired():
