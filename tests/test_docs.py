@@ -111,12 +111,12 @@ BLOCKS = {
     ): not_run("benchmark runs (as the README's)"),
     (
         "docs/bench-request-path.md",
-        "2026-11-25, memory per transactional id (p34)",
+        "2026-11-25, memory per transactional id (6c3a4e1)",
         0,
     ): not_run("benchmark runs (as the README's)"),
     (
         "docs/bench-request-path.md",
-        "2026-11-25, instructions on the durable rows (p34)",
+        "2026-11-25, instructions on the durable rows (e86256e)",
         0,
     ): not_run("9 minutes under valgrind; tests/ops/bench/test_instructions.py runs a row of it"),
     ("docs/bench-request-path.md", "Instructions per request (callgrind)", 0): not_run(
