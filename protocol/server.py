@@ -32,6 +32,8 @@ from pidctl.protocol.codec import (
 )
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError
 from pidctl.protocol.headers import RequestHeader
+from pidctl.protocol.idempotent_inits import read_idempotent_init
+from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
 
 #: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
@@ -105,6 +107,7 @@ class ServerConnection:
         "_decoder",
         "_frame_started",
         "_frames",
+        "_idempotent_shapes",
         "_last_activity",
         "closed_because",
         "frame_timeout_s",
@@ -139,6 +142,10 @@ class ServerConnection:
         self._frames: deque[bytes] = deque()
         self._frame_started: float | None = None
         self._last_activity = now
+        init = supported.get(ApiKey.INIT_PRODUCER_ID)
+        self._idempotent_shapes = idempotent_shapes(
+            () if init is None else range(init.min, init.max + 1)
+        )
 
     # -- input ------------------------------------------------------------------------------
 
@@ -180,6 +187,31 @@ class ServerConnection:
             closed, self.closed_because = self.closed_because, None
             return closed
         return None
+
+    def take_idempotent_inits(self, most: int) -> tuple[int, list[int]] | None:
+        """The idempotent InitProducerId requests next in line, read without kio (see
+        :mod:`protocol.idempotent_inits`), at most ``most`` of them and all at one version:
+        ``(api_version, their correlation ids)`` in arrival order, for the server to decide
+        as one run and answer in that order; None when the next request is not one (then
+        :meth:`next_event` has it). Only an authenticated connection has them (before, every
+        request goes through :meth:`next_event`'s checks)."""
+        frames = self._frames
+        if not frames or not self._authenticated:
+            return None
+        read, served = read_idempotent_init, self._idempotent_shapes
+        first = read(frames[0], served)
+        if first is None:
+            return None
+        version, correlation_id = first
+        frames.popleft()
+        correlation_ids = [correlation_id]
+        while frames and len(correlation_ids) < most:
+            following = read(frames[0], served)
+            if following is None or following[0] != version:
+                break
+            frames.popleft()
+            correlation_ids.append(following[1])
+        return version, correlation_ids
 
     @property
     def has_pending_requests(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
@@ -21,6 +21,7 @@ from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.api.responses import (
     KAFKA_MESSAGES,
     NO_THROTTLE,
+    NO_WAIT,
     REFUSALS,
     ApiVersionsAnswers,
     Reply,
@@ -73,10 +74,20 @@ _ONE_MS = datetime.timedelta(milliseconds=1)
 _NO_ERROR = ErrorCode.none
 _NO_PRODUCER_ID_YET = ErrorCode.coordinator_load_in_progress
 _FENCED = ErrorCode.producer_fenced
+_DENIED = ErrorCode.cluster_authorization_failed
 _NO_BLOCK = (ErrorCode.unknown_server_error, LEASE_EXHAUSTED)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
+
+
+class IdempotentRun(NamedTuple):
+    """The answers to a run of idempotent InitProducerIds: a PID (epoch 0) for each of the
+    first ``len(producer_ids)``, ``error`` for the rest; sent once ``durable_offset`` is."""
+
+    producer_ids: list[int]
+    error: ErrorCode
+    durable_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +347,26 @@ class Controller:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
         created = 1 if error == _NO_ERROR and answer.producer_id != held else 0
         return init_reply(request, error, answer, offset, created)
+
+    def init_idempotent_run(self, count: int, now: Now, conn: ConnectionInfo) -> IdempotentRun:
+        """``count`` idempotent InitProducerIds in a row, from one connection (read by
+        ``protocol.idempotent_inits``): decided as that many :meth:`_init_producer_id` calls
+        would decide them, without a request or response entity each. The PIDs go to the
+        first requests in order; the rest are answered ``error``."""
+        if not self._may(conn, "IdempotentWrite"):
+            return IdempotentRun([], _DENIED, NO_WAIT)
+        transactions, apply = self.state.transactions, self._apply
+        pids: list[int] = []
+        offset = NO_WAIT
+        while len(pids) < count:
+            taken, offset = apply(transactions.init_idempotent_run(count - len(pids)), now)
+            if not taken:
+                exhausted = self.state.producer_ids.exhausted()
+                for _ in range(count - len(pids)):
+                    self.on_no_producer_id("InitProducerId", exhausted)
+                break
+            pids += taken
+        return IdempotentRun(pids, _NO_PRODUCER_ID_YET, offset)
 
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """This node is the only broker and the controller; it hosts no topics."""

@@ -8,6 +8,7 @@ overlaps what it holds, is negative or overflows. Asking and waiting are the cal
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from pidctl.controller.core.kafka import INT64_MAX, PREFETCH_THRESHOLD
@@ -85,6 +86,25 @@ class ProducerIdPool:
         pid = block.next
         block.next = pid + 1
         return pid
+
+    def take_run(self, most: int) -> range:
+        """Up to ``most`` PIDs of the current block: what :meth:`take` would give if called
+        ``most`` times, the first at once and each later one only while :meth:`wants_block`
+        still says no (so a holder that asks for a block before each take asks nothing
+        meanwhile), and no further than the current block's end. Empty when the pool is."""
+        self._drop_used()
+        if not self._blocks or most < 1:
+            return range(0)
+        block = self._blocks[0]
+        first = block.next
+        count = min(most, block.end - first)
+        if len(self._blocks) - 1 < self.depth:
+            # wants_block() turns True once used >= threshold * size: after the first take,
+            # j more are taken while used + j < threshold * size.
+            used = block.size - (block.end - first)
+            count = min(count, max(1, math.ceil(self.threshold * block.size - used)))
+        block.next = first + count
+        return range(first, first + count)
 
     def _drop_used(self) -> None:
         blocks = self._blocks

@@ -282,6 +282,16 @@ class TransactionControlManager:
         response = _NO_PID if pid is None else ProducerIdAndEpoch(_NO_ERROR, pid, 0)
         return ControllerResult(refill, response)
 
+    def init_idempotent_run(self, most: int) -> ControllerResult[range]:
+        """A run of idempotent InitProducerIds decided at once: the first one's pool refill
+        (as :meth:`init_idempotent`) and the PIDs of up to ``most`` of them, taken while no
+        further refill would be decided (:meth:`ProducerIdPool.take_run`): the same PIDs and
+        records as that many :meth:`init_idempotent` calls, each applied before the next.
+        Fewer PIDs than ``most``: the caller applies the result and asks again for the
+        rest; none: no PID is ready (14 for the rest)."""
+        refill = self._refill()
+        return ControllerResult(refill, self.pool.take_run(most))
+
     def init_transactional(
         self,
         transactional_id: str,

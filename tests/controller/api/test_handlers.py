@@ -3,15 +3,19 @@ nothing), decided against an in-memory log: no server process needed."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.find_coordinator.v4 import FindCoordinatorRequest
 from kio.static.primitive import i8
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.acl import Acl, Authorizer
+from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol import requests
 from pidctl.protocol.codec import Request, TooManyEntries, decode_request, encode_request
@@ -182,3 +186,46 @@ def test_an_array_refused_before_decoding_gets_the_answer_of_one_refused_after(b
     assert (error.entries, error.limit) == (3, 2)
     early = controller.refuse_oversized(error.header, error.entries, error.limit).body
     assert early == _handle(controller, body)  # the same answer as the handler's own check
+
+
+def _told(calls: list[tuple[str, bool]], api: str, exhausted: bool) -> None:
+    calls.append((api, exhausted))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    runs=st.lists(st.integers(1, 700), min_size=1, max_size=8),
+    blocks=st.integers(1, 4),
+    denied=st.booleans(),
+)
+def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
+    runs: list[int], blocks: int, denied: bool
+) -> None:
+    """``init_idempotent_run`` against the same requests one by one through ``handle``:
+    the same PIDs, the same refusals (a range of ``blocks`` blocks runs dry, so 14 comes;
+    without IdempotentWrite, 31), the same records in the log, the same offsets to wait for
+    and the same calls of ``on_no_producer_id``."""
+    acls = [Acl("User:p", "IdempotentWrite", "Cluster", "kafka-cluster")]
+    authorizer = Authorizer(acls, enabled=True)
+    principal = "User:other" if denied else "User:p"
+    logs = MemoryLog(), MemoryLog()
+    one, many = (_controller(authorizer, log) for log in logs)
+    refusals: tuple[list[tuple[str, bool]], list[tuple[str, bool]]] = ([], [])
+    for controller, calls in zip((one, many), refusals, strict=True):
+        controller.state.producer_ids.pid_range = ProducerIdRange(0, 1000 * blocks - 1)
+        controller.on_no_producer_id = partial(_told, calls)
+    conn = ConnectionInfo(principal=principal)
+    for count in runs:
+        request = decode_request(
+            encode_request(requests.init_producer_id(None), 7, "t")[4:], one.supported
+        )
+        alone = [one.handle(request, NOW, conn) for _ in range(count)]
+        run = many.init_idempotent_run(count, NOW, conn)
+        answers = [(r.body.error_code, r.body.producer_id, r.body.producer_epoch) for r in alone]
+        refused = count - len(run.producer_ids)
+        assert answers == [(0, pid, 0) for pid in run.producer_ids] + [(run.error, -1, -1)] * (
+            refused
+        )
+        assert run.durable_offset == max(r.durable_offset for r in alone)
+    assert logs[0].entries == logs[1].entries
+    assert refusals[0] == refusals[1]

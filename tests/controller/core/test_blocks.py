@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pidctl.controller.core.blocks import InvalidBlock, ProducerIdPool
 from pidctl.controller.core.kafka import INT64_MAX
@@ -52,3 +54,37 @@ def test_overlapping_block_is_refused() -> None:
     pool.add_block(1000, 1000)
     with pytest.raises(InvalidBlock):
         pool.add_block(1500, 1000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    threshold=st.sampled_from([0.1, 0.5, 0.9, 0.95, 1.0]),
+    depth=st.integers(1, 3),
+    block_size=st.integers(1, 40),
+    steps=st.lists(st.tuples(st.integers(1, 60), st.booleans()), max_size=30),
+)
+def test_a_run_takes_what_takes_one_by_one_would_before_a_block_is_wanted(
+    threshold: float, depth: int, block_size: int, steps: list[tuple[int, bool]]
+) -> None:
+    """``take_run`` against ``take`` on a twin pool: the same PIDs, ``wants_block()`` False
+    before every take but the first, and the run as long as it may be (``most``, or up to
+    a wanted block or the current block's end); blocks are added whenever one is wanted
+    (a step may add one), as a holder asking before each take would."""
+    pool, twin = (ProducerIdPool(threshold, depth) for _ in range(2))
+    next_block = 0
+    for most, add in steps:
+        if add and pool.wants_block():
+            pool.add_block(next_block, block_size)
+            twin.add_block(next_block, block_size)
+            next_block += block_size
+        run = list(pool.take_run(most))
+        for i, pid in enumerate(run):
+            assert i == 0 or not twin.wants_block()
+            assert twin.take() == pid
+        if run and len(run) < most:
+            # Cut short: a block is wanted, or the current one ended (blocks here are
+            # [k * block_size, (k + 1) * block_size)).
+            assert twin.wants_block() or (run[-1] + 1) % block_size == 0
+        elif not run:
+            assert twin.take() is None
+        assert pool.remaining == twin.remaining
