@@ -49,10 +49,11 @@ class HistogramValue:
         self.sum = 0.0
         self.created = time.time()
 
-    def observe(self, value: float) -> None:
-        """Count ``value`` in the first bucket whose upper bound it does not exceed."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def observe(self, value: float, times: int = 1) -> None:
+        """Count ``value`` (``times`` over) in the first bucket whose upper bound it does
+        not exceed."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.sum += value * times
 
 
 class _Labelled(Collector, Generic[Child]):

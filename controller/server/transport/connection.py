@@ -41,6 +41,7 @@ from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.codec import Request
+from pidctl.protocol.idempotent_inits import answer_run
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
@@ -70,6 +71,7 @@ DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
 DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+_INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
 
 
 def now() -> Now:
@@ -346,7 +348,19 @@ class ConnectionServer:
         # The requests of one round are decided at one time (and received at one).
         decided_at: Now | None = None
         received = 0.0
+        # Idempotent InitProducerIds in a row are decided as one run, unless each must be
+        # throttled or logged on its own.
+        runs = not (limited or quotas.limits_producer_ids or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
+            if runs:
+                most = min(room - len(answers.data), budget - decided.work)
+                run = connection.take_idempotent_inits(most)
+                if run is not None:
+                    if decided_at is None:
+                        decided_at, received = now(), time.perf_counter()
+                    self._answer_run(run, decided_at, info, answers, received)
+                    decided.work += len(run[1])
+                    continue
             event = connection.next_event()
             if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
                 if event is None:
@@ -409,6 +423,28 @@ class ConnectionServer:
             event = connection.next_event()
             decided.closed = event if isinstance(event, ConnectionClosed) else None
 
+    def _answer_run(
+        self,
+        run: tuple[int, list[int]],
+        decided_at: Now,
+        info: ConnectionInfo,
+        answers: _Answers,
+        received: float,
+    ) -> None:
+        """Decide and answer a run of idempotent InitProducerIds (one version, their
+        correlation ids in order), as :meth:`_go_on` does each request of other kinds."""
+        version, correlation_ids = run
+        count = len(correlation_ids)
+        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
+        data = answer_run(version, correlation_ids, pids, error)
+        granted = len(pids)
+        if granted < count:
+            self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
+        self._tally(_INIT_PRODUCER_ID, version, 0, granted)
+        if granted:
+            self._new_producer_ids(info.principal, granted)  # counted (no quota here)
+        answers.add_run(data, offset, _INIT_PRODUCER_ID, received)
+
     async def _authenticate_and_go_on(
         self,
         connection: ServerConnection,
@@ -452,8 +488,16 @@ class ConnectionServer:
         self.metrics.bytes_sent.inc(size)
         if timings:
             sent = time.perf_counter()
-            for api, received in timings:
-                self._latency_of(api).observe(sent - received)
+            # The answers of one round share their API and receipt (a run's, one timing):
+            # each such stretch is observed at once.
+            count, last = 0, timings[0]
+            for timing in timings:
+                if timing is last or timing == last:
+                    count += 1
+                    continue
+                self._latency_of(last[0]).observe(sent - last[1], count)
+                count, last = 1, timing
+            self._latency_of(last[0]).observe(sent - last[1], count)
 
     def _new_producer_ids(self, principal: str, count: int) -> float:
         """Count producer ids created for ``principal``; the throttle their quota asks for
@@ -481,13 +525,17 @@ class ConnectionServer:
         return child
 
     def _count(self, api: str, version: int, body: object) -> None:
+        self._tally(api, version, getattr(body, "error_code", 0), 1)
+
+    def _tally(self, api: str, version: int, error: int, count: int) -> None:
+        """Count ``count`` answers of ``api`` at ``version``, all with ``error``."""
         child = self._answered.get((api, version))
         if child is None:
             child = self._answered[api, version] = self.metrics.requests.labels(api, str(version))
-        child.inc()
-        error = getattr(body, "error_code", ErrorCode.none)
+        child.inc(count)
         if error:
-            self.metrics.errors.labels(api, str(version), ErrorCode(error).name.upper()).inc()
+            name = ErrorCode(error).name.upper()
+            self.metrics.errors.labels(api, str(version), name).inc(count)
 
 
 @dataclass(slots=True)
@@ -520,3 +568,9 @@ class _Answers:
         self.data.append(data)
         self.durable_offset = max(self.durable_offset, durable_offset)
         self.timings.append((api, received))
+
+    def add_run(self, data: list[bytes], durable_offset: int, api: str, received: float) -> None:
+        """:meth:`add` for the answers of one run, all received at one time."""
+        self.data += data
+        self.durable_offset = max(self.durable_offset, durable_offset)
+        self.timings += [(api, received)] * len(data)

@@ -111,6 +111,46 @@ async def test_pipelined_requests_are_answered_in_order(
     assert all(a.controller_id == 1 for a in answers[2::3])
 
 
+async def test_idempotent_inits_in_a_row_are_answered_in_order_among_the_others(
+    tmp_path: Path, transport: str
+) -> None:
+    """Runs of idempotent InitProducerIds (decided at once, read without kio) between other
+    requests in one write: each answered in order, at its own version, with a PID of its
+    own (the pool's first block, then the next: more than a block's worth in one round),
+    a transactional id and a block between them as one by one; every request counted at
+    its version."""
+    idempotent = [requests.init_producer_id(None, version=v) for v in (5, 5, 3, 0, 1, 2, 4)]
+    bodies = [
+        *idempotent * 2,
+        requests.api_versions(),
+        requests.init_producer_id("tx-1"),
+        job(),
+        *[requests.init_producer_id(None, version=5)] * 1100,
+        requests.init_producer_id(None, producer_id=3, producer_epoch=0),  # one given: kio's
+    ]
+    connection_limits = limits(max_in_flight=2000, max_entries_per_round=2000)
+    async with serving(tmp_path, connection_limits=connection_limits) as served:
+        peer = await served.connect(transport)
+        await peer.send(*bodies)
+        answers = [await peer.receive() for _ in bodies]
+        by_version = {v: decided(served, "init_producer_id", v) for v in range(6)}
+        timed = {
+            api: served.metric("pidctl_request_duration_seconds_count", api=api)
+            for api in ("init_producer_id", "api_versions", ALLOCATE)
+        }
+    assert all(a.error_code == 0 for a in answers)
+    versions_answer, transactional, block = answers[14:17]
+    assert versions_answer.api_keys  # (ApiVersions in its place)
+    assert (transactional.producer_id, transactional.producer_epoch) == (14, 0)
+    assert (block.producer_id_start, block.producer_id_len) == (1000, 1000)
+    pids = [a.producer_id for a in answers[:14] + answers[17:]]
+    assert all(a.producer_epoch == 0 for a in answers[:14] + answers[17:])
+    # The pool's first block, the job's block skipped, then the pool's next block.
+    assert pids == [*range(14), *range(15, 1000), *range(2000, 2116)]
+    assert by_version == {0: 2, 1: 2, 2: 2, 3: 2, 4: 2, 5: 4 + 1 + 1100 + 1}
+    assert timed == {"init_producer_id": len(bodies) - 2, "api_versions": 1, ALLOCATE: 1}
+
+
 async def test_answers_leave_only_once_the_log_has_made_them_durable(
     tmp_path: Path, transport: str
 ) -> None:
