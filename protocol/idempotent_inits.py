@@ -13,8 +13,9 @@ alike and that the answers are kio's, byte for byte.
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from pidctl.protocol.apis import ApiKey
 
@@ -41,9 +42,10 @@ VERSIONS = frozenset(_SHAPES)
 Shapes = Mapping[int, tuple[bytes, bytes, int]]
 
 
-def shapes(versions: Iterable[int]) -> Shapes:
+@functools.cache
+def shapes(versions: range | frozenset[int]) -> Shapes:
     """What :func:`read_idempotent_init` takes: the shapes of the ``versions`` it may read
-    (those a server serves)."""
+    (those a server serves). Made once per set of versions: every connection asks."""
     return {version: _SHAPES[version] for version in versions if version in _SHAPES}
 
 

@@ -144,7 +144,7 @@ class ServerConnection:
         self._last_activity = now
         init = supported.get(ApiKey.INIT_PRODUCER_ID)
         self._idempotent_shapes = idempotent_shapes(
-            () if init is None else range(init.min, init.max + 1)
+            range(0) if init is None else range(init.min, init.max + 1)
         )
 
     # -- input ------------------------------------------------------------------------------
