@@ -528,7 +528,8 @@ class Settings:
     )
     snapshot_interval_records: int = _setting(
         DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
-        "write a snapshot after this many records",
+        "write a snapshot after this many records, once the log has also grown by the last "
+        "snapshot's size (a large state is not rewritten every 10,000 records)",
         "records",
         parse=POSITIVE,
     )

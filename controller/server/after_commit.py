@@ -58,8 +58,8 @@ class AfterCommit(CommitListener):
         if isinstance(record, ProducerIdsGranted):
             self._grants_not_durable.append((offset, record))
 
-    def batch_written(self, records: int, seconds: float, in_thread: bool) -> None:
-        self.metrics.log_batch(records, seconds, in_thread)
+    def batch_written(self, records: int, size: int, seconds: float, in_thread: bool) -> None:
+        self.metrics.log_batch(records, size, seconds, in_thread)
 
     def committed(self, durable_end: int) -> None:
         pending = self._grants_not_durable

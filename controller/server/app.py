@@ -230,6 +230,7 @@ class PidctlServer:
             listener=self.after_commit,
             reservation=recovery.reservation,
         )
+        self.metrics.snapshot_bytes.set(metalog.snapshot_size)  # the one on disk, if any
         limits = RequestLimits(
             max_coordinator_keys=settings.max_coordinator_keys,
             max_metadata_topics=settings.max_metadata_topics,

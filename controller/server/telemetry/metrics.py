@@ -246,6 +246,11 @@ class Metrics:
         self.log_appends = LoopCounter(
             "pidctl_log_appended_records", "Records made durable.", registry=r
         )
+        self.log_bytes = LoopCounter(
+            "pidctl_log_appended_bytes",
+            "Bytes of records made durable (a snapshot waits for as many as the last one's size).",
+            registry=r,
+        )
         self.fsync = LoopHistogram(
             "pidctl_log_fsync_duration_seconds",
             "Time of one group commit's write and fdatasync.",
@@ -345,8 +350,9 @@ class Metrics:
         self.state_view: StateView | None = None
         r.register(_StateCollector(self))
 
-    def log_batch(self, records: int, seconds: float, in_thread: bool) -> None:
+    def log_batch(self, records: int, size: int, seconds: float, in_thread: bool) -> None:
         self.log_appends.inc(records)
+        self.log_bytes.inc(size)
         if in_thread:
             self.commits_in_thread.inc()
         elif seconds >= self.slow_commit_s:

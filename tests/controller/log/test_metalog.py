@@ -4,6 +4,7 @@ keeps ahead of the grants (each checked by recovering what it wrote)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsReserved,
     Record,
+    TransactionalIdUpdated,
 )
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.datadir import (
@@ -43,7 +45,7 @@ class Listener(CommitListener):
     ) -> None:
         self._batch, self._committed = batch, committed
 
-    def batch_written(self, records: int, seconds: float, in_thread: bool) -> None:
+    def batch_written(self, records: int, size: int, seconds: float, in_thread: bool) -> None:
         if self._batch is not None:
             self._batch(records, seconds, in_thread)
 
@@ -312,3 +314,69 @@ async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path
     ]
     assert read_reservation(tmp_path) == 3000  # lowered after the release was durable
     assert recover(tmp_path).reservation == 3000
+
+
+async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
+    tmp_path: Path,
+) -> None:
+    """Past ``snapshot_interval_records``, the next snapshot still waits for as many bytes
+    of records as the last snapshot holds: a large state is not copied and written every few
+    records (a mass expiry made 30 snapshots in 4 s). The first snapshot, with none before
+    it, comes at the interval; so does each one while the state stays small. A restarted
+    log counts the bytes since the snapshot on disk."""
+    state = ControllerState()
+    sizes: list[int] = []
+
+    class Sizes(CommitListener):
+        def snapshot_written(self, size: int) -> None:
+            sizes.append(size)
+
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        snapshot_interval_records=10,
+        listener=Sizes(),
+    )
+    ids = [
+        TransactionalIdUpdated(f"transactional-id-{n:05}", n, 0, -1, -1, 60_000, 1)
+        for n in range(2_000)
+    ]
+
+    async def write(records: list[Record]) -> int:
+        """Append and commit ``records``; the bytes they take in the log."""
+        written = 0
+        for record in records:
+            entry = encode_entry(metalog.end_offset, 0, record)
+            written += len(entry)
+            state.replay(metalog.append_entry(entry), record)
+        await metalog.flush()
+        return written
+
+    grants = itertools.count(2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        await write([*history(2), *ids])  # grants for the ids' producer ids, then the ids
+        with trio.fail_after(30):  # the first snapshot: none before it
+            while not sizes:
+                await trio.sleep(0.01)
+        first = metalog.snapshot_offset
+        grown = 0
+        while True:
+            grown += await write([grant(next(grants)) for _ in range(10)])
+            if grown >= sizes[0]:
+                break
+            # Many times the interval past the snapshot, but fewer bytes than it holds.
+            assert metalog.snapshot_offset == first, (grown, sizes)
+        with trio.fail_after(30):  # the log has grown by the snapshot's size
+            while metalog.snapshot_offset == first:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert sizes[0] > 2_000 * 20 and len(sizes) == 2
+    assert recover(tmp_path).state == state
+    # Restarted: the snapshot on disk is the one to grow past.
+    again = MetadataLog(
+        tmp_path, state.next_offset, metalog.snapshot_offset, lambda: state.copy().to_snapshot
+    )
+    assert again.snapshot_size == sizes[1]
