@@ -206,8 +206,8 @@ _LENGTH = struct.Struct(">i")
 # response building, controller/api/responses.py, and framed by frame_response.)
 # Length, correlation id, [tagged fields of a v1 header], the body, [its tagged fields]; the
 # tests check them byte for byte against kio's encoders.
-_INIT_PRODUCER_ID_V0 = struct.Struct(">iiihqh")  # v0-v1: not flexible
-_INIT_PRODUCER_ID_V2 = struct.Struct(">iiBihqhB")  # v2+: flexible, no tagged fields
+INIT_PRODUCER_ID_ANSWER_V0 = struct.Struct(">iiihqh")  # v0-v1: not flexible
+INIT_PRODUCER_ID_ANSWER_V2 = struct.Struct(">iiBihqhB")  # v2+: flexible, no tagged fields
 _ALLOCATE_PRODUCER_IDS_V0 = struct.Struct(">iiBihqiB")  # flexible, no tagged fields
 
 
@@ -234,8 +234,8 @@ def _packer(layout: struct.Struct, flexible: bool, *fields: str) -> Callable[[in
     return encode_flexible if flexible else encode
 
 
-_init_producer_id_v0 = _packer(_INIT_PRODUCER_ID_V0, False, "producer_id", "producer_epoch")
-_init_producer_id_v2 = _packer(_INIT_PRODUCER_ID_V2, True, "producer_id", "producer_epoch")
+_init_producer_id_v0 = _packer(INIT_PRODUCER_ID_ANSWER_V0, False, "producer_id", "producer_epoch")
+_init_producer_id_v2 = _packer(INIT_PRODUCER_ID_ANSWER_V2, True, "producer_id", "producer_epoch")
 _allocate_producer_ids_v0 = _packer(
     _ALLOCATE_PRODUCER_IDS_V0, True, "producer_id_start", "producer_id_len"
 )

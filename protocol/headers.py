@@ -44,7 +44,7 @@ def peek_api(frame: bytes) -> tuple[int, int]:
 
 #: The start of a v1 or v2 request header: API key, API version, correlation id, and the
 #: client id's length (a nullable legacy string in both versions: -1 for null).
-_HEADER_START = struct.Struct(">hhih")
+REQUEST_HEADER_START = struct.Struct(">hhih")
 
 
 def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int]:
@@ -64,10 +64,10 @@ def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int]
     own per request): v1 or v2, a UTF-8 client id or none, and for v2 no tagged fields.
     None for anything else, which :func:`_parse_with_kio` reads (or refuses) as before; the
     tests check both give the same for every header."""
-    if len(frame) < _HEADER_START.size:
+    if len(frame) < REQUEST_HEADER_START.size:
         return None
-    api_key, api_version, correlation_id, length = _HEADER_START.unpack_from(frame)
-    start = _HEADER_START.size
+    api_key, api_version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
+    start = REQUEST_HEADER_START.size
     if length == -1:
         client_id = None
         end = start

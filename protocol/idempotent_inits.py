@@ -14,14 +14,12 @@ alike and that the answers are kio's, byte for byte.
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Mapping, Sequence
 
 from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.codec import INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
+from pidctl.protocol.headers import REQUEST_HEADER_START
 
-#: The start of a v1 or v2 request header: API key, API version, correlation id, and the
-#: client id's length (-1 for null).
-_HEADER_START = struct.Struct(">hhih")
 #: The API key's two bytes: a frame's first byte is 0 and its second this for InitProducerId.
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
 #: After the client id, per version: the bytes the rest must be, but for the four bytes of
@@ -55,7 +53,7 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
     any other frame, which kio's reader then reads (or refuses) as before."""
     if len(frame) < 10 or frame[1] != _API_KEY_LOW_BYTE or frame[0] != 0:
         return None
-    _, version, correlation_id, length = _HEADER_START.unpack_from(frame)
+    _, version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
     shape = served.get(version)
     if shape is None:
         return None
@@ -76,10 +74,8 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
     return (version, correlation_id) if frame.endswith(after) else None
 
 
-#: Answers: length, correlation id, [the v1 header's empty tagged fields], throttle time,
-#: error code, producer id, epoch, [the body's empty tagged fields].
-_ANSWER_V0 = struct.Struct(">iiihqh")
-_ANSWER_V2 = struct.Struct(">iiBihqhB")
+#: The answers' layouts are the codec's precompiled ones.
+_ANSWER_V0, _ANSWER_V2 = INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
 _SIZE_V0 = _ANSWER_V0.size - 4
 _SIZE_V2 = _ANSWER_V2.size - 4
 

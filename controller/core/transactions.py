@@ -277,9 +277,8 @@ class TransactionControlManager:
     def init_idempotent(self) -> ControllerResult[ProducerIdAndEpoch]:
         """A fresh PID with epoch 0; nothing persisted but a pool refill's grant. Never
         15/16 when no PID is ready (kafka-python would look for a coordinator): 14."""
-        refill = self._refill()
-        pid = self.pool.take()
-        response = _NO_PID if pid is None else ProducerIdAndEpoch(_NO_ERROR, pid, 0)
+        refill, taken = self.init_idempotent_run(1)
+        response = ProducerIdAndEpoch(_NO_ERROR, taken[0], 0) if taken else _NO_PID
         return ControllerResult(refill, response)
 
     def init_idempotent_run(self, most: int) -> ControllerResult[range]:
