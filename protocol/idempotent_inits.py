@@ -55,23 +55,23 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
         return None
     _, version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
     shape = served.get(version)
-    if shape is None:
+    if shape is None or length < -1:
         return None
-    start = 10
+    # The shape first (a transactional InitProducerId fails it here), the client id last.
+    start = 10 + length if length > 0 else 10
+    before, after, size = shape
+    if len(frame) != start + size or not frame.startswith(before, start):
+        return None
+    if not frame.endswith(after):
+        return None
     if length > 0:
-        start += length
         client_id = frame[10:start]
         if not client_id.isascii():
             try:
                 client_id.decode()  # as kio: a client id that is not UTF-8 is refused
             except UnicodeDecodeError:
                 return None
-    elif length < -1:
-        return None
-    before, after, size = shape
-    if len(frame) != start + size or not frame.startswith(before, start):
-        return None
-    return (version, correlation_id) if frame.endswith(after) else None
+    return version, correlation_id
 
 
 #: The answers' layouts are the codec's precompiled ones.

@@ -35,6 +35,9 @@ from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import read_idempotent_init
 from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
 
+#: The API key read by ``struct`` in its usual shape, as a plain int (compared per frame).
+_INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
+
 #: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 #: Time a client may take to send the rest of a request once it has begun (no slowloris).
@@ -96,7 +99,15 @@ class ConnectionClosed:
     detail: str = ""
 
 
-Event = RequestReceived | AnswerReady | OversizedRequest | ConnectionClosed
+class IdempotentInits(NamedTuple):
+    """Idempotent InitProducerId requests in a row, read without kio, for the server to
+    decide as one run and answer in this order (:meth:`ServerConnection.next_event`)."""
+
+    api_version: int
+    correlation_ids: list[int]
+
+
+Event = RequestReceived | IdempotentInits | AnswerReady | OversizedRequest | ConnectionClosed
 
 
 class ServerConnection:
@@ -172,13 +183,27 @@ class ServerConnection:
         elif frames or not was_in_frame:
             self._frame_started = now  # a new frame has begun
 
-    def next_event(self) -> Event | None:
+    def next_event(self, run: int = 0) -> Event | None:
         """The next request (or answer, or closure) in arrival order; None when more bytes
-        are needed. After a :class:`ConnectionClosed` there are no more events."""
-        while self._frames:
-            event = self._decode(self._frames.popleft())
+        are needed. After a :class:`ConnectionClosed` there are no more events.
+
+        ``run``: once the connection is authenticated, at most this many idempotent
+        InitProducerIds in a row, in the usual shape and at one version, come as one
+        :class:`IdempotentInits` (read by ``struct``: :mod:`protocol.idempotent_inits`).
+        0 (the default): every request comes as a :class:`RequestReceived`. Each frame is
+        read once, either way (but the one after a run: see :meth:`_run_from`)."""
+        frames = self._frames
+        while frames:
+            frame = frames.popleft()
+            if run and self._authenticated and frame[:1] == b"\0":  # (every API key < 256)
+                key = frame[1]
+                if key == _INIT_PRODUCER_ID:
+                    first = read_idempotent_init(frame, self._idempotent_shapes)
+                    if first is not None:
+                        return self._run_from(first, run)
+            event = self._decode(frame)
             if isinstance(event, ConnectionClosed):
-                self._frames.clear()
+                frames.clear()
                 self.phase = Phase.CLOSED
                 self.closed_because = event
                 break
@@ -188,30 +213,19 @@ class ServerConnection:
             return closed
         return None
 
-    def take_idempotent_inits(self, most: int) -> tuple[int, list[int]] | None:
-        """The idempotent InitProducerId requests next in line, read without kio (see
-        :mod:`protocol.idempotent_inits`), at most ``most`` of them and all at one version:
-        ``(api_version, their correlation ids)`` in arrival order, for the server to decide
-        as one run and answer in that order; None when the next request is not one (then
-        :meth:`next_event` has it). Only an authenticated connection has them (before, every
-        request goes through :meth:`next_event`'s checks)."""
-        frames = self._frames
-        if not frames or not self._authenticated:
-            return None
-        read, served = read_idempotent_init, self._idempotent_shapes
-        first = read(frames[0], served)
-        if first is None:
-            return None
+    def _run_from(self, first: tuple[int, int], most: int) -> IdempotentInits:
+        """The run ``first`` begins: the idempotent InitProducerIds next in line at its
+        version, up to ``most`` in all."""
         version, correlation_id = first
-        frames.popleft()
         correlation_ids = [correlation_id]
+        frames, read, served = self._frames, read_idempotent_init, self._idempotent_shapes
         while frames and len(correlation_ids) < most:
             following = read(frames[0], served)
             if following is None or following[0] != version:
-                break
+                break  # (next_event reads it again: the one frame read twice)
             frames.popleft()
             correlation_ids.append(following[1])
-        return version, correlation_ids
+        return IdempotentInits(version, correlation_ids)
 
     @property
     def has_pending_requests(self) -> bool:

@@ -14,6 +14,7 @@ from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
     Event,
+    IdempotentInits,
     OversizedRequest,
     Phase,
     RequestReceived,
@@ -27,9 +28,9 @@ def _connection(**options: object) -> ServerConnection:
     return ServerConnection(SUPPORTED, **options)  # type: ignore[arg-type]
 
 
-def _events(connection: ServerConnection) -> list[Event]:
+def _events(connection: ServerConnection, run: int = 0) -> list[Event]:
     events = []
-    while (event := connection.next_event()) is not None:
+    while (event := connection.next_event(run)) is not None:
         events.append(event)
     return events
 
@@ -53,6 +54,46 @@ def test_requests_split_across_reads_and_pipelined_in_one_read() -> None:
     first, second = (e.request for e in events if isinstance(e, RequestReceived))
     assert (first.api_key, first.header.correlation_id) == (ApiKey.INIT_PRODUCER_ID, 1)
     assert (second.api_key, second.header.correlation_id) == (ApiKey.API_VERSIONS, 2)
+
+
+def test_idempotent_inits_in_a_row_come_as_runs_of_at_most_run_at_one_version() -> None:
+    idempotent = requests.init_producer_id(None)
+    transactional = requests.init_producer_id("tx")
+    frames = [
+        _frame(idempotent, 1),
+        _frame(idempotent, 2),
+        _frame(idempotent, 3),
+        _frame(transactional, 4),
+        _frame(idempotent, 5),
+        _frame(requests.init_producer_id(None, version=2), 6),
+        _frame(requests.api_versions(), 7),
+    ]
+    connection = _connection()
+    connection.receive_data(b"".join(frames), now=0.0)
+    events = _events(connection, run=2)
+    version = 5  # requests.init_producer_id's default
+    assert events[:2] == [
+        IdempotentInits(version, [1, 2]),
+        IdempotentInits(version, [3]),
+    ]
+    assert isinstance(events[2], RequestReceived)
+    assert events[2].request.body.transactional_id == "tx"
+    assert events[3:5] == [IdempotentInits(version, [5]), IdempotentInits(2, [6])]
+    assert isinstance(events[5], RequestReceived)
+    assert events[5].request.api_key == ApiKey.API_VERSIONS
+    assert len(events) == 6
+
+
+def test_without_run_or_before_authentication_each_idempotent_init_is_a_request() -> None:
+    data = _frame(requests.init_producer_id(None), 1) + _frame(requests.init_producer_id(None), 2)
+    connection = _connection()
+    connection.receive_data(data, now=0.0)
+    assert [type(e) for e in _events(connection)] == [RequestReceived, RequestReceived]
+    connection = _connection(sasl=True)
+    connection.receive_data(data, now=0.0)
+    assert _events(connection, run=8) == [
+        ConnectionClosed("unauthenticated_request", "API key 22 before SASL authentication")
+    ]
 
 
 def test_a_frame_over_the_limit_closes_before_its_body_arrives() -> None:

@@ -45,6 +45,7 @@ from pidctl.protocol.idempotent_inits import answer_run
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
+    IdempotentInits,
     OversizedRequest,
     Phase,
     RequestReceived,
@@ -352,19 +353,18 @@ class ConnectionServer:
         # throttled or logged on its own.
         runs = not (limited or quotas.limits_producer_ids or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
-            if runs:
-                most = min(room - len(answers.data), budget - decided.work)
-                run = connection.take_idempotent_inits(most)
-                if run is not None:
-                    if decided_at is None:
-                        decided_at, received = now(), time.perf_counter()
-                    self._answer_run(run, decided_at, info, answers, received)
-                    decided.work += len(run[1])
-                    continue
-            event = connection.next_event()
+            event = connection.next_event(
+                min(room - len(answers.data), budget - decided.work) if runs else 0
+            )
             if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
                 if event is None:
                     break
+                if type(event) is IdempotentInits:
+                    if decided_at is None:
+                        decided_at, received = now(), time.perf_counter()
+                    self._answer_run(event, decided_at, info, answers, received)
+                    decided.work += len(event.correlation_ids)
+                    continue
                 if isinstance(event, ConnectionClosed):
                     decided.closed = event
                     return
@@ -425,7 +425,7 @@ class ConnectionServer:
 
     def _answer_run(
         self,
-        run: tuple[int, list[int]],
+        run: IdempotentInits,
         decided_at: Now,
         info: ConnectionInfo,
         answers: _Answers,
