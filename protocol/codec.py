@@ -208,7 +208,7 @@ _LENGTH = struct.Struct(">i")
 # tests check them byte for byte against kio's encoders.
 INIT_PRODUCER_ID_ANSWER_V0 = struct.Struct(">iiihqh")  # v0-v1: not flexible
 INIT_PRODUCER_ID_ANSWER_V2 = struct.Struct(">iiBihqhB")  # v2+: flexible, no tagged fields
-_ALLOCATE_PRODUCER_IDS_V0 = struct.Struct(">iiBihqiB")  # flexible, no tagged fields
+ALLOCATE_PRODUCER_IDS_ANSWER_V0 = struct.Struct(">iiBihqiB")  # flexible, no tagged fields
 
 
 def _millis(throttle: datetime.timedelta) -> int:
@@ -237,7 +237,7 @@ def _packer(layout: struct.Struct, flexible: bool, *fields: str) -> Callable[[in
 _init_producer_id_v0 = _packer(INIT_PRODUCER_ID_ANSWER_V0, False, "producer_id", "producer_epoch")
 _init_producer_id_v2 = _packer(INIT_PRODUCER_ID_ANSWER_V2, True, "producer_id", "producer_epoch")
 _allocate_producer_ids_v0 = _packer(
-    _ALLOCATE_PRODUCER_IDS_V0, True, "producer_id_start", "producer_id_len"
+    ALLOCATE_PRODUCER_IDS_ANSWER_V0, True, "producer_id_start", "producer_id_len"
 )
 
 

@@ -21,6 +21,7 @@ from kio.static.protocol import ResponsePayload
 
 from pidctl.protocol.api_versions import unsupported_version_response
 from pidctl.protocol.apis import ApiKey, SupportedApis
+from pidctl.protocol.block_requests import BlockRequested, read_block_request
 from pidctl.protocol.codec import (
     ProtocolViolation,
     Request,
@@ -35,8 +36,9 @@ from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import read_idempotent_init
 from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
 
-#: The API key read by ``struct`` in its usual shape, as a plain int (compared per frame).
+#: The API keys read by ``struct`` in their usual shape, as plain ints (compared per frame).
 _INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS = int(ApiKey.ALLOCATE_PRODUCER_IDS)
 
 #: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
@@ -107,7 +109,14 @@ class IdempotentInits(NamedTuple):
     correlation_ids: list[int]
 
 
-Event = RequestReceived | IdempotentInits | AnswerReady | OversizedRequest | ConnectionClosed
+Event = (
+    RequestReceived
+    | IdempotentInits
+    | BlockRequested
+    | AnswerReady
+    | OversizedRequest
+    | ConnectionClosed
+)
 
 
 class ServerConnection:
@@ -187,11 +196,13 @@ class ServerConnection:
         """The next request (or answer, or closure) in arrival order; None when more bytes
         are needed. After a :class:`ConnectionClosed` there are no more events.
 
-        ``run``: once the connection is authenticated, at most this many idempotent
-        InitProducerIds in a row, in the usual shape and at one version, come as one
-        :class:`IdempotentInits` (read by ``struct``: :mod:`protocol.idempotent_inits`).
-        0 (the default): every request comes as a :class:`RequestReceived`. Each frame is
-        read once, either way (but the one after a run: see :meth:`_run_from`)."""
+        ``run``: once the connection is authenticated, the hottest requests in their usual
+        shape are read by ``struct``: at most this many idempotent InitProducerIds in a row
+        at one version come as one :class:`IdempotentInits`
+        (:mod:`protocol.idempotent_inits`), an AllocateProducerIds as a
+        :class:`BlockRequested` (:mod:`protocol.block_requests`). 0 (the default): every
+        request comes as a :class:`RequestReceived`. Each frame is read once, either way
+        (but the one after a run: see :meth:`_run_from`)."""
         frames = self._frames
         while frames:
             frame = frames.popleft()
@@ -201,6 +212,10 @@ class ServerConnection:
                     first = read_idempotent_init(frame, self._idempotent_shapes)
                     if first is not None:
                         return self._run_from(first, run)
+                elif key == _ALLOCATE_PRODUCER_IDS:
+                    block = read_block_request(frame)
+                    if block is not None:
+                        return block
             event = self._decode(frame)
             if isinstance(event, ConnectionClosed):
                 frames.clear()

@@ -28,7 +28,6 @@ from pidctl.controller.api.responses import (
     build_entity,
     first_listener,
     init_reply,
-    no_block,
     response_for,
     too_many_keys,
     too_many_topics,
@@ -37,7 +36,12 @@ from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge
-from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID, LEASE_EXHAUSTED
+from pidctl.controller.core.producer_ids import (
+    JOB_BROKER_EPOCH,
+    JOB_BROKER_ID,
+    LEASE_EXHAUSTED,
+    Block,
+)
 from pidctl.controller.core.transactions import parse_expected
 from pidctl.protocol.apis import (
     ApiKey,
@@ -76,6 +80,9 @@ _NO_PRODUCER_ID_YET = ErrorCode.coordinator_load_in_progress
 _FENCED = ErrorCode.producer_fenced
 _DENIED = ErrorCode.cluster_authorization_failed
 _NO_BLOCK = (ErrorCode.unknown_server_error, LEASE_EXHAUSTED)
+#: AllocateProducerIds refused before anything is decided: start 0 and length 0 (as Kafka).
+_REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
+_INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
@@ -274,36 +281,9 @@ class Controller:
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
-        manager = self.state.producer_ids
-        client_id = request.header.client_id
-        # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
-        # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
-        job = (body.broker_id, body.broker_epoch) == (JOB_BROKER_ID, JOB_BROKER_EPOCH)
-        if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
-            return Reply(no_block(request, ErrorCode.cluster_authorization_failed))
-        if job:
-            # A job that names itself (app id, version, block in the client id) gets the
-            # blocks recorded under that name back: controller/core/jobs.py.
-            try:
-                key = parse_job_key(client_id)
-            except ValueError:
-                return Reply(no_block(request, ErrorCode.invalid_request))
-            if key is None:
-                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
-            else:
-                result = self.state.jobs.allocate(
-                    key, now_ms=now.wall_ms, principal=conn.principal, client_id=client_id
-                )
-        else:
-            result = manager.allocate(
-                broker_id=body.broker_id,
-                broker_epoch=body.broker_epoch,
-                principal=conn.principal,
-                client_id=client_id,
-            )
-        block, offset = self._apply(result, now)
-        if block.error in _NO_BLOCK:
-            self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
+        block, offset = self.allocate_block(
+            body.broker_id, body.broker_epoch, request.header.client_id, now, conn
+        )
         # Plain ints, as in init_reply: a broker's every block request answers here.
         response = response_for(
             request,
@@ -312,6 +292,51 @@ class Controller:
             producer_id_len=block.length,
         )
         return Reply(response, offset)
+
+    def allocate_block(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        client_id: str | None,
+        now: Now,
+        conn: ConnectionInfo,
+    ) -> tuple[Block, int]:
+        """An AllocateProducerIds' block (or refusal) and the offset that must be durable
+        before it is answered: for requests read by kio (:meth:`handle`) and by ``struct``
+        (``protocol.block_requests``) alike."""
+        manager = self.state.producer_ids
+        # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
+        # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
+        job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
+        if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
+            return _REFUSED_BLOCK, NO_WAIT
+        try:
+            if job:
+                # A job that names itself (app id, version, block in the client id) gets
+                # the blocks recorded under that name back: controller/core/jobs.py.
+                try:
+                    key = parse_job_key(client_id)
+                except ValueError:
+                    return _INVALID_BLOCK, NO_WAIT
+                if key is None:
+                    result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+                else:
+                    result = self.state.jobs.allocate(
+                        key, now_ms=now.wall_ms, principal=conn.principal, client_id=client_id
+                    )
+            else:
+                result = manager.allocate(
+                    broker_id=broker_id,
+                    broker_epoch=broker_epoch,
+                    principal=conn.principal,
+                    client_id=client_id,
+                )
+            block, offset = self._apply(result, now)
+        except RecordTooLarge:
+            return _INVALID_BLOCK, NO_WAIT
+        if block.error in _NO_BLOCK:
+            self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
+        return block, offset
 
     def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body

@@ -109,11 +109,6 @@ def init_reply(
     return Reply(body, durable_offset, new_producer_ids)
 
 
-def no_block(request: Request, error: ErrorCode) -> Any:
-    """AllocateProducerIds refused: the error, start 0 and length 0 (as Kafka answers)."""
-    return response_for(request, error_code=error, producer_id_start=i64(0), producer_id_len=i32(0))
-
-
 def too_many_keys(request: Request, asked: int, most: int) -> Any:
     """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
     was asked, so the answer stays small."""

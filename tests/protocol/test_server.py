@@ -9,6 +9,7 @@ from kio.schema.api_versions.v0 import ApiVersionsResponse as ApiVersionsRespons
 from pidctl.controller.api.handlers import SERVED_APIS
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, supported_apis
+from pidctl.protocol.block_requests import BlockRequested
 from pidctl.protocol.codec import encode_request
 from pidctl.protocol.server import (
     AnswerReady,
@@ -82,6 +83,18 @@ def test_idempotent_inits_in_a_row_come_as_runs_of_at_most_run_at_one_version() 
     assert isinstance(events[5], RequestReceived)
     assert events[5].request.api_key == ApiKey.API_VERSIONS
     assert len(events) == 6
+
+
+def test_an_allocate_producer_ids_comes_read_by_struct_with_run_only() -> None:
+    data = _frame(requests.allocate(3, 9), 1) + _frame(requests.metadata(), 2)
+    connection = _connection()
+    connection.receive_data(data * 2, now=0.0)
+    first, second = connection.next_event(run=1), connection.next_event(run=1)
+    third, fourth = _events(connection)
+    assert first == BlockRequested(1, "test", 3, 9)
+    assert isinstance(second, RequestReceived) and second.request.api_key == ApiKey.METADATA
+    assert isinstance(third, RequestReceived) and third.request.body.broker_epoch == 9
+    assert isinstance(fourth, RequestReceived)
 
 
 def test_without_run_or_before_authentication_each_idempotent_init_is_a_request() -> None:

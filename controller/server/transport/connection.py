@@ -40,6 +40,7 @@ from pidctl.controller.server.transport.outbox import Durability, Outbox, Outbox
 from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.block_requests import BlockRequested, answer_block
 from pidctl.protocol.codec import Request
 from pidctl.protocol.idempotent_inits import answer_run
 from pidctl.protocol.server import (
@@ -73,6 +74,7 @@ DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 _INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS = api_name(ApiKey.ALLOCATE_PRODUCER_IDS)
 
 
 def now() -> Now:
@@ -349,8 +351,9 @@ class ConnectionServer:
         # The requests of one round are decided at one time (and received at one).
         decided_at: Now | None = None
         received = 0.0
-        # Idempotent InitProducerIds in a row are decided as one run, unless each must be
-        # throttled or logged on its own.
+        # Idempotent InitProducerIds in a row are decided as one run, and AllocateProducerIds
+        # read by struct (protocol/block_requests.py), unless each request must be throttled
+        # or logged on its own.
         runs = not (limited or quotas.limits_producer_ids or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
             event = connection.next_event(
@@ -364,6 +367,12 @@ class ConnectionServer:
                         decided_at, received = now(), time.perf_counter()
                     self._answer_run(event, decided_at, info, answers, received)
                     decided.work += len(event.correlation_ids)
+                    continue
+                if type(event) is BlockRequested:
+                    if decided_at is None:
+                        decided_at, received = now(), time.perf_counter()
+                    self._answer_block(event, decided_at, info, answers, received)
+                    decided.work += 1
                     continue
                 if isinstance(event, ConnectionClosed):
                     decided.closed = event
@@ -444,6 +453,24 @@ class ConnectionServer:
         if granted:
             self._new_producer_ids(info.principal, granted)  # counted (no quota here)
         answers.add_run(data, offset, _INIT_PRODUCER_ID, received)
+
+    def _answer_block(
+        self,
+        request: BlockRequested,
+        decided_at: Now,
+        info: ConnectionInfo,
+        answers: _Answers,
+        received: float,
+    ) -> None:
+        """Decide and answer an AllocateProducerIds read by ``struct``, as :meth:`_go_on`
+        does the requests kio reads."""
+        block, offset = self.controller.allocate_block(
+            request.broker_id, request.broker_epoch, request.client_id, decided_at, info
+        )
+        error = block.error
+        self._tally(_ALLOCATE_PRODUCER_IDS, 0, error, 1)
+        data = answer_block(request.correlation_id, error, block.first, block.length)
+        answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
 
     async def _authenticate_and_go_on(
         self,

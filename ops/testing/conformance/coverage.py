@@ -61,6 +61,7 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ),
     ApiKey.ALLOCATE_PRODUCER_IDS: (
         "pidctl.controller.api.handlers:Controller._allocate_producer_ids",
+        "pidctl.controller.api.handlers:Controller.allocate_block",
         "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
         "pidctl.controller.core.producer_ids:ProducerIdControlManager._grant",
         "pidctl.controller.core.jobs:JobAllocationManager.allocate",

@@ -151,6 +151,55 @@ async def test_idempotent_inits_in_a_row_are_answered_in_order_among_the_others(
     assert timed == {"init_producer_id": len(bodies) - 2, "api_versions": 1, ALLOCATE: 1}
 
 
+async def test_block_requests_read_by_struct_are_decided_as_kios_are(
+    tmp_path: Path, transport: str
+) -> None:
+    """AllocateProducerIds from a registered broker, at its epoch and a stale one, and a
+    job's, between other requests in one write (read by struct), answer as kio's path does:
+    a block each in order, STALE_BROKER_EPOCH (77) with start 0 and length 0, the client id
+    in the record; and without struct reads (the request log on) the same."""
+    for log_requests in (False, True):
+        data_dir = tmp_path / f"log-requests-{log_requests}"
+        data_dir.mkdir()
+        async with serving(data_dir) as served:
+            served.server.log_requests = log_requests
+            peer = await served.connect(transport)
+            epoch = (await peer.request(requests.registration(7, "test-cluster"))).broker_epoch
+            bodies = [
+                requests.allocate(7, epoch),
+                requests.api_versions(),
+                requests.allocate(7, epoch - 1),
+                job(),
+                requests.allocate(7, epoch),
+            ]
+            await peer.send(*bodies)
+            answers = [await peer.receive() for _ in bodies]
+            stale = served.metric(
+                "pidctl_request_errors_total",
+                api=ALLOCATE,
+                version="0",
+                error="STALE_BROKER_EPOCH",
+            )
+            assert decided(served, ALLOCATE, 0) == 4
+            granted = [r for r in served.records if isinstance(r, ProducerIdsGranted)]
+        blocks = [
+            (a.error_code, a.producer_id_start, a.producer_id_len)
+            for a in (answers[0], *answers[2:])
+        ]
+        assert blocks == [
+            (0, 0, 1000),
+            (77, 0, 0),
+            (0, 1000, 1000),
+            (0, 2000, 1000),
+        ]
+        assert answers[1].api_keys and stale == 1
+        assert [(r.broker_id, r.client_id) for r in granted] == [
+            (7, "test"),
+            (-1, "test"),
+            (7, "test"),
+        ]
+
+
 async def test_answers_leave_only_once_the_log_has_made_them_durable(
     tmp_path: Path, transport: str
 ) -> None:

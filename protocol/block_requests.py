@@ -1,0 +1,67 @@
+"""AllocateProducerIds requests read and answered by ``struct``.
+
+Every broker's block request is an AllocateProducerIds v0 (the only version Kafka defines):
+a header with a client id, a broker id and a broker epoch. kio's reader builds a header and
+a body entity for it, field by field, and the handler a response entity; a request in the
+usual shape (no tagged fields in the header or the body) is read here instead into the
+four values the decision needs, and answered by one ``struct.pack``. Anything else, an
+unusual but valid request included, is left to kio's reader: the tests check that both read
+every request alike and that the answers are kio's, byte for byte.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.codec import ALLOCATE_PRODUCER_IDS_ANSWER_V0
+from pidctl.protocol.headers import REQUEST_HEADER_START
+
+#: The API key's low byte (its high byte is 0).
+_API_KEY_LOW_BYTE = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
+#: After the client id: the header's empty tagged fields, broker id, broker epoch, the body's
+#: empty tagged fields.
+_BODY = struct.Struct(">BiqB")
+
+
+class BlockRequested(NamedTuple):
+    """An AllocateProducerIds v0 request, read without kio."""
+
+    correlation_id: int
+    client_id: str | None
+    broker_id: int
+    broker_epoch: int
+
+
+def read_block_request(frame: bytes) -> BlockRequested | None:
+    """The AllocateProducerIds v0 request in ``frame`` in the usual shape (see the module's
+    docstring); None for any other frame, which kio's reader then reads (or refuses)."""
+    if len(frame) < 24 or frame[1] != _API_KEY_LOW_BYTE or frame[0] != 0:
+        return None
+    _, version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
+    if version != 0 or length < -1:
+        return None
+    start = 10 + length if length > 0 else 10
+    if len(frame) != start + _BODY.size:
+        return None
+    header_tags, broker_id, broker_epoch, body_tags = _BODY.unpack_from(frame, start)
+    if header_tags or body_tags:
+        return None
+    client_id = None
+    if length >= 0:
+        try:
+            client_id = frame[10:start].decode()  # as kio: a client id not UTF-8 is refused
+        except UnicodeDecodeError:
+            return None
+    return BlockRequested(correlation_id, client_id, broker_id, broker_epoch)
+
+
+_PACK = ALLOCATE_PRODUCER_IDS_ANSWER_V0.pack
+_SIZE = ALLOCATE_PRODUCER_IDS_ANSWER_V0.size - 4
+
+
+def answer_block(correlation_id: int, error: int, first: int, length: int) -> bytes:
+    """The frame answering an AllocateProducerIds v0: no throttle, ``error``, the block
+    (``first``, ``length``; 0, 0 with an error)."""
+    return _PACK(_SIZE, correlation_id, 0, 0, error, first, length, 0)
