@@ -35,6 +35,7 @@ from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Frame
 from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import read_idempotent_init
 from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
+from pidctl.protocol.init_requests import InitRequested, read_init_request
 
 #: The API keys read by ``struct`` in their usual shape, as plain ints (compared per frame).
 _INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
@@ -112,6 +113,7 @@ class IdempotentInits(NamedTuple):
 Event = (
     RequestReceived
     | IdempotentInits
+    | InitRequested
     | BlockRequested
     | AnswerReady
     | OversizedRequest
@@ -128,6 +130,7 @@ class ServerConnection:
         "_frame_started",
         "_frames",
         "_idempotent_shapes",
+        "_init_versions",
         "_last_activity",
         "closed_because",
         "frame_timeout_s",
@@ -163,9 +166,8 @@ class ServerConnection:
         self._frame_started: float | None = None
         self._last_activity = now
         init = supported.get(ApiKey.INIT_PRODUCER_ID)
-        self._idempotent_shapes = idempotent_shapes(
-            range(0) if init is None else range(init.min, init.max + 1)
-        )
+        self._init_versions = range(0) if init is None else range(init.min, init.max + 1)
+        self._idempotent_shapes = idempotent_shapes(self._init_versions)
 
     # -- input ------------------------------------------------------------------------------
 
@@ -199,7 +201,8 @@ class ServerConnection:
         ``run``: once the connection is authenticated, the hottest requests in their usual
         shape are read by ``struct``: at most this many idempotent InitProducerIds in a row
         at one version come as one :class:`IdempotentInits`
-        (:mod:`protocol.idempotent_inits`), an AllocateProducerIds as a
+        (:mod:`protocol.idempotent_inits`), any other InitProducerId as an
+        :class:`InitRequested` (:mod:`protocol.init_requests`), an AllocateProducerIds as a
         :class:`BlockRequested` (:mod:`protocol.block_requests`). 0 (the default): every
         request comes as a :class:`RequestReceived`. Each frame is read once, either way
         (but the one after a run: see :meth:`_run_from`)."""
@@ -212,6 +215,9 @@ class ServerConnection:
                     first = read_idempotent_init(frame, self._idempotent_shapes)
                     if first is not None:
                         return self._run_from(first, run)
+                    init = read_init_request(frame, self._init_versions)
+                    if init is not None:
+                        return init
                 elif key == _ALLOCATE_PRODUCER_IDS:
                     block = read_block_request(frame)
                     if block is not None:

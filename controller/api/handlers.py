@@ -27,7 +27,6 @@ from pidctl.controller.api.responses import (
     Reply,
     build_entity,
     first_listener,
-    init_reply,
     response_for,
     too_many_keys,
     too_many_topics,
@@ -86,6 +85,23 @@ _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
+
+
+class InitAnswer(NamedTuple):
+    """An InitProducerId's answer: the error, the producer id and epoch (-1, -1 with an
+    error), the offset to be durable before it is sent, and the producer ids it created (1
+    for a new PID, for the quota on them; else 0)."""
+
+    error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
+    durable_offset: int = NO_WAIT
+    created: int = 0
+
+
+_TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)
+_IDEMPOTENT_WRITE_DENIED = InitAnswer(ErrorCode.cluster_authorization_failed)
+_INIT_INVALID = InitAnswer(ErrorCode.invalid_request)
 
 
 class IdempotentRun(NamedTuple):
@@ -284,7 +300,7 @@ class Controller:
         block, offset = self.allocate_block(
             body.broker_id, body.broker_epoch, request.header.client_id, now, conn
         )
-        # Plain ints, as in init_reply: a broker's every block request answers here.
+        # Plain ints, as in _init_producer_id: a broker's every block request answers here.
         response = response_for(
             request,
             error_code=block.error,
@@ -340,38 +356,74 @@ class Controller:
 
     def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
-        transactional_id = body.transactional_id
+        answer = self.init_producer_id(
+            request.api_version,
+            body.transactional_id,
+            int(body.transaction_timeout / _ONE_MS),
+            getattr(body, "producer_id", -1),
+            getattr(body, "producer_epoch", -1),
+            now,
+            conn,
+        )
+        # Plain ints, not i64(pid)/i16(epoch): kio's phantom types cost ~9 us each per
+        # answer to re-check what the state already bounds (and the precompiled encoder's
+        # struct.pack refuses an out-of-range value anyway); at runtime both are ints.
+        cls: Any = response_class(request.api_key, request.api_version)
+        response = cls(
+            throttle_time=NO_THROTTLE,
+            error_code=answer.error,
+            producer_id=answer.producer_id,
+            producer_epoch=answer.producer_epoch,
+        )
+        return Reply(response, answer.durable_offset, answer.created)
+
+    def init_producer_id(
+        self,
+        api_version: int,
+        transactional_id: str | None,
+        timeout_ms: int,
+        producer_id: int,
+        producer_epoch: int,
+        now: Now,
+        conn: ConnectionInfo,
+    ) -> InitAnswer:
+        """An InitProducerId's answer at ``api_version`` (``producer_id`` and
+        ``producer_epoch`` -1 when not given, as before v3): for requests read by kio
+        (:meth:`handle`) and by ``struct`` (``protocol.init_requests``) alike."""
         if transactional_id is not None:
             if not self._may(conn, "Write", "TransactionalId", transactional_id):
-                return init_reply(request, ErrorCode.transactional_id_authorization_failed)
+                return _TRANSACTIONAL_ID_DENIED
         elif not self._may(conn, "IdempotentWrite"):
-            return init_reply(request, ErrorCode.cluster_authorization_failed)
-        expected = parse_expected(
-            getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1)
-        )
+            return _IDEMPOTENT_WRITE_DENIED
+        expected = parse_expected(producer_id, producer_epoch)
         if isinstance(expected, ErrorCode):
-            return init_reply(request, expected)
+            return InitAnswer(expected)
         transactions = self.state.transactions
         held: int | None = None  # the transactional id's producer id before
-        if transactional_id is None:
-            # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
-            result = transactions.init_idempotent()
-        else:
-            held = transactions.transactional_ids.producer_id_of(transactional_id)
-            result = transactions.init_transactional(
-                transactional_id,
-                timeout_ms=int(body.transaction_timeout / _ONE_MS),
-                expected=expected,
-                now_ms=now.wall_ms,
-            )
-        answer, offset = self._apply(result, now)
+        try:
+            if transactional_id is None:
+                # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
+                result = transactions.init_idempotent()
+            else:
+                held = transactions.transactional_ids.producer_id_of(transactional_id)
+                result = transactions.init_transactional(
+                    transactional_id,
+                    timeout_ms=timeout_ms,
+                    expected=expected,
+                    now_ms=now.wall_ms,
+                )
+            answer, offset = self._apply(result, now)
+        except RecordTooLarge:
+            return _INIT_INVALID
         error = answer.error
         if error == _NO_PRODUCER_ID_YET:
             self.on_no_producer_id("InitProducerId", self.state.producer_ids.exhausted())
-        if error == _FENCED and request.api_version < 4:
+        if error == _FENCED and api_version < 4:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
-        created = 1 if error == _NO_ERROR and answer.producer_id != held else 0
-        return init_reply(request, error, answer, offset, created)
+        if error:
+            return InitAnswer(error, durable_offset=offset)
+        created = 1 if answer.producer_id != held else 0
+        return InitAnswer(error, answer.producer_id, answer.producer_epoch, offset, created)
 
     def init_idempotent_run(self, count: int, now: Now, conn: ConnectionInfo) -> IdempotentRun:
         """``count`` idempotent InitProducerIds in a row, from one connection (read by

@@ -13,9 +13,6 @@ from typing import Any, NamedTuple
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
-from pidctl.controller.core.transactions import (
-    ProducerIdAndEpoch,
-)
 from pidctl.protocol.addresses import parse_listener
 from pidctl.protocol.api_versions import (
     build_api_versions_response,
@@ -89,24 +86,6 @@ REFUSALS: dict[int, dict[str, Any]] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: {"producer_id_start": i64(0), "producer_id_len": i32(0)},
     ApiKey.INIT_PRODUCER_ID: {"producer_id": i64(-1), "producer_epoch": i16(-1)},
 }
-
-
-def init_reply(
-    request: Request,
-    error: ErrorCode,
-    answer: ProducerIdAndEpoch | None = None,
-    durable_offset: int = NO_WAIT,
-    new_producer_ids: int = 0,
-) -> Reply:
-    pid, epoch = (
-        (-1, -1) if error or answer is None else (answer.producer_id, answer.producer_epoch)
-    )
-    # Plain ints, not i64(pid)/i16(epoch): kio's phantom types cost ~9 us each per answer
-    # to re-check what the state already bounds (and the precompiled encoder's struct.pack
-    # refuses an out-of-range value anyway); at runtime both are ints.
-    cls: Any = response_class(request.api_key, request.api_version)
-    body = cls(throttle_time=NO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
-    return Reply(body, durable_offset, new_producer_ids)
 
 
 def too_many_keys(request: Request, asked: int, most: int) -> Any:

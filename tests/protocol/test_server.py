@@ -11,6 +11,7 @@ from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, supported_apis
 from pidctl.protocol.block_requests import BlockRequested
 from pidctl.protocol.codec import encode_request
+from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
@@ -77,8 +78,7 @@ def test_idempotent_inits_in_a_row_come_as_runs_of_at_most_run_at_one_version() 
         IdempotentInits(version, [1, 2]),
         IdempotentInits(version, [3]),
     ]
-    assert isinstance(events[2], RequestReceived)
-    assert events[2].request.body.transactional_id == "tx"
+    assert events[2] == InitRequested(version, 4, "tx", 60_000, -1, -1)
     assert events[3:5] == [IdempotentInits(version, [5]), IdempotentInits(2, [6])]
     assert isinstance(events[5], RequestReceived)
     assert events[5].request.api_key == ApiKey.API_VERSIONS

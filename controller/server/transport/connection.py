@@ -43,6 +43,7 @@ from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.block_requests import BlockRequested, answer_block
 from pidctl.protocol.codec import Request
 from pidctl.protocol.idempotent_inits import answer_run
+from pidctl.protocol.init_requests import InitRequested, answer_init
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
@@ -351,9 +352,9 @@ class ConnectionServer:
         # The requests of one round are decided at one time (and received at one).
         decided_at: Now | None = None
         received = 0.0
-        # Idempotent InitProducerIds in a row are decided as one run, and AllocateProducerIds
-        # read by struct (protocol/block_requests.py), unless each request must be throttled
-        # or logged on its own.
+        # Idempotent InitProducerIds in a row are decided as one run, other InitProducerIds
+        # and AllocateProducerIds read by struct, unless each request must be throttled or
+        # logged on its own (as next_event says).
         runs = not (limited or quotas.limits_producer_ids or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
             event = connection.next_event(
@@ -367,6 +368,12 @@ class ConnectionServer:
                         decided_at, received = now(), time.perf_counter()
                     self._answer_run(event, decided_at, info, answers, received)
                     decided.work += len(event.correlation_ids)
+                    continue
+                if type(event) is InitRequested:
+                    if decided_at is None:
+                        decided_at, received = now(), time.perf_counter()
+                    self._answer_init(event, decided_at, info, answers, received)
+                    decided.work += 1
                     continue
                 if type(event) is BlockRequested:
                     if decided_at is None:
@@ -453,6 +460,32 @@ class ConnectionServer:
         if granted:
             self._new_producer_ids(info.principal, granted)  # counted (no quota here)
         answers.add_run(data, offset, _INIT_PRODUCER_ID, received)
+
+    def _answer_init(
+        self,
+        request: InitRequested,
+        decided_at: Now,
+        info: ConnectionInfo,
+        answers: _Answers,
+        received: float,
+    ) -> None:
+        """Decide and answer an InitProducerId read by ``struct`` (not an idempotent run's),
+        as :meth:`_go_on` does the requests kio reads."""
+        version = request.api_version
+        error, producer_id, epoch, offset, created = self.controller.init_producer_id(
+            version,
+            request.transactional_id,
+            request.timeout_ms,
+            request.producer_id,
+            request.producer_epoch,
+            decided_at,
+            info,
+        )
+        self._tally(_INIT_PRODUCER_ID, version, error, 1)
+        if created:
+            self._new_producer_ids(info.principal, created)  # counted (no quota here)
+        data = answer_init(version, request.correlation_id, error, producer_id, epoch)
+        answers.add(data, offset, _INIT_PRODUCER_ID, received)
 
     def _answer_block(
         self,

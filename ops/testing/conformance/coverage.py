@@ -26,6 +26,7 @@ from pidctl.protocol.apis import ApiKey
 DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ApiKey.INIT_PRODUCER_ID: (
         "pidctl.controller.api.handlers:Controller._init_producer_id",
+        "pidctl.controller.api.handlers:Controller.init_producer_id",
         "pidctl.controller.api.handlers:Controller.init_idempotent_run",
         "pidctl.controller.core.transactions:parse_expected",
         "pidctl.controller.core.transactions:TransactionControlManager.init_idempotent",

@@ -56,6 +56,19 @@ def _received(served: Served, size: int) -> bool:
     return served.metric("pidctl_received_bytes_total") == size
 
 
+#: The fields of the records compared between two servers (not their times).
+_RECORD_FIELDS = (
+    "transactional_id",
+    "producer_id",
+    "producer_epoch",
+    "previous_producer_id",
+    "timeout_ms",
+    "first_producer_id",
+    "next_producer_id",
+    "client_id",
+)
+
+
 def job() -> Any:
     """An AllocateProducerIds as a job sends it: a block that must be durable first."""
     return requests.allocate(-1, -1)
@@ -198,6 +211,52 @@ async def test_block_requests_read_by_struct_are_decided_as_kios_are(
             (-1, "test"),
             (7, "test"),
         ]
+
+
+async def test_init_producer_ids_read_by_struct_are_decided_as_kios_are(
+    tmp_path: Path, transport: str
+) -> None:
+    """Transactional InitProducerIds (new, re-initialised, with a producer id and epoch
+    given, stale or not, at old and new versions) and an idempotent one with an epoch given,
+    in one write: read by struct, the same answers, records and counts as read by kio (the
+    request log on)."""
+    bodies = [
+        requests.init_producer_id("tx-a"),
+        requests.init_producer_id("tx-a", version=1),
+        requests.init_producer_id("tx-a", producer_id=0, producer_epoch=1),
+        requests.init_producer_id("tx-a", producer_id=0, producer_epoch=0),  # fenced
+        requests.init_producer_id("tx-a", producer_id=0, producer_epoch=0, version=3),
+        requests.init_producer_id("tx-b", timeout_ms=-5),  # an invalid timeout
+        requests.init_producer_id(None, producer_id=5, producer_epoch=0),
+        requests.init_producer_id("tx-c", version=2),
+    ]
+    seen = []
+    for log_requests in (False, True):
+        data_dir = tmp_path / f"log-requests-{log_requests}"
+        data_dir.mkdir()
+        async with serving(data_dir) as served:
+            served.server.log_requests = log_requests
+            peer = await served.connect(transport)
+            await peer.send(*bodies)
+            answers = [await peer.receive() for _ in bodies]
+            counts = {v: decided(served, "init_producer_id", v) for v in range(6)}
+            records = [
+                (type(r).__name__, *(getattr(r, f, None) for f in _RECORD_FIELDS))
+                for r in served.records
+            ]
+            seen.append((answers, records, counts))
+    assert seen[0] == seen[1]
+    answers = seen[0][0]
+    assert [(a.error_code, a.producer_id, a.producer_epoch) for a in answers] == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 0, 2),
+        (90, -1, -1),  # PRODUCER_FENCED
+        (47, -1, -1),  # INVALID_PRODUCER_EPOCH, what v3 understands
+        (50, -1, -1),  # INVALID_TRANSACTION_TIMEOUT
+        (0, 1, 0),
+        (0, 2, 0),
+    ]
 
 
 async def test_answers_leave_only_once_the_log_has_made_them_durable(

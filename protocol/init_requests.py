@@ -1,0 +1,123 @@
+"""InitProducerId requests read and answered by ``struct``, one at a time.
+
+Every transactional producer's start (and each of its restarts) is an InitProducerId
+naming its transactional id, and durable: kio's reader builds a header and a body entity
+for it field by field, the handler a response entity. A request in the usual shape (no
+tagged fields, a transactional id of at most 126 bytes, so that its compact length is one
+byte) is read here instead into the values the decision needs, and answered by one
+``struct.pack``. Anything else is left to kio's reader: the tests check that both read
+every request alike and that the answers are kio's, byte for byte. (Idempotent requests
+that follow one another are read in a run: :mod:`protocol.idempotent_inits`.)
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.codec import INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
+from pidctl.protocol.headers import REQUEST_HEADER_START
+
+#: The API key's low byte (its high byte is 0).
+_API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
+#: The body after the transactional id, per version: the transaction timeout; from v2 (the
+#: flexible versions) the body's tagged fields last; from v3 the producer id and epoch.
+_REST = {
+    0: struct.Struct(">i"),
+    1: struct.Struct(">i"),
+    2: struct.Struct(">iB"),
+    **{version: struct.Struct(">iqhB") for version in (3, 4, 5)},
+}
+#: Versions this module reads.
+VERSIONS = frozenset(_REST)
+_LEGACY_LENGTH = struct.Struct(">h")
+
+
+class InitRequested(NamedTuple):
+    """An InitProducerId request, read without kio (``producer_id`` and ``producer_epoch``
+    -1 before v3, as kio's defaults)."""
+
+    api_version: int
+    correlation_id: int
+    transactional_id: str | None
+    timeout_ms: int
+    producer_id: int
+    producer_epoch: int
+
+
+def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitRequested | None:
+    """The InitProducerId request in ``frame`` at a version of ``served`` in the usual shape
+    (see the module's docstring); None for any other frame, which kio's reader then reads
+    (or refuses) as before."""
+    if len(frame) < 12 or frame[1] != _API_KEY_LOW_BYTE or frame[0] != 0:
+        return None
+    _, version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
+    rest = _REST.get(version)
+    if rest is None or version not in served or length < -1:
+        return None
+    at = 10
+    if length > 0:
+        at += length
+        client_id = frame[10:at]
+        if not client_id.isascii() and not _utf8(client_id):
+            return None  # as kio: a client id that is not UTF-8 is refused
+    if version >= 2:
+        # The header's tagged fields (none), then a compact nullable string: length + 1.
+        if len(frame) < at + 2 or frame[at] != 0 or frame[at + 1] >= 0x80:
+            return None
+        size = frame[at + 1] - 1
+        at += 2
+    else:
+        if len(frame) < at + 2:
+            return None
+        (size,) = _LEGACY_LENGTH.unpack_from(frame, at)
+        at += 2
+        if size < -1:
+            return None
+    transactional_id = None
+    if size >= 0:
+        raw = frame[at : at + size]
+        at += size
+        if raw.isascii():
+            transactional_id = raw.decode("ascii")
+        else:
+            try:
+                transactional_id = raw.decode()  # as kio: not UTF-8 is refused
+            except UnicodeDecodeError:
+                return None
+    if len(frame) != at + rest.size:
+        return None
+    values = rest.unpack_from(frame, at)
+    if version >= 3:
+        timeout, producer_id, producer_epoch, tags = values
+        if tags:
+            return None
+        return InitRequested(
+            version, correlation_id, transactional_id, timeout, producer_id, producer_epoch
+        )
+    if version == 2 and values[1]:
+        return None
+    return InitRequested(version, correlation_id, transactional_id, values[0], -1, -1)
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_PACK_V0, _SIZE_V0 = INIT_PRODUCER_ID_ANSWER_V0.pack, INIT_PRODUCER_ID_ANSWER_V0.size - 4
+_PACK_V2, _SIZE_V2 = INIT_PRODUCER_ID_ANSWER_V2.pack, INIT_PRODUCER_ID_ANSWER_V2.size - 4
+
+
+def answer_init(
+    version: int, correlation_id: int, error: int, producer_id: int, producer_epoch: int
+) -> bytes:
+    """The frame answering an InitProducerId at ``version``: no throttle, ``error``, the
+    producer id and epoch (-1, -1 with an error)."""
+    if version >= 2:
+        return _PACK_V2(_SIZE_V2, correlation_id, 0, 0, error, producer_id, producer_epoch, 0)
+    return _PACK_V0(_SIZE_V0, correlation_id, 0, error, producer_id, producer_epoch)
