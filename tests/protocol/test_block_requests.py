@@ -19,6 +19,7 @@ from pidctl.protocol.block_requests import BlockRequested, answer_block, read_bl
 from pidctl.protocol.codec import ProtocolViolation, decode_request, encode_request
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
+from tests.protocol.frames import damaged
 
 SUPPORTED = supported_apis({ApiKey.ALLOCATE_PRODUCER_IDS: (0, 0), ApiKey.API_VERSIONS: (0, 4)})
 int32s = st.integers(-(2**31), 2**31 - 1)
@@ -55,21 +56,13 @@ def test_every_block_request_is_read_as_kio_reads_it(frame: bytes) -> None:
 def test_a_damaged_frame_is_read_only_as_kio_reads_it(frame: bytes, data: st.DataObject) -> None:
     """Truncated, extended or with a byte changed: whatever the struct reader accepts, kio
     reads as the same request (what it leaves, kio reads or refuses)."""
-    where = data.draw(st.integers(0, len(frame)))
-    change = data.draw(st.sampled_from(["cut", "add", "flip"]))
-    if change == "cut":
-        damaged = frame[:where]
-    elif change == "add":
-        damaged = frame[:where] + data.draw(st.binary(min_size=1, max_size=3)) + frame[where:]
-    else:
-        at = min(where, len(frame) - 1)
-        damaged = frame[:at] + bytes([frame[at] ^ data.draw(st.integers(1, 255))]) + frame[at + 1 :]
-    read = read_block_request(damaged)
+    damaged_frame = damaged(frame, data)
+    read = read_block_request(damaged_frame)
     if read is not None:
-        _kio_reads_it_so(damaged, read)
+        _kio_reads_it_so(damaged_frame, read)
     else:
         with contextlib.suppress(ProtocolViolation):  # (refused by both)
-            decode_request(damaged, SUPPORTED)
+            decode_request(damaged_frame, SUPPORTED)
 
 
 def test_tagged_fields_other_apis_and_bad_client_ids_are_left_to_kio() -> None:

@@ -18,6 +18,7 @@ from pidctl.protocol.codec import ProtocolViolation, decode_request, encode_requ
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import VERSIONS, answer_run, read_idempotent_init, shapes
+from tests.protocol.frames import damaged
 
 SERVED = shapes(VERSIONS)
 
@@ -69,21 +70,13 @@ def test_every_idempotent_request_without_producer_id_is_read_and_no_other(frame
 def test_a_damaged_frame_is_read_only_as_kio_reads_it(frame: bytes, data: st.DataObject) -> None:
     """Truncated, extended or with a byte changed: whatever the struct reader accepts, kio
     reads as the same idempotent request (what it leaves, kio reads or refuses)."""
-    where = data.draw(st.integers(0, len(frame)))
-    change = data.draw(st.sampled_from(["cut", "add", "flip"]))
-    if change == "cut":
-        damaged = frame[:where]
-    elif change == "add":
-        damaged = frame[:where] + data.draw(st.binary(min_size=1, max_size=3)) + frame[where:]
-    else:
-        at = min(where, len(frame) - 1)
-        damaged = frame[:at] + bytes([frame[at] ^ data.draw(st.integers(1, 255))]) + frame[at + 1 :]
-    read = read_idempotent_init(damaged, SERVED)
+    damaged_frame = damaged(frame, data)
+    read = read_idempotent_init(damaged_frame, SERVED)
     if read is not None:
-        _kio_reads_it_so(damaged, read)
+        _kio_reads_it_so(damaged_frame, read)
     else:
         with contextlib.suppress(ProtocolViolation):  # (refused by both)
-            decode_request(damaged, SUPPORTED)
+            decode_request(damaged_frame, SUPPORTED)
 
 
 def test_versions_not_served_and_other_apis_are_left_alone() -> None:

@@ -363,23 +363,11 @@ class ConnectionServer:
             if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
                 if event is None:
                     break
-                if type(event) is IdempotentInits:
+                read_by_struct = _READ_BY_STRUCT.get(type(event))
+                if read_by_struct is not None:
                     if decided_at is None:
                         decided_at, received = now(), time.perf_counter()
-                    self._answer_run(event, decided_at, info, answers, received)
-                    decided.work += len(event.correlation_ids)
-                    continue
-                if type(event) is InitRequested:
-                    if decided_at is None:
-                        decided_at, received = now(), time.perf_counter()
-                    self._answer_init(event, decided_at, info, answers, received)
-                    decided.work += 1
-                    continue
-                if type(event) is BlockRequested:
-                    if decided_at is None:
-                        decided_at, received = now(), time.perf_counter()
-                    self._answer_block(event, decided_at, info, answers, received)
-                    decided.work += 1
+                    decided.work += read_by_struct(self, event, decided_at, info, answers, received)
                     continue
                 if isinstance(event, ConnectionClosed):
                     decided.closed = event
@@ -446,9 +434,10 @@ class ConnectionServer:
         info: ConnectionInfo,
         answers: _Answers,
         received: float,
-    ) -> None:
+    ) -> int:
         """Decide and answer a run of idempotent InitProducerIds (one version, their
-        correlation ids in order), as :meth:`_go_on` does each request of other kinds."""
+        correlation ids in order), as :meth:`_go_on` does each request of other kinds; how
+        many requests that was."""
         version, correlation_ids = run
         count = len(correlation_ids)
         pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
@@ -460,6 +449,7 @@ class ConnectionServer:
         if granted:
             self._new_producer_ids(info.principal, granted)  # counted (no quota here)
         answers.add_run(data, offset, _INIT_PRODUCER_ID, received)
+        return count
 
     def _answer_init(
         self,
@@ -468,9 +458,9 @@ class ConnectionServer:
         info: ConnectionInfo,
         answers: _Answers,
         received: float,
-    ) -> None:
+    ) -> int:
         """Decide and answer an InitProducerId read by ``struct`` (not an idempotent run's),
-        as :meth:`_go_on` does the requests kio reads."""
+        as :meth:`_go_on` does the requests kio reads: one request."""
         version = request.api_version
         error, producer_id, epoch, offset, created = self.controller.init_producer_id(
             version,
@@ -486,6 +476,7 @@ class ConnectionServer:
             self._new_producer_ids(info.principal, created)  # counted (no quota here)
         data = answer_init(version, request.correlation_id, error, producer_id, epoch)
         answers.add(data, offset, _INIT_PRODUCER_ID, received)
+        return 1
 
     def _answer_block(
         self,
@@ -494,9 +485,9 @@ class ConnectionServer:
         info: ConnectionInfo,
         answers: _Answers,
         received: float,
-    ) -> None:
+    ) -> int:
         """Decide and answer an AllocateProducerIds read by ``struct``, as :meth:`_go_on`
-        does the requests kio reads."""
+        does the requests kio reads: one request."""
         block, offset = self.controller.allocate_block(
             request.broker_id, request.broker_epoch, request.client_id, decided_at, info
         )
@@ -504,6 +495,7 @@ class ConnectionServer:
         self._tally(_ALLOCATE_PRODUCER_IDS, 0, error, 1)
         data = answer_block(request.correlation_id, error, block.first, block.length)
         answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
+        return 1
 
     async def _authenticate_and_go_on(
         self,
@@ -634,3 +626,11 @@ class _Answers:
         self.data += data
         self.durable_offset = max(self.durable_offset, durable_offset)
         self.timings += [(api, received)] * len(data)
+
+
+#: The requests ``protocol/server.py`` reads by ``struct``, and who answers each kind.
+_READ_BY_STRUCT: dict[type, Callable[..., int]] = {
+    IdempotentInits: ConnectionServer._answer_run,
+    InitRequested: ConnectionServer._answer_init,
+    BlockRequested: ConnectionServer._answer_block,
+}

@@ -12,9 +12,11 @@ clock: a clock that jumps while the kernel delivers would fire deadlines that we
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import struct
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,17 @@ _RECORD_FIELDS = (
     "next_producer_id",
     "client_id",
 )
+
+
+@contextlib.asynccontextmanager
+async def _serving_logged(tmp_path: Path, log_requests: bool) -> AsyncIterator[Served]:
+    """A server with the request log on (every request read by kio) or off (the hot ones
+    read by struct), in a data dir of its own."""
+    data_dir = tmp_path / f"log-requests-{log_requests}"
+    data_dir.mkdir()
+    async with serving(data_dir) as served:
+        served.server.log_requests = log_requests
+        yield served
 
 
 def job() -> Any:
@@ -172,10 +185,7 @@ async def test_block_requests_read_by_struct_are_decided_as_kios_are(
     a block each in order, STALE_BROKER_EPOCH (77) with start 0 and length 0, the client id
     in the record; and without struct reads (the request log on) the same."""
     for log_requests in (False, True):
-        data_dir = tmp_path / f"log-requests-{log_requests}"
-        data_dir.mkdir()
-        async with serving(data_dir) as served:
-            served.server.log_requests = log_requests
+        async with _serving_logged(tmp_path, log_requests) as served:
             peer = await served.connect(transport)
             epoch = (await peer.request(requests.registration(7, "test-cluster"))).broker_epoch
             bodies = [
@@ -232,10 +242,7 @@ async def test_init_producer_ids_read_by_struct_are_decided_as_kios_are(
     ]
     seen = []
     for log_requests in (False, True):
-        data_dir = tmp_path / f"log-requests-{log_requests}"
-        data_dir.mkdir()
-        async with serving(data_dir) as served:
-            served.server.log_requests = log_requests
+        async with _serving_logged(tmp_path, log_requests) as served:
             peer = await served.connect(transport)
             await peer.send(*bodies)
             answers = [await peer.receive() for _ in bodies]
