@@ -12,6 +12,7 @@ socket, a task or a clock of its own.
 from __future__ import annotations
 
 import enum
+import struct
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ from pidctl.protocol.init_requests import InitRequested, read_init_request
 #: The API keys read by ``struct`` in their usual shape, as plain ints (compared per frame).
 _INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
 _ALLOCATE_PRODUCER_IDS = int(ApiKey.ALLOCATE_PRODUCER_IDS)
+
+#: A request's correlation id, at bytes 4-8 of its frame.
+_CORRELATION_ID = struct.Struct(">i")
 
 #: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
@@ -214,7 +218,7 @@ class ServerConnection:
                 if key == _INIT_PRODUCER_ID:
                     first = read_idempotent_init(frame, self._idempotent_shapes)
                     if first is not None:
-                        return self._run_from(first, run)
+                        return self._run_from(frame, first, run)
                     init = read_init_request(frame, self._init_versions)
                     if init is not None:
                         return init
@@ -234,18 +238,25 @@ class ServerConnection:
             return closed
         return None
 
-    def _run_from(self, first: tuple[int, int], most: int) -> IdempotentInits:
-        """The run ``first`` begins: the idempotent InitProducerIds next in line at its
-        version, up to ``most`` in all."""
+    def _run_from(self, frame: bytes, first: tuple[int, int], most: int) -> IdempotentInits:
+        """The run ``frame`` (read as ``first``) begins: the idempotent InitProducerIds next
+        in line at its version, up to ``most`` in all."""
         version, correlation_id = first
         correlation_ids = [correlation_id]
         frames, read, served = self._frames, read_idempotent_init, self._idempotent_shapes
+        # A client sends the same request again but for its correlation id (bytes 4-8): a
+        # frame equal to the first elsewhere is read, as the first was, by comparing it.
+        head, tail = frame[:4], frame[8:]
         while frames and len(correlation_ids) < most:
-            following = read(frames[0], served)
-            if following is None or following[0] != version:
-                break  # (next_event reads it again: the one frame read twice)
+            following = frames[0]
+            if following[8:] == tail and following[:4] == head:
+                correlation_ids.append(_CORRELATION_ID.unpack_from(following, 4)[0])
+            else:
+                read_following = read(following, served)
+                if read_following is None or read_following[0] != version:
+                    break  # (next_event reads it again: the one frame read twice)
+                correlation_ids.append(read_following[1])
             frames.popleft()
-            correlation_ids.append(following[1])
         return IdempotentInits(version, correlation_ids)
 
     @property

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+from hypothesis import given
+from hypothesis import strategies as st
 from kio.schema.api_versions.v0 import ApiVersionsResponse as ApiVersionsResponseV0
 
 from pidctl.controller.api.handlers import SERVED_APIS
@@ -95,6 +97,41 @@ def test_an_allocate_producer_ids_comes_read_by_struct_with_run_only() -> None:
     assert isinstance(second, RequestReceived) and second.request.api_key == ApiKey.METADATA
     assert isinstance(third, RequestReceived) and third.request.body.broker_epoch == 9
     assert isinstance(fourth, RequestReceived)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([None, None, None, "tx"]),
+            st.sampled_from([5, 5, 3, 0]),
+            st.sampled_from([60_000, 60_000, -1]),
+            st.sampled_from(["c", "c", "other"]),
+        ),
+        max_size=12,
+    ),
+    st.integers(1, 5),
+)
+def test_runs_hold_the_idempotent_inits_kio_reads_in_order(
+    shapes: list[tuple[str | None, int, int, str]], run: int
+) -> None:
+    """Whatever the mix (versions, timeouts, client ids, a transactional id between), the
+    runs hold exactly the idempotent requests kio reads, in order, each run at one version
+    and no longer than ``run``."""
+    data = b"".join(
+        encode_request(requests.init_producer_id(tid, timeout, version=v), i, client)
+        for i, (tid, v, timeout, client) in enumerate(shapes)
+    )
+    by_kio, by_runs = _connection(), _connection()
+    by_kio.receive_data(data, now=0.0)
+    by_runs.receive_data(data, now=0.0)
+    expected = [
+        (e.request.api_version, e.request.header.correlation_id)
+        for e in _events(by_kio)
+        if isinstance(e, RequestReceived) and e.request.body.transactional_id is None
+    ]
+    runs = [e for e in _events(by_runs, run) if isinstance(e, IdempotentInits)]
+    assert all(1 <= len(r.correlation_ids) <= run for r in runs)
+    assert [(r.api_version, c) for r in runs for c in r.correlation_ids] == expected
 
 
 def test_without_run_or_before_authentication_each_idempotent_init_is_a_request() -> None:
