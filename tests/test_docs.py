@@ -106,6 +106,11 @@ BLOCKS = {
     ("docs/bench-request-path.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
     (
         "docs/bench-request-path.md",
+        "2026-11-27, a quiet machine: the hot requests read by `struct` (0ec74dd)",
+        0,
+    ): not_run("benchmark runs (as the README's)"),
+    (
+        "docs/bench-request-path.md",
         "2026-11-26, a quiet machine: before (41d8299) and after (e5f1e05) the idempotent runs",
         0,
     ): not_run("benchmark runs (as the README's)"),
