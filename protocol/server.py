@@ -136,6 +136,7 @@ class ServerConnection:
         "_idempotent_shapes",
         "_init_versions",
         "_last_activity",
+        "_serves_blocks",
         "closed_because",
         "frame_timeout_s",
         "idle_timeout_s",
@@ -172,6 +173,9 @@ class ServerConnection:
         init = supported.get(ApiKey.INIT_PRODUCER_ID)
         self._init_versions = range(0) if init is None else range(init.min, init.max + 1)
         self._idempotent_shapes = idempotent_shapes(self._init_versions)
+        allocate = supported.get(ApiKey.ALLOCATE_PRODUCER_IDS)
+        # (v0, the one version block_requests reads, is the only one Kafka defines.)
+        self._serves_blocks = allocate is not None and allocate.min == 0
 
     # -- input ------------------------------------------------------------------------------
 
@@ -222,7 +226,7 @@ class ServerConnection:
                     init = read_init_request(frame, self._init_versions)
                     if init is not None:
                         return init
-                elif key == _ALLOCATE_PRODUCER_IDS:
+                elif key == _ALLOCATE_PRODUCER_IDS and self._serves_blocks:
                     block = read_block_request(frame)
                     if block is not None:
                         return block

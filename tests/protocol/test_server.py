@@ -97,6 +97,10 @@ def test_an_allocate_producer_ids_comes_read_by_struct_with_run_only() -> None:
     assert isinstance(second, RequestReceived) and second.request.api_key == ApiKey.METADATA
     assert isinstance(third, RequestReceived) and third.request.body.broker_epoch == 9
     assert isinstance(fourth, RequestReceived)
+    # A connection that does not serve the API does not read it by struct either.
+    not_served = ServerConnection(supported_apis({ApiKey.API_VERSIONS: (0, 4)}))
+    not_served.receive_data(data, now=0.0)
+    assert not isinstance(not_served.next_event(run=1), BlockRequested)
 
 
 @given(
