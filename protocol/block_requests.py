@@ -1,12 +1,12 @@
-"""AllocateProducerIds requests read and answered by ``struct``.
+"""AllocateProducerIds requests read by ``struct``.
 
 Every broker's block request is an AllocateProducerIds v0 (the only version Kafka defines):
 a header with a client id, a broker id and a broker epoch. kio's reader builds a header and
-a body entity for it, field by field, and the handler a response entity; a request in the
-usual shape (no tagged fields in the header or the body) is read here instead into the
-four values the decision needs, and answered by one ``struct.pack``. Anything else, an
-unusual but valid request included, is left to kio's reader: the tests check that both read
-every request alike and that the answers are kio's, byte for byte.
+a body entity for it, field by field; a request in the usual shape (no tagged fields in the
+header or the body) is read here instead into the four values the decision needs, and the
+answer is packed by the codec (``allocate_producer_ids_answer``) without an entity either.
+Anything else, an unusual but valid request included, is left to kio's reader: the tests
+check that both read every request alike.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import struct
 from typing import NamedTuple
 
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.codec import ALLOCATE_PRODUCER_IDS_ANSWER_V0
 from pidctl.protocol.headers import REQUEST_HEADER_START
 
 #: The API key's low byte (its high byte is 0).
@@ -55,13 +54,3 @@ def read_block_request(frame: bytes) -> BlockRequested | None:
         except UnicodeDecodeError:
             return None
     return BlockRequested(correlation_id, client_id, broker_id, broker_epoch)
-
-
-_PACK = ALLOCATE_PRODUCER_IDS_ANSWER_V0.pack
-_SIZE = ALLOCATE_PRODUCER_IDS_ANSWER_V0.size - 4
-
-
-def answer_block(correlation_id: int, error: int, first: int, length: int) -> bytes:
-    """The frame answering an AllocateProducerIds v0: no throttle, ``error``, the block
-    (``first``, ``length``; 0, 0 with an error)."""
-    return _PACK(_SIZE, correlation_id, 0, 0, error, first, length, 0)

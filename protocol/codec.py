@@ -217,28 +217,60 @@ def _millis(throttle: datetime.timedelta) -> int:
     return round(throttle.total_seconds() * 1000)  # as kio writes an i32 timedelta
 
 
-def _packer(layout: struct.Struct, flexible: bool, *fields: str) -> Callable[[int, Any], bytes]:
-    """An answer's encoder: length, correlation id, [a v1 header's empty tagged fields],
-    throttle time, error code, ``fields`` of the body, [the body's empty tagged fields]."""
-    size = layout.size - 4
-    values = operator.attrgetter(*fields)
-
-    def encode_flexible(correlation_id: int, body: Any) -> bytes:
-        throttle = _millis(body.throttle_time)
-        return layout.pack(size, correlation_id, 0, throttle, body.error_code, *values(body), 0)
-
-    def encode(correlation_id: int, body: Any) -> bytes:
-        throttle = _millis(body.throttle_time)
-        return layout.pack(size, correlation_id, throttle, body.error_code, *values(body))
-
-    return encode_flexible if flexible else encode
+_INIT_V0_PACK, _INIT_V0_SIZE = INIT_PRODUCER_ID_ANSWER_V0.pack, INIT_PRODUCER_ID_ANSWER_V0.size - 4
+_INIT_V2_PACK, _INIT_V2_SIZE = INIT_PRODUCER_ID_ANSWER_V2.pack, INIT_PRODUCER_ID_ANSWER_V2.size - 4
+_ALLOCATE_PACK = ALLOCATE_PRODUCER_IDS_ANSWER_V0.pack
+_ALLOCATE_SIZE = ALLOCATE_PRODUCER_IDS_ANSWER_V0.size - 4
 
 
-_init_producer_id_v0 = _packer(INIT_PRODUCER_ID_ANSWER_V0, False, "producer_id", "producer_epoch")
-_init_producer_id_v2 = _packer(INIT_PRODUCER_ID_ANSWER_V2, True, "producer_id", "producer_epoch")
-_allocate_producer_ids_v0 = _packer(
-    ALLOCATE_PRODUCER_IDS_ANSWER_V0, True, "producer_id_start", "producer_id_len"
-)
+def init_producer_id_answer(
+    version: int,
+    correlation_id: int,
+    error: int,
+    producer_id: int,
+    producer_epoch: int,
+    throttle_ms: int = 0,
+) -> bytes:
+    """The frame answering an InitProducerId at ``version`` (the producer id and epoch -1
+    with an error), packed at once: what the server sends for a request kio read (its
+    response entity's fields) and for one read by ``struct`` alike."""
+    if version >= 2:
+        return _INIT_V2_PACK(
+            _INIT_V2_SIZE, correlation_id, 0, throttle_ms, error, producer_id, producer_epoch, 0
+        )
+    return _INIT_V0_PACK(
+        _INIT_V0_SIZE, correlation_id, throttle_ms, error, producer_id, producer_epoch
+    )
+
+
+def allocate_producer_ids_answer(
+    correlation_id: int, error: int, first: int, length: int, throttle_ms: int = 0
+) -> bytes:
+    """The frame answering an AllocateProducerIds (v0, the only version): the block
+    (``first``, ``length``; 0, 0 with an error), packed at once, as
+    :func:`init_producer_id_answer`."""
+    return _ALLOCATE_PACK(_ALLOCATE_SIZE, correlation_id, 0, throttle_ms, error, first, length, 0)
+
+
+def _init_producer_id(correlation_id: int, body: Any) -> bytes:
+    return init_producer_id_answer(
+        body.__version__,
+        correlation_id,
+        body.error_code,
+        body.producer_id,
+        body.producer_epoch,
+        _millis(body.throttle_time),
+    )
+
+
+def _allocate_producer_ids(correlation_id: int, body: Any) -> bytes:
+    return allocate_producer_ids_answer(
+        correlation_id,
+        body.error_code,
+        body.producer_id_start,
+        body.producer_id_len,
+        _millis(body.throttle_time),
+    )
 
 
 def _uvarint(value: int) -> bytes:
@@ -330,10 +362,8 @@ def frame_response(header: RequestHeader, body: ResponsePayload, encoded_body: b
 
 
 PRECOMPILED_RESPONSES: dict[tuple[int, int], Callable[[int, Any], bytes]] = {
-    (ApiKey.INIT_PRODUCER_ID, 0): _init_producer_id_v0,
-    (ApiKey.INIT_PRODUCER_ID, 1): _init_producer_id_v0,
-    **{(ApiKey.INIT_PRODUCER_ID, v): _init_producer_id_v2 for v in range(2, 6)},
-    (ApiKey.ALLOCATE_PRODUCER_IDS, 0): _allocate_producer_ids_v0,
+    **{(ApiKey.INIT_PRODUCER_ID, v): _init_producer_id for v in range(6)},
+    (ApiKey.ALLOCATE_PRODUCER_IDS, 0): _allocate_producer_ids,
     **{(ApiKey.FIND_COORDINATOR, v): _find_coordinator_v4 for v in range(4, 7)},
 }
 

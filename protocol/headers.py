@@ -47,6 +47,19 @@ def peek_api(frame: bytes) -> tuple[int, int]:
 REQUEST_HEADER_START = struct.Struct(">hhih")
 
 
+def is_utf8(raw: bytes) -> bool:
+    """Whether kio reads ``raw`` as a string (strict UTF-8; ASCII, what clients send, is
+    checked first and cheaply): what a ``struct`` reader checks of a client id it accepts,
+    since kio refuses the request otherwise."""
+    if raw.isascii():
+        return True
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int]:
     """Parse a request header of the given version; return it and the offset of the body.
 

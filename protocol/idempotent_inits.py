@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.codec import INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
-from pidctl.protocol.headers import REQUEST_HEADER_START
+from pidctl.protocol.headers import REQUEST_HEADER_START, is_utf8
 
 #: The API key's two bytes: a frame's first byte is 0 and its second this for InitProducerId.
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
@@ -64,13 +64,8 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
         return None
     if not frame.endswith(after):
         return None
-    if length > 0:
-        client_id = frame[10:start]
-        if not client_id.isascii():
-            try:
-                client_id.decode()  # as kio: a client id that is not UTF-8 is refused
-            except UnicodeDecodeError:
-                return None
+    if length > 0 and not is_utf8(frame[10:start]):
+        return None  # as kio: a client id that is not UTF-8 is refused
     return version, correlation_id
 
 

@@ -1,13 +1,13 @@
-"""InitProducerId requests read and answered by ``struct``, one at a time.
+"""InitProducerId requests read by ``struct``, one at a time.
 
 Every transactional producer's start (and each of its restarts) is an InitProducerId
 naming its transactional id, and durable: kio's reader builds a header and a body entity
-for it field by field, the handler a response entity. A request in the usual shape (no
-tagged fields, a transactional id of at most 126 bytes, so that its compact length is one
-byte) is read here instead into the values the decision needs, and answered by one
-``struct.pack``. Anything else is left to kio's reader: the tests check that both read
-every request alike and that the answers are kio's, byte for byte. (Idempotent requests
-that follow one another are read in a run: :mod:`protocol.idempotent_inits`.)
+for it field by field. A request in the usual shape (no tagged fields, a transactional id
+of at most 126 bytes, so that its compact length is one byte) is read here instead into
+the values the decision needs, and the answer is packed by the codec
+(``init_producer_id_answer``). Anything else is left to kio's reader: the tests check that
+both read every request alike. (Idempotent requests that follow one another are read in a
+run: :mod:`protocol.idempotent_inits`.)
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import struct
 from typing import NamedTuple
 
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.codec import INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
-from pidctl.protocol.headers import REQUEST_HEADER_START
+from pidctl.protocol.headers import REQUEST_HEADER_START, is_utf8
 
 #: The API key's low byte (its high byte is 0).
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
@@ -60,7 +59,7 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
     if length > 0:
         at += length
         client_id = frame[10:at]
-        if not client_id.isascii() and not _utf8(client_id):
+        if not is_utf8(client_id):
             return None  # as kio: a client id that is not UTF-8 is refused
     if version >= 2:
         # The header's tagged fields (none), then a compact nullable string: length + 1.
@@ -99,25 +98,3 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
     if version == 2 and values[1]:
         return None
     return InitRequested(version, correlation_id, transactional_id, values[0], -1, -1)
-
-
-def _utf8(raw: bytes) -> bool:
-    try:
-        raw.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-_PACK_V0, _SIZE_V0 = INIT_PRODUCER_ID_ANSWER_V0.pack, INIT_PRODUCER_ID_ANSWER_V0.size - 4
-_PACK_V2, _SIZE_V2 = INIT_PRODUCER_ID_ANSWER_V2.pack, INIT_PRODUCER_ID_ANSWER_V2.size - 4
-
-
-def answer_init(
-    version: int, correlation_id: int, error: int, producer_id: int, producer_epoch: int
-) -> bytes:
-    """The frame answering an InitProducerId at ``version``: no throttle, ``error``, the
-    producer id and epoch (-1, -1 with an error)."""
-    if version >= 2:
-        return _PACK_V2(_SIZE_V2, correlation_id, 0, 0, error, producer_id, producer_epoch, 0)
-    return _PACK_V0(_SIZE_V0, correlation_id, 0, error, producer_id, producer_epoch)

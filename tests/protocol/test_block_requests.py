@@ -15,8 +15,13 @@ from kio.static.primitive import i32, i64
 
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, response_class, supported_apis
-from pidctl.protocol.block_requests import BlockRequested, answer_block, read_block_request
-from pidctl.protocol.codec import ProtocolViolation, decode_request, encode_request
+from pidctl.protocol.block_requests import BlockRequested, read_block_request
+from pidctl.protocol.codec import (
+    ProtocolViolation,
+    allocate_producer_ids_answer,
+    decode_request,
+    encode_request,
+)
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
 from tests.protocol.frames import damaged
@@ -98,4 +103,6 @@ def test_the_answers_are_kios_bytes(
         producer_id_len=i32(length),
     )
     header = RequestHeader(ApiKey.ALLOCATE_PRODUCER_IDS, 0, correlation_id, "c", 2)
-    assert answer_block(correlation_id, error, first, length) == kio_encoded(header, body)
+    assert allocate_producer_ids_answer(correlation_id, error, first, length) == kio_encoded(
+        header, body
+    )

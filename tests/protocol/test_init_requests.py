@@ -14,10 +14,15 @@ from kio.static.primitive import i16, i64
 
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, response_class, supported_apis
-from pidctl.protocol.codec import ProtocolViolation, decode_request, encode_request
+from pidctl.protocol.codec import (
+    ProtocolViolation,
+    decode_request,
+    encode_request,
+    init_producer_id_answer,
+)
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
-from pidctl.protocol.init_requests import VERSIONS, InitRequested, answer_init, read_init_request
+from pidctl.protocol.init_requests import VERSIONS, InitRequested, read_init_request
 from tests.protocol.frames import damaged
 
 SUPPORTED = supported_apis({ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.API_VERSIONS: (0, 4)})
@@ -110,5 +115,5 @@ def test_the_answers_are_kios_bytes(
         producer_epoch=i16(producer_epoch),
     )
     header = RequestHeader(ApiKey.INIT_PRODUCER_ID, version, correlation_id, "c", 2)
-    answer = answer_init(version, correlation_id, error, producer_id, producer_epoch)
+    answer = init_producer_id_answer(version, correlation_id, error, producer_id, producer_epoch)
     assert answer == kio_encoded(header, body)

@@ -40,10 +40,14 @@ from pidctl.controller.server.transport.outbox import Durability, Outbox, Outbox
 from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.block_requests import BlockRequested, answer_block
-from pidctl.protocol.codec import Request
+from pidctl.protocol.block_requests import BlockRequested
+from pidctl.protocol.codec import (
+    Request,
+    allocate_producer_ids_answer,
+    init_producer_id_answer,
+)
 from pidctl.protocol.idempotent_inits import answer_run
-from pidctl.protocol.init_requests import InitRequested, answer_init
+from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import (
     AnswerReady,
     ConnectionClosed,
@@ -474,7 +478,7 @@ class ConnectionServer:
         self._tally(_INIT_PRODUCER_ID, version, error, 1)
         if created:
             self._new_producer_ids(info.principal, created)  # counted (no quota here)
-        data = answer_init(version, request.correlation_id, error, producer_id, epoch)
+        data = init_producer_id_answer(version, request.correlation_id, error, producer_id, epoch)
         answers.add(data, offset, _INIT_PRODUCER_ID, received)
         return 1
 
@@ -493,7 +497,9 @@ class ConnectionServer:
         )
         error = block.error
         self._tally(_ALLOCATE_PRODUCER_IDS, 0, error, 1)
-        data = answer_block(request.correlation_id, error, block.first, block.length)
+        data = allocate_producer_ids_answer(
+            request.correlation_id, error, block.first, block.length
+        )
         answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
         return 1
 
