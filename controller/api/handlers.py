@@ -101,7 +101,6 @@ class InitAnswer(NamedTuple):
 
 _TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)
 _IDEMPOTENT_WRITE_DENIED = InitAnswer(ErrorCode.cluster_authorization_failed)
-_INIT_INVALID = InitAnswer(ErrorCode.invalid_request)
 
 
 class IdempotentRun(NamedTuple):
@@ -326,30 +325,28 @@ class Controller:
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
             return _REFUSED_BLOCK, NO_WAIT
-        try:
-            if job:
-                # A job that names itself (app id, version, block in the client id) gets
-                # the blocks recorded under that name back: controller/core/jobs.py.
-                try:
-                    key = parse_job_key(client_id)
-                except ValueError:
-                    return _INVALID_BLOCK, NO_WAIT
-                if key is None:
-                    result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
-                else:
-                    result = self.state.jobs.allocate(
-                        key, now_ms=now.wall_ms, principal=conn.principal, client_id=client_id
-                    )
+        # (No record of it can be too large: a client id is at most 32,767 bytes.)
+        if job:
+            # A job that names itself (app id, version, block in the client id) gets the
+            # blocks recorded under that name back: controller/core/jobs.py.
+            try:
+                key = parse_job_key(client_id)
+            except ValueError:
+                return _INVALID_BLOCK, NO_WAIT
+            if key is None:
+                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
             else:
-                result = manager.allocate(
-                    broker_id=broker_id,
-                    broker_epoch=broker_epoch,
-                    principal=conn.principal,
-                    client_id=client_id,
+                result = self.state.jobs.allocate(
+                    key, now_ms=now.wall_ms, principal=conn.principal, client_id=client_id
                 )
-            block, offset = self._apply(result, now)
-        except RecordTooLarge:
-            return _INVALID_BLOCK, NO_WAIT
+        else:
+            result = manager.allocate(
+                broker_id=broker_id,
+                broker_epoch=broker_epoch,
+                principal=conn.principal,
+                client_id=client_id,
+            )
+        block, offset = self._apply(result, now)
         if block.error in _NO_BLOCK:
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
         return block, offset
@@ -400,21 +397,20 @@ class Controller:
             return InitAnswer(expected)
         transactions = self.state.transactions
         held: int | None = None  # the transactional id's producer id before
-        try:
-            if transactional_id is None:
-                # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
-                result = transactions.init_idempotent()
-            else:
-                held = transactions.transactional_ids.producer_id_of(transactional_id)
-                result = transactions.init_transactional(
-                    transactional_id,
-                    timeout_ms=timeout_ms,
-                    expected=expected,
-                    now_ms=now.wall_ms,
-                )
-            answer, offset = self._apply(result, now)
-        except RecordTooLarge:
-            return _INIT_INVALID
+        # (No record of it can be too large: init_transactional refuses a transactional id
+        # over MAX_TRANSACTIONAL_ID_BYTES, INVALID_REQUEST.)
+        if transactional_id is None:
+            # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
+            result = transactions.init_idempotent()
+        else:
+            held = transactions.transactional_ids.producer_id_of(transactional_id)
+            result = transactions.init_transactional(
+                transactional_id,
+                timeout_ms=timeout_ms,
+                expected=expected,
+                now_ms=now.wall_ms,
+            )
+        answer, offset = self._apply(result, now)
         error = answer.error
         if error == _NO_PRODUCER_ID_YET:
             self.on_no_producer_id("InitProducerId", self.state.producer_ids.exhausted())

@@ -266,6 +266,25 @@ async def test_init_producer_ids_read_by_struct_are_decided_as_kios_are(
     ]
 
 
+async def test_a_transactional_id_over_the_longest_allowed_is_refused_and_nothing_written(
+    tmp_path: Path, transport: str
+) -> None:
+    """A well-formed InitProducerId with a transactional id of 400 kB (non-ASCII: it would
+    be 1.2 MB in a record's JSON, more than replay reads) is answered INVALID_REQUEST with
+    no producer id (longer than MAX_TRANSACTIONAL_ID_BYTES, the most a legacy Kafka STRING
+    carries); nothing is written, and the connection goes on. (So no record of
+    InitProducerId can be too large.)"""
+    huge = "\u00e9" * 200_000
+    async with serving(tmp_path) as served:
+        peer = await served.connect(transport)
+        written = served.log.end_offset
+        refused = await peer.request(requests.init_producer_id(huge))
+        assert served.log.end_offset == written
+        fine = await peer.request(requests.init_producer_id("small"))
+    assert (refused.error_code, refused.producer_id, refused.producer_epoch) == (42, -1, -1)
+    assert (fine.error_code, fine.producer_epoch) == (0, 0)
+
+
 async def test_answers_leave_only_once_the_log_has_made_them_durable(
     tmp_path: Path, transport: str
 ) -> None:
