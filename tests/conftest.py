@@ -14,16 +14,13 @@ from hypothesis import settings
 from ops.testing.conformance.targets import kafka_node as conformance_kafka_node
 from ops.testing.coordination import EtcdProcess
 from ops.testing.kafka import QUICK_JVM_OPTIONS, KafkaNode
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, without_hypothesis
 from ops.testing.user_server import UserServerCheck
 
 # Properties here are about records and bytes, not time: no per-example deadline, which
 # only flakes on a busy 2-core CI machine.
 settings.register_profile("pidctl", deadline=None)
 settings.load_profile("pidctl")
-
-#: Put first on the path of every Python the tests start (see session_temp_dir).
-WITHOUT_HYPOTHESIS = Path(__file__).resolve().parent.parent / "ops/testing/without_hypothesis"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,9 +43,7 @@ def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     os.environ["TMPDIR"] = str(directory)
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [saved["JAVA_TOOL_OPTIONS"], java]))
     # The processes started run without hypothesis, as installed (its stand-in says why).
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(WITHOUT_HYPOTHESIS), saved["PYTHONPATH"]])
-    )
+    os.environ["PYTHONPATH"] = without_hypothesis(os.environ)["PYTHONPATH"]
     tempfile.tempdir = str(directory)
     try:
         yield directory

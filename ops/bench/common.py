@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ops.testing.serverproc import without_hypothesis
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,7 +23,12 @@ def run_json(module: str, *args: str) -> dict[str, Any]:
     """``python -m module args`` in its own process (no GIL shared with the caller or the
     server); its standard output is one JSON object."""
     out = subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, check=True, cwd=ROOT
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env=without_hypothesis(os.environ),
     )
     result: dict[str, Any] = json.loads(out.stdout)
     return result
@@ -70,6 +78,7 @@ def ceiling_process(prefix: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env=without_hypothesis(os.environ),  # as pidctl's servers (ServerProcess)
     )
     try:
         assert proc.stdout is not None

@@ -26,7 +26,7 @@ from pathlib import Path
 import trio
 
 from ops.bench.common import ROOT, exit_on_sigterm, run_json
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, without_hypothesis
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.records import (
     BrokerRegistered,
@@ -95,6 +95,7 @@ def time_restart(data_dir: Path) -> tuple[float, float]:
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env=without_hypothesis(os.environ),  # as installed: no hypothesis to import
     )
     assert proc.stderr is not None
     recovery = float("nan")

@@ -13,9 +13,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+#: Put first on the ``PYTHONPATH`` of every Python process the tests and benchmarks start:
+#: a stand-in that keeps hypothesis out of them (its docstring says why).
+WITHOUT_HYPOTHESIS = Path(__file__).resolve().parent / "without_hypothesis"
+
+
+def without_hypothesis(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with :data:`WITHOUT_HYPOTHESIS` first on its ``PYTHONPATH`` (once)."""
+    path = env.get("PYTHONPATH", "")
+    if str(WITHOUT_HYPOTHESIS) in path.split(os.pathsep):
+        return dict(env)
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(WITHOUT_HYPOTHESIS), path]))}
+
 
 #: How long a test waits for a condition by default: generous, since CI machines are busy;
 #: a condition that holds returns at once.
@@ -157,7 +170,7 @@ class ServerProcess:
         self.extra = list(extra)
         self.prefix = list(prefix or [])
         self.format = format
-        self.env = {**os.environ, **(env or {})}
+        self.env = without_hypothesis({**os.environ, **(env or {})})
         self.events: list[dict[str, Any]] = []
         self.stderr_lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
