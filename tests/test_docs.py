@@ -106,6 +106,11 @@ BLOCKS = {
     ("docs/bench-request-path.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
     (
         "docs/bench-request-path.md",
+        "2026-11-27, later: the baselines as installed, without hypothesis (dfef753)",
+        0,
+    ): not_run("benchmark runs (as the README's)"),
+    (
+        "docs/bench-request-path.md",
         "2026-11-27, a quiet machine: the hot requests read by `struct` (0ec74dd)",
         0,
     ): not_run("benchmark runs (as the README's)"),
