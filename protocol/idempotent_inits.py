@@ -88,12 +88,14 @@ def answer_run(
             pack(size, c, 0, 0, 0, pid, 0, 0)
             for c, pid in zip(correlation_ids, producer_ids, strict=False)
         ]
-        frames += [pack(size, c, 0, 0, error, -1, -1, 0) for c in correlation_ids[granted:]]
+        if granted < len(correlation_ids):
+            frames += [pack(size, c, 0, 0, error, -1, -1, 0) for c in correlation_ids[granted:]]
     else:
         pack, size = _ANSWER_V0.pack, _SIZE_V0
         frames = [
             pack(size, c, 0, 0, pid, 0)
             for c, pid in zip(correlation_ids, producer_ids, strict=False)
         ]
-        frames += [pack(size, c, 0, error, -1, -1) for c in correlation_ids[granted:]]
+        if granted < len(correlation_ids):
+            frames += [pack(size, c, 0, error, -1, -1) for c in correlation_ids[granted:]]
     return frames

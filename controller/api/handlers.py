@@ -10,7 +10,7 @@ is durable.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -107,7 +107,7 @@ class IdempotentRun(NamedTuple):
     """The answers to a run of idempotent InitProducerIds: a PID (epoch 0) for each of the
     first ``len(producer_ids)``, ``error`` for the rest; sent once ``durable_offset`` is."""
 
-    producer_ids: list[int]
+    producer_ids: Sequence[int]
     error: ErrorCode
     durable_offset: int
 
@@ -429,16 +429,17 @@ class Controller:
         if not self._may(conn, "IdempotentWrite"):
             return IdempotentRun([], _DENIED, NO_WAIT)
         transactions, apply = self.state.transactions, self._apply
-        pids: list[int] = []
-        offset = NO_WAIT
-        while len(pids) < count:
+        taken, offset = apply(transactions.init_idempotent_run(count), now)
+        if len(taken) == count:  # (nearly always: the run fits before the next refill)
+            return IdempotentRun(taken, _NO_PRODUCER_ID_YET, offset)
+        pids = list(taken)
+        while taken and len(pids) < count:
             taken, offset = apply(transactions.init_idempotent_run(count - len(pids)), now)
-            if not taken:
-                exhausted = self.state.producer_ids.exhausted()
-                for _ in range(count - len(pids)):
-                    self.on_no_producer_id("InitProducerId", exhausted)
-                break
             pids += taken
+        if len(pids) < count:
+            exhausted = self.state.producer_ids.exhausted()
+            for _ in range(count - len(pids)):
+                self.on_no_producer_id("InitProducerId", exhausted)
         return IdempotentRun(pids, _NO_PRODUCER_ID_YET, offset)
 
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:

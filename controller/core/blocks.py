@@ -19,12 +19,15 @@ class InvalidBlock(ValueError):
 
 
 class _Block:
-    __slots__ = ("end", "next", "size")
+    __slots__ = ("end", "next", "refill_at", "size")
 
-    def __init__(self, first: int, end: int) -> None:
+    def __init__(self, first: int, end: int, threshold: float) -> None:
         self.next = first
         self.end = end  # exclusive
         self.size = end - first
+        #: The first ``next`` at which ``threshold`` of the block is used (used >= threshold
+        #: * size, used an int): worked out once, not at every take.
+        self.refill_at = first + math.ceil(threshold * self.size)
 
 
 class ProducerIdPool:
@@ -59,8 +62,7 @@ class ProducerIdPool:
             return True
         if len(self._blocks) - 1 >= self.depth:
             return False
-        current = self._blocks[0]
-        return current.size - (current.end - current.next) >= self.threshold * current.size
+        return self._blocks[0].next >= self._blocks[0].refill_at
 
     def add_block(self, first: int, length: int) -> None:
         """Hold a granted block ``[first, first + length)``; raises :class:`InvalidBlock`."""
@@ -70,7 +72,7 @@ class ProducerIdPool:
             raise InvalidBlock(
                 f"block at {first} overlaps the current one (ends {self._highest_end})"
             )
-        self._blocks.append(_Block(first, first + length))
+        self._blocks.append(_Block(first, first + length, self.threshold))
         self._highest_end = first + length
 
     def clear(self) -> None:
@@ -92,19 +94,20 @@ class ProducerIdPool:
         ``most`` times, the first at once and each later one only while :meth:`wants_block`
         still says no (so a holder that asks for a block before each take asks nothing
         meanwhile), and no further than the current block's end. Empty when the pool is."""
-        self._drop_used()
-        if not self._blocks or most < 1:
+        blocks = self._blocks
+        while blocks and blocks[0].next >= blocks[0].end:  # (_drop_used, inlined: per run)
+            blocks.popleft()
+        if not blocks or most < 1:
             return range(0)
-        block = self._blocks[0]
+        block = blocks[0]
         first = block.next
-        count = min(most, block.end - first)
-        if len(self._blocks) - 1 < self.depth:
-            # wants_block() turns True once used >= threshold * size: after the first take,
-            # j more are taken while used + j < threshold * size.
-            used = block.size - (block.end - first)
-            count = min(count, max(1, math.ceil(self.threshold * block.size - used)))
-        block.next = first + count
-        return range(first, first + count)
+        last = min(first + most, block.end)
+        if len(blocks) <= self.depth:
+            # Fewer than depth ahead: wants_block() turns True at refill_at, so after the
+            # first take no further than there.
+            last = min(last, max(first + 1, block.refill_at))
+        block.next = last
+        return range(first, last)
 
     def _drop_used(self) -> None:
         blocks = self._blocks
