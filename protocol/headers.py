@@ -47,17 +47,22 @@ def peek_api(frame: bytes) -> tuple[int, int]:
 REQUEST_HEADER_START = struct.Struct(">hhih")
 
 
-def is_utf8(raw: bytes) -> bool:
-    """Whether kio reads ``raw`` as a string (strict UTF-8; ASCII, what clients send, is
-    checked first and cheaply): what a ``struct`` reader checks of a client id it accepts,
-    since kio refuses the request otherwise."""
+def utf8_string(raw: bytes) -> str | None:
+    """``raw`` as kio reads a string (strict UTF-8; ASCII, what clients send, first and
+    cheaply), or None where kio refuses the request: what a ``struct`` reader makes of a
+    string it accepts."""
     if raw.isascii():
-        return True
+        return raw.decode("ascii")
     try:
-        raw.decode()
+        return raw.decode()
     except UnicodeDecodeError:
-        return False
-    return True
+        return None
+
+
+def is_utf8(raw: bytes) -> bool:
+    """Whether kio reads ``raw`` as a string (:func:`utf8_string`), without making one for
+    ASCII: what a ``struct`` reader checks of a client id it does not keep."""
+    return raw.isascii() or utf8_string(raw) is not None
 
 
 def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int]:

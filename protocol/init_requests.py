@@ -16,7 +16,7 @@ import struct
 from typing import NamedTuple
 
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.headers import REQUEST_HEADER_START, is_utf8
+from pidctl.protocol.headers import REQUEST_HEADER_START, is_utf8, utf8_string
 
 #: The API key's low byte (its high byte is 0).
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
@@ -76,15 +76,10 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
             return None
     transactional_id = None
     if size >= 0:
-        raw = frame[at : at + size]
+        transactional_id = utf8_string(frame[at : at + size])
+        if transactional_id is None:
+            return None  # as kio: a transactional id that is not UTF-8 is refused
         at += size
-        if raw.isascii():
-            transactional_id = raw.decode("ascii")
-        else:
-            try:
-                transactional_id = raw.decode()  # as kio: not UTF-8 is refused
-            except UnicodeDecodeError:
-                return None
     if len(frame) != at + rest.size:
         return None
     values = rest.unpack_from(frame, at)
