@@ -19,15 +19,14 @@ class InvalidBlock(ValueError):
 
 
 class _Block:
-    __slots__ = ("end", "next", "refill_at", "size")
+    __slots__ = ("end", "next", "refill_at")
 
     def __init__(self, first: int, end: int, threshold: float) -> None:
         self.next = first
         self.end = end  # exclusive
-        self.size = end - first
         #: The first ``next`` at which ``threshold`` of the block is used (used >= threshold
         #: * size, used an int): worked out once, not at every take.
-        self.refill_at = first + math.ceil(threshold * self.size)
+        self.refill_at = first + math.ceil(threshold * (end - first))
 
 
 class ProducerIdPool:
@@ -94,9 +93,8 @@ class ProducerIdPool:
         ``most`` times, the first at once and each later one only while :meth:`wants_block`
         still says no (so a holder that asks for a block before each take asks nothing
         meanwhile), and no further than the current block's end. Empty when the pool is."""
+        self._drop_used()
         blocks = self._blocks
-        while blocks and blocks[0].next >= blocks[0].end:  # (_drop_used, inlined: per run)
-            blocks.popleft()
         if not blocks or most < 1:
             return range(0)
         block = blocks[0]
