@@ -3,7 +3,6 @@ the bytes kio's writer makes; anything unusual is left to kio."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from typing import Any
 
@@ -24,12 +23,9 @@ from pidctl.protocol.codec import (
 )
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
-from tests.protocol.frames import damaged
+from tests.protocol.frames import client_ids, damaged, int32s, int64s, read_only_as_kio_reads
 
 SUPPORTED = supported_apis({ApiKey.ALLOCATE_PRODUCER_IDS: (0, 0), ApiKey.API_VERSIONS: (0, 4)})
-int32s = st.integers(-(2**31), 2**31 - 1)
-int64s = st.integers(-(2**63), 2**63 - 1)
-client_ids = st.none() | st.text(max_size=20)
 
 
 @st.composite
@@ -61,13 +57,7 @@ def test_every_block_request_is_read_as_kio_reads_it(frame: bytes) -> None:
 def test_a_damaged_frame_is_read_only_as_kio_reads_it(frame: bytes, data: st.DataObject) -> None:
     """Truncated, extended or with a byte changed: whatever the struct reader accepts, kio
     reads as the same request (what it leaves, kio reads or refuses)."""
-    damaged_frame = damaged(frame, data)
-    read = read_block_request(damaged_frame)
-    if read is not None:
-        _kio_reads_it_so(damaged_frame, read)
-    else:
-        with contextlib.suppress(ProtocolViolation):  # (refused by both)
-            decode_request(damaged_frame, SUPPORTED)
+    read_only_as_kio_reads(damaged(frame, data), read_block_request, _kio_reads_it_so, SUPPORTED)
 
 
 def test_tagged_fields_other_apis_and_bad_client_ids_are_left_to_kio() -> None:

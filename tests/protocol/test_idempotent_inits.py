@@ -3,7 +3,6 @@ the bytes kio's writer makes; anything unusual is left to kio."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from typing import Any
 
@@ -14,17 +13,15 @@ from kio.static.primitive import i16, i64
 
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, response_class, supported_apis
-from pidctl.protocol.codec import ProtocolViolation, decode_request, encode_request
+from pidctl.protocol.codec import decode_request, encode_request
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import VERSIONS, answer_run, read_idempotent_init, shapes
-from tests.protocol.frames import damaged
+from tests.protocol.frames import client_ids, damaged, int32s, read_only_as_kio_reads
 
 SERVED = shapes(VERSIONS)
 
 SUPPORTED = supported_apis({ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.API_VERSIONS: (0, 4)})
-int32s = st.integers(-(2**31), 2**31 - 1)
-client_ids = st.none() | st.text(max_size=20)
 optional = st.sampled_from([-1, -1, -1, 0, 7])  # none given, mostly
 
 
@@ -70,13 +67,9 @@ def test_every_idempotent_request_without_producer_id_is_read_and_no_other(frame
 def test_a_damaged_frame_is_read_only_as_kio_reads_it(frame: bytes, data: st.DataObject) -> None:
     """Truncated, extended or with a byte changed: whatever the struct reader accepts, kio
     reads as the same idempotent request (what it leaves, kio reads or refuses)."""
-    damaged_frame = damaged(frame, data)
-    read = read_idempotent_init(damaged_frame, SERVED)
-    if read is not None:
-        _kio_reads_it_so(damaged_frame, read)
-    else:
-        with contextlib.suppress(ProtocolViolation):  # (refused by both)
-            decode_request(damaged_frame, SUPPORTED)
+    read_only_as_kio_reads(
+        damaged(frame, data), lambda f: read_idempotent_init(f, SERVED), _kio_reads_it_so, SUPPORTED
+    )
 
 
 def test_versions_not_served_and_other_apis_are_left_alone() -> None:
