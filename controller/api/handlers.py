@@ -4,7 +4,8 @@
 A handler authorises, calls one manager's decision, has :class:`QuorumController` apply its
 result (``quorum.py``: the records replayed and appended) and builds the response from
 ``responses.py``; nothing else. The response may be sent once everything decided so far
-is durable.
+is durable; an idempotent InitProducerId's once its PID's block's grant is
+(``pool_grants.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
+from pidctl.controller.api.pool_grants import PoolGrants
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.api.responses import (
     KAFKA_MESSAGES,
@@ -164,6 +166,10 @@ class Controller:
         self.authorizer = authorizer or Authorizer()
         # Bound once: every request that writes calls it.
         self._apply = quorum.apply
+        #: What an idempotent InitProducerId's answer waits for (its block's grant).
+        pool = self.state.transactions.pool
+        self._pool_grants = PoolGrants(blocks_held=pool.depth + 1)
+        quorum.observers.append(self._pool_grants.applied)
         #: Told of each request refused for want of a producer id: the API's name, and
         #: whether the range is used up for good (an operator must widen it) rather than
         #: waiting for a lease or a block.
@@ -418,6 +424,8 @@ class Controller:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
         if error:
             return InitAnswer(error, durable_offset=offset)
+        if transactional_id is None:
+            offset = self._pool_grants.offset_of(answer.producer_id, offset)
         created = 1 if answer.producer_id != held else 0
         return InitAnswer(error, answer.producer_id, answer.producer_epoch, offset, created)
 
@@ -431,7 +439,7 @@ class Controller:
         transactions, apply = self.state.transactions, self._apply
         taken, offset = apply(transactions.init_idempotent_run(count), now)
         if len(taken) == count:  # (nearly always: the run fits before the next refill)
-            return IdempotentRun(taken, _NO_PRODUCER_ID_YET, offset)
+            return IdempotentRun(taken, _NO_PRODUCER_ID_YET, self._wait_for(taken, offset))
         pids = list(taken)
         while taken and len(pids) < count:
             taken, offset = apply(transactions.init_idempotent_run(count - len(pids)), now)
@@ -440,7 +448,12 @@ class Controller:
             exhausted = self.state.producer_ids.exhausted()
             for _ in range(count - len(pids)):
                 self.on_no_producer_id("InitProducerId", exhausted)
-        return IdempotentRun(pids, _NO_PRODUCER_ID_YET, offset)
+        return IdempotentRun(pids, _NO_PRODUCER_ID_YET, self._wait_for(pids, offset))
+
+    def _wait_for(self, pids: Sequence[int], offset: int) -> int:
+        """The offset idempotent answers with ``pids`` wait for: the grant of the last one's
+        block (``pool_grants.py``); ``offset``, everything decided so far, with none."""
+        return self._pool_grants.offset_of(pids[-1], offset) if pids else offset
 
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """This node is the only broker and the controller; it hosts no topics."""

@@ -192,6 +192,29 @@ def _told(calls: list[tuple[str, bool]], api: str, exhausted: bool) -> None:
     calls.append((api, exhausted))
 
 
+def test_an_idempotent_answer_waits_for_its_blocks_grant_not_for_the_prefetch() -> None:
+    """The prefetch (at 90 % of a block) is decided before the answer that set it off, but
+    that answer's PID comes from the block before, durable long ago: it waits for that
+    block's grant only. The first PID of the prefetched block waits for its grant."""
+    controller, conn = _controller(), ConnectionInfo()
+    first = controller.init_idempotent_run(900, NOW, conn)
+    first_grant = first.durable_offset
+    assert list(first.producer_ids) == list(range(900))
+    assert first_grant == controller.state.next_offset - 1  # the grant of block 0, just made
+    at_threshold = controller.init_idempotent_run(1, NOW, conn)
+    prefetch = controller.state.next_offset - 1
+    assert list(at_threshold.producer_ids) == [900] and prefetch > first_grant
+    assert at_threshold.durable_offset == first_grant
+    over = controller.init_idempotent_run(100, NOW, conn)
+    assert list(over.producer_ids) == list(range(901, 1001))
+    assert over.durable_offset == prefetch  # PID 1000 is the prefetched block's
+    request = decode_request(
+        encode_request(requests.init_producer_id(None), 7, "t")[4:], controller.supported
+    )
+    alone = controller.handle(request, NOW, conn)
+    assert (alone.body.producer_id, alone.durable_offset) == (1001, prefetch)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     runs=st.lists(st.integers(1, 700), min_size=1, max_size=8),
