@@ -538,7 +538,8 @@ class Settings:
         "a group commit's write and fdatasync run on the event loop while they take less "
         "than this, and in the log's own thread after a slower one (until 64 in a row there "
         "are quick; twice as many after each slow one soon after coming back), so a slow "
-        "disk does not hold up what does not wait for it; 0: always in the thread",
+        "disk does not hold up what does not wait for it; 0: always in the thread. A "
+        "commit nobody waits for (a prefetched block's grant) always runs in the thread",
         "ms",
     )
     data_dir_min_free_bytes: int = _setting(

@@ -150,6 +150,8 @@ class MetadataLog:
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
+        #: One past the highest offset someone waits for (:meth:`awaited`).
+        self._awaited_end = end_offset
         self._closed = False
         self._snapshot_running = False
         #: The reservation file's value on disk, and the one the records appended ask for
@@ -210,9 +212,18 @@ class MetadataLog:
         self._pending_event.set()
         return offset
 
+    def awaited(self, offset: int) -> None:
+        """Someone waits for the record at ``offset`` to be durable (an answer held for it).
+
+        A commit nobody waits for (a prefetched block's grant) runs in the log's thread
+        (:meth:`SyncPlace.in_thread_for`)."""
+        if offset >= self._awaited_end:
+            self._awaited_end = offset + 1
+
     async def wait_durable(self, offset: int) -> None:
         """Return once the record at ``offset`` (and every one before it) is on disk; after
         a storage failure, never (the process is going down)."""
+        self.awaited(offset)
         while self.durable_end <= offset:
             await self._durable_event.wait()
 
@@ -266,7 +277,8 @@ class MetadataLog:
             # Captured now, while state and log agree on batch_end (no await since the last
             # append); the source returns a cheap copy, turned into the snapshot in a thread.
             snapshot = self._snapshot_source()
-        in_thread = self._sync_place.in_thread
+        # (Nobody waits for this batch when nobody waits past what is durable already.)
+        in_thread = self._sync_place.in_thread_for(awaited=self._awaited_end > self.durable_end)
         started = trio.current_time()
         disk = self._disk
         assert disk is not None

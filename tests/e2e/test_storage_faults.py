@@ -247,6 +247,35 @@ def test_a_slow_sync_moves_commits_off_the_event_loop_until_the_disk_is_quick_ag
         assert scrape(server.metrics_url)[in_thread] == 1 + QUICK_SYNCS_BEFORE_THE_LOOP
 
 
+def test_a_slow_prefetch_holds_up_no_answer_of_the_block_before_it(tmp_path: Path) -> None:
+    """InitProducerId's pool asks for its next block at 90 % of the current one. Nobody
+    waits for that grant, so its commit runs in the log's thread, and here its fdatasync
+    takes 3 s longer, for real (strace; each thread's first on the segment, so the start-up
+    commit's on the loop too: counted quick, so that commits stay on the loop). The
+    idempotent InitProducerIds of the rest of the block are answered meanwhile; the first
+    PID of the new block waits until its grant is durable."""
+    data_dir = tmp_path / "d"
+    slow = strace_delay_prefix("fdatasync", 3.0, "1", data_dir / segment_name(0))
+    quick_below = ("--log-inline-sync-max-ms", "60000")
+    request = requests.init_producer_id(None)
+    with (
+        ServerProcess(data_dir, *quick_below, prefix=slow) as server,
+        SyncClient(server.bootstrap) as client,
+    ):
+        # The 901st sets the prefetch off; the 99 after it are answered before its sync ends.
+        assert [client.request(request).producer_id for _ in range(1000)] == list(range(1000))
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as waiting:
+            waiting.sendall(encode_request(request, 1, "t"))
+            assert client.request(requests.api_versions()).error_code == 0
+            assert select.select([waiting], [], [], 0)[0] == [], "answered before its grant"
+            decoder, frames = FrameDecoder(), list[bytes]()
+            while not frames:
+                frames = decoder.feed(waiting.recv(65536))
+        answer = decode_response(frames[0], request.__api_key__, request.__version__)
+        assert (answer.error_code, answer.producer_id) == (0, 1000)
+        assert scrape(server.metrics_url)["pidctl_log_commits_in_thread_total"] == 1
+
+
 def test_a_disk_slow_every_65th_sync_holds_the_event_loop_up_twice_not_for_ever(
     tmp_path: Path,
 ) -> None:

@@ -35,6 +35,8 @@ class Durability(Protocol):
 
     durable_end: int
 
+    def awaited(self, offset: int) -> None: ...
+
     async def wait_durable(self, offset: int) -> None: ...
 
 
@@ -112,6 +114,7 @@ class Outboxes:
             return
         if outbox.held:
             offset = max(offset, outbox.held[-1][0])
+        self._log.awaited(offset)
         outbox.held.append((offset, data, timings))
         if not outbox.stalled:
             self._waiting[outbox] = None

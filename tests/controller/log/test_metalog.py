@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -126,6 +127,67 @@ async def test_commits_run_on_the_loop_while_syncs_are_quick_or_always_in_the_th
         nursery.cancel_scope.cancel()
     assert where == [in_thread] * 22
     assert recover(tmp_path).state == state
+
+
+async def test_a_commit_nobody_waits_for_runs_in_the_thread_however_quick_the_disk(
+    tmp_path: Path,
+) -> None:
+    """A record nobody waits for (a prefetched block's grant) is committed in the log's
+    thread, one somebody waits for on the loop (syncs quick: a minute's threshold); a wait
+    said before the commit starts (an answer held for it: ``awaited``) counts as one."""
+    where: list[bool] = []
+    state = ControllerState()
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        inline_sync_max_s=60.0,
+        listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
+    )
+    records = iter(history(3))
+
+    def next_record() -> int:
+        record = next(records)
+        offset = append(metalog, record)
+        state.replay(offset, record)
+        return offset
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        await metalog.wait_durable(next_record())  # waited for: on the loop
+        unawaited = next_record()
+        with trio.fail_after(10):
+            while metalog.durable_end <= unawaited:  # nobody waits: the thread
+                await trio.sleep(0.001)
+        metalog.awaited(next_record())  # an answer held for it: on the loop
+        await metalog.wait_durable(metalog.end_offset - 1)
+        nursery.cancel_scope.cancel()
+    assert where == [False, True, False]
+    assert recover(tmp_path).state == state
+
+
+async def test_under_an_infinite_threshold_every_commit_runs_on_the_loop(tmp_path: Path) -> None:
+    """What tests under trio's mock clock use: no thread, even for a commit nobody waits
+    for (the clock would jump while the thread works)."""
+    where: list[bool] = []
+    state = ControllerState()
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        inline_sync_max_s=math.inf,
+        listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in history(2):
+            state.replay(append(metalog, record), record)
+            await trio.sleep(0.001)
+        await metalog.flush()
+        nursery.cancel_scope.cancel()
+    assert where and not any(where)
 
 
 async def test_a_task_that_never_waits_does_not_hold_commits_back(tmp_path: Path) -> None:

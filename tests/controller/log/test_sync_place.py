@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pidctl.controller.log.sync_place import BACK_OFF_WINDOW, QUICK_SYNCS_BEFORE_THE_LOOP, SyncPlace
 
 
@@ -56,3 +58,12 @@ def test_no_inline_bound_keeps_every_commit_in_the_thread() -> None:
         assert place.in_thread
         place.after(took)
     assert place.in_thread
+
+
+def test_a_commit_nobody_waits_for_runs_in_the_thread_unless_the_threshold_is_infinite() -> None:
+    quick, slow_disk, never = SyncPlace(0.010), SyncPlace(0.010), SyncPlace(math.inf)
+    slow_disk.after(0.050)
+    never.after(3600.0)  # no sync is slow against an infinite threshold
+    assert [quick.in_thread_for(awaited=a) for a in (True, False)] == [False, True]
+    assert [slow_disk.in_thread_for(awaited=a) for a in (True, False)] == [True, True]
+    assert [never.in_thread_for(awaited=a) for a in (True, False)] == [False, False]
