@@ -9,9 +9,8 @@ answers waiting for it, and the loop goes on serving everything else (ApiVersion
 InitProducerId from a durable block, /healthz), held up by one slow sync at a time, and
 rarely. A commit nobody waits for (a prefetched block's grant: the answers of the block
 before it do not wait for it) runs in the thread however quick the disk: the hand-over then
-makes nobody later, and the loop is not held up for the sync. At 16 connections x 8
-idempotent InitProducerIds in flight, a block goes by every 6 ms, and its commit on the loop
-cost 15 % of the rate. :class:`SyncPlace` decides; the log's writer (``metalog.py``) obeys.
+makes nobody later, and no sync of it holds the loop up, not even the disk's occasional slow
+one (212 ms here). :class:`SyncPlace` decides; the log's writer (``metalog.py``) obeys.
 """
 
 from __future__ import annotations
