@@ -15,7 +15,7 @@ import struct
 from typing import NamedTuple
 
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.headers import REQUEST_HEADER_START, utf8_string
+from pidctl.protocol.headers import REQUEST_HEADER_START, client_id_of
 
 #: The API key's low byte (its high byte is 0).
 _API_KEY_LOW_BYTE = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
@@ -49,7 +49,5 @@ def read_block_request(frame: bytes) -> BlockRequested | None:
         return None
     client_id = None
     if length >= 0:
-        client_id = utf8_string(frame[10:start])
-        if client_id is None:
-            return None  # as kio: a client id that is not UTF-8 is refused
+        client_id = client_id_of(frame[10:start])
     return BlockRequested(correlation_id, client_id, broker_id, broker_epoch)

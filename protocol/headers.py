@@ -59,10 +59,15 @@ def utf8_string(raw: bytes) -> str | None:
         return None
 
 
-def is_utf8(raw: bytes) -> bool:
-    """Whether kio reads ``raw`` as a string (:func:`utf8_string`), without making one for
-    ASCII: what a ``struct`` reader checks of a client id it does not keep."""
-    return raw.isascii() or utf8_string(raw) is not None
+def client_id_of(raw: bytes) -> str:
+    """A request header's client id as Kafka reads it: UTF-8, with each sequence that is not
+    UTF-8 replaced by U+FFFD, as Java's ``new String(bytes, UTF_8)`` does. Kafka answers a
+    request whatever bytes its client id holds (checked against Kafka 4.4.0: the
+    conformance case ``client-id-not-utf8``), so pidctl does too; the id is only ever named
+    (logs, metrics, a grant's record), never matched against anything a client sent."""
+    if raw.isascii():
+        return raw.decode("ascii")
+    return raw.decode("utf-8", "replace")
 
 
 def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int]:
@@ -79,7 +84,8 @@ def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int
 
 def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int] | None:
     """The header every client sends, read without kio's header entity (an object of its
-    own per request): v1 or v2, a UTF-8 client id or none, and for v2 no tagged fields.
+    own per request): v1 or v2, a client id (:func:`client_id_of`) or none, and for v2 no
+    tagged fields.
     None for anything else, which :func:`_parse_with_kio` reads (or refuses) as before; the
     tests check both give the same for every header."""
     if len(frame) < REQUEST_HEADER_START.size:
@@ -93,10 +99,7 @@ def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int]
         end = start + length
         if length < 0 or end > len(frame):
             return None
-        try:
-            client_id = frame[start:end].decode()
-        except UnicodeDecodeError:
-            return None
+        client_id = client_id_of(frame[start:end])
     if version == 2:
         # Tagged fields: a count (an unsigned varint), 0 being one byte of zero.
         if end >= len(frame) or frame[end] != 0:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.codec import INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
-from pidctl.protocol.headers import REQUEST_HEADER_START, is_utf8
+from pidctl.protocol.headers import REQUEST_HEADER_START
 
 #: The API key's two bytes: a frame's first byte is 0 and its second this for InitProducerId.
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
@@ -57,15 +57,13 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
     shape = served.get(version)
     if shape is None or length < -1:
         return None
-    # The shape first (a transactional InitProducerId fails it here), the client id last.
+    # The shape (a transactional InitProducerId fails it here); any client id will do.
     start = 10 + length if length > 0 else 10
     before, after, size = shape
     if len(frame) != start + size or not frame.startswith(before, start):
         return None
     if not frame.endswith(after):
         return None
-    if length > 0 and not is_utf8(frame[10:start]):
-        return None  # as kio: a client id that is not UTF-8 is refused
     return version, correlation_id
 
 

@@ -16,7 +16,7 @@ import struct
 from typing import NamedTuple
 
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.headers import REQUEST_HEADER_START, is_utf8, utf8_string
+from pidctl.protocol.headers import REQUEST_HEADER_START, utf8_string
 
 #: The API key's low byte (its high byte is 0).
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
@@ -57,10 +57,7 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
         return None
     at = 10
     if length > 0:
-        at += length
-        client_id = frame[10:at]
-        if not is_utf8(client_id):
-            return None  # as kio: a client id that is not UTF-8 is refused
+        at += length  # (any client id will do: headers.client_id_of)
     if version >= 2:
         # The header's tagged fields (none), then a compact nullable string: length + 1.
         if len(frame) < at + 2 or frame[at] != 0 or frame[at + 1] >= 0x80:

@@ -61,6 +61,11 @@ class JobKey:
         return f"{JOB_KEY_PREFIX}{self.version}/{self.block}/{self.app_id}"
 
 
+#: What a client id's bytes that are not UTF-8 are read as (U+FFFD, the replacement
+#: character): a job key holding it is refused.
+UNREADABLE = "\ufffd"
+
+
 def parse_job_key(client_id: str | None) -> JobKey | None:
     """The key a job's client id carries, None for any other client id; raises ValueError
     for a client id with the prefix that is not a well-formed key."""
@@ -69,6 +74,11 @@ def parse_job_key(client_id: str | None) -> JobKey | None:
     parts = client_id[len(JOB_KEY_PREFIX) :].split("/", 2)
     if len(parts) != 3 or not parts[2]:
         raise ValueError(f"job key {client_id!r} is not {JOB_KEY_PREFIX}VERSION/BLOCK/APP_ID")
+    if UNREADABLE in client_id:
+        # A client id that was not UTF-8 is read with U+FFFD where its bytes were not
+        # (protocol/headers.py, as Kafka reads it): two different app ids could then be read
+        # as one, and be handed one app's blocks.
+        raise ValueError(f"job key {client_id!r} is not UTF-8 (or holds U+FFFD)")
     version, block, app_id = parts
     if not (version.isdigit() and block.isdigit() and version.isascii() and block.isascii()):
         raise ValueError(f"job key {client_id!r}: version and block must be non-negative")

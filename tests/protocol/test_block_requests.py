@@ -60,7 +60,7 @@ def test_a_damaged_frame_is_read_only_as_kio_reads_it(frame: bytes, data: st.Dat
     read_only_as_kio_reads(damaged(frame, data), read_block_request, _kio_reads_it_so, SUPPORTED)
 
 
-def test_tagged_fields_other_apis_and_bad_client_ids_are_left_to_kio() -> None:
+def test_tagged_fields_and_other_apis_are_left_to_kio() -> None:
     frame = encode_request(requests.allocate(7, 3), 1, "c")[4:]
     assert read_block_request(frame) == BlockRequested(1, "c", 7, 3)
     tagged_body = frame[:-1] + b"\x01\x00\x00"  # one empty tagged field (tag 0, size 0)
@@ -68,7 +68,9 @@ def test_tagged_fields_other_apis_and_bad_client_ids_are_left_to_kio() -> None:
     with pytest.raises(ProtocolViolation):  # (kio knows no tag of this API: it refuses)
         decode_request(tagged_body, SUPPORTED)
     assert read_block_request(encode_request(requests.api_versions(), 1, "c")[4:]) is None
-    assert read_block_request(frame.replace(b"\x00\x01c", b"\x00\x01\xff")) is None
+    # A client id that is not UTF-8 is read as Kafka reads it (headers.client_id_of).
+    not_utf8 = frame.replace(b"\x00\x01c", b"\x00\x01\xff")
+    assert read_block_request(not_utf8) == BlockRequested(1, "\ufffd", 7, 3)
     assert read_block_request(encode_request(requests.allocate(-1, -1), 2, None)[4:]) == (
         BlockRequested(2, None, -1, -1)
     )

@@ -5,6 +5,7 @@ import datetime
 import io
 import struct
 import uuid
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -14,6 +15,7 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsRequestV
 from kio.schema.api_versions.v3 import ApiVersionsRequest as ApiVersionsRequestV3
 from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId
+from kio.serial.errors import InvalidUnicode
 from kio.static.primitive import i32, i32Timedelta
 
 from pidctl.controller.api.handlers import SERVED_APIS
@@ -109,21 +111,49 @@ def _request_header_frames(draw: st.DrawFn, version: int) -> bytes:
     return start + struct.pack(">h", length) + encoded + tagged + draw(st.binary(max_size=6))
 
 
+def _read_or_refused(read: Callable[[bytes, int], object], frame: bytes, version: int) -> object:
+    try:
+        return read(frame, version)
+    except Exception as e:
+        return type(e)
+
+
 @pytest.mark.parametrize("version", [1, 2])
 @given(data=st.data())
 def test_the_usual_header_is_read_as_kio_reads_it(version: int, data: st.DataObject) -> None:
     # The struct reading of a v1/v2 header gives what kio's reader gives, or leaves the
-    # frame to it (which then reads it or refuses it as before).
+    # frame to it (which then reads it or refuses it as before); but a client id that is not
+    # UTF-8, which kio refuses, is read as Kafka reads it (headers.client_id_of).
     frame = data.draw(_request_header_frames(version))
-    try:
-        expected: object = headers._parse_with_kio(frame, version)
-    except Exception as e:
-        expected = type(e)
-    try:
-        got: object = parse_request_header(frame, version)
-    except Exception as e:
-        got = type(e)
+    expected = _read_or_refused(headers._parse_with_kio, frame, version)
+    got = _read_or_refused(parse_request_header, frame, version)
+    if expected is InvalidUnicode:
+        # What kio reads with as many ASCII bytes in the client id's place, with Kafka's
+        # reading of the client id; or a refusal still, when kio refuses that too.
+        (length,) = struct.unpack_from(">h", frame, 8)
+        raw = frame[10 : 10 + length]
+        placeheld = frame[:10] + b"?" * length + frame[10 + length :]
+        read = _read_or_refused(headers._parse_with_kio, placeheld, version)
+        if isinstance(read, tuple):
+            header, offset = read
+            expected = (header._replace(client_id=headers.client_id_of(raw)), offset)
+        else:
+            assert isinstance(got, type)
+            return
     assert got == expected
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_client_id_that_is_not_utf8_is_read_as_kafka_reads_it(version: int) -> None:
+    """Java's ``new String(bytes, UTF_8)``: each sequence that is not UTF-8 becomes U+FFFD,
+    and the request is read (Kafka 4.4.0 answers it: the conformance case
+    ``client-id-not-utf8``)."""
+    buffer = io.BytesIO()
+    write_request_header(buffer, version, 22, 5, 42, "caf?-?")
+    frame = buffer.getvalue().replace(b"caf?-?", b"caf\xe9-\xff") + b"body"
+    header, offset = parse_request_header(frame, version)
+    assert header.client_id == "caf\ufffd-\ufffd"
+    assert frame[offset:] == b"body"
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -55,22 +55,36 @@ MAX_TRANSACTION_TIMEOUT_MS = 900_000
 SASL_USER = ("alice", "alice-secret")
 
 
+#: Where a request frame's client id begins: after the length, the API key and version,
+#: the correlation id and the client id's length.
+CLIENT_ID_AT = 4 + 2 + 2 + 4 + 2
+
+
 @dataclass(frozen=True)
 class Raw:
-    """A request kio has no schema for: ApiVersions at a version no one knows, sent as the
-    v3 request with the header's version changed; the answer is read as ``answer_version``."""
+    """A request kio cannot make, sent on a connection of its own: ApiVersions at a version
+    no one knows (the v3 request with the header's version changed; the answer is read as
+    ``answer_version``), or ``body`` (by default that ApiVersions v3) with a client id of
+    bytes that are not UTF-8 (``client_id``)."""
 
     api_key: int
     version: int
     answer_version: int
+    client_id: bytes | None = None
+    body: Any = None
 
     def frame(self, correlation_id: int, client_id: str) -> bytes:
         """The whole frame (length prefix included)."""
-        body = request_class(ApiKey.API_VERSIONS, 3)(  # type: ignore[call-arg]
+        body = self.body or request_class(ApiKey.API_VERSIONS, 3)(  # type: ignore[call-arg]
             client_software_name="pidctl-conformance", client_software_version="1"
         )
+        raw_id = self.client_id
+        if raw_id is not None:
+            client_id = "x" * len(raw_id)  # its place in the frame, then its bytes
         frame = bytearray(encode_request(body, correlation_id, client_id))
         struct.pack_into(">h", frame, 6, self.version)  # after the length and the API key
+        if raw_id is not None:
+            frame[CLIENT_ID_AT : CLIENT_ID_AT + len(raw_id)] = raw_id
         return bytes(frame)
 
 
@@ -483,6 +497,28 @@ def _api_versions(listener: Listener) -> Case:
     )
 
 
+#: A client id that is not UTF-8: "café" in Latin-1, then a byte UTF-8 never has.
+NOT_UTF8_CLIENT_ID = b"caf\xe9-\xff"
+
+
+def _client_id_not_utf8() -> Case:
+    def raw(name: str, api_key: int, version: int, body: Any) -> Step:
+        request = Raw(api_key, version, version, NOT_UTF8_CLIENT_ID, body)
+        return Step(f"{name}-v{version}", "broker", lambda c: request)
+
+    return Case(
+        "client-id-not-utf8",
+        "a request header whose client id is not UTF-8, in both header versions: Kafka "
+        "decodes it as Java does (what is not UTF-8 replaced) and answers the request",
+        _steps(
+            raw("api-versions", ApiKey.API_VERSIONS, 0, api_versions(0)),
+            raw("api-versions", ApiKey.API_VERSIONS, 3, api_versions(3)),
+            raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 1, init(1)),
+            raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 4, init(4)),
+        ),
+    )
+
+
 def _find_coordinator() -> Case:
     steps = [Step("v0-group", "broker", lambda c: find(0, (c.txn("g"),), 0))]
     for version in (1, 2, 3):
@@ -819,6 +855,7 @@ def _cases() -> Iterator[Case]:
     yield _epoch_exhaustion()
     yield _api_versions("broker")
     yield _api_versions("controller")
+    yield _client_id_not_utf8()
     yield _find_coordinator()
     yield _metadata()
     yield _registration()

@@ -107,7 +107,10 @@ class Normaliser:
     def request(self, body: Any) -> Json:
         """A request as the golden file shows it."""
         if isinstance(body, Raw):
-            return {"api": _api_name(body.api_key), "version": body.version, "raw": True}
+            raw: Json = {"api": _api_name(body.api_key), "version": body.version, "raw": True}
+            if body.client_id is not None:
+                raw["client_id"] = body.client_id.hex()
+            return raw
         fields = self._walk(plain(body), answer=False)
         return {"api": _api_name(body.__api_key__), "version": int(body.__version__), **fields}
 

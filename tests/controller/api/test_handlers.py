@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4 import FindCoordinatorRequest
 from kio.static.primitive import i8
 
@@ -19,6 +20,7 @@ from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol import requests
 from pidctl.protocol.codec import Request, TooManyEntries, decode_request, encode_request
+from pidctl.protocol.headers import client_id_of
 
 NOW = Now(1_000, 1_000)
 
@@ -252,3 +254,18 @@ def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
         assert run.durable_offset == max(r.durable_offset for r in alone)
     assert logs[0].entries == logs[1].entries
     assert refusals[0] == refusals[1]
+
+
+def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request() -> None:
+    """The client id of such a request is read with U+FFFD (``headers.client_id_of``, as
+    Kafka reads it); as a job's name it could stand for another app's: refused, nothing
+    written."""
+    controller = _controller()
+    written = controller.state.next_offset
+    block, _ = controller.allocate_block(
+        -1, -1, client_id_of(b"pidctl-job/1/0/app-\xff"), NOW, ConnectionInfo()
+    )
+    assert (block.error, block.first, block.length) == (ErrorCode.invalid_request, 0, 0)
+    assert controller.state.next_offset == written
+    named, _ = controller.allocate_block(-1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo())
+    assert named.error == ErrorCode.none

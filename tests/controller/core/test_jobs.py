@@ -19,6 +19,7 @@ from pidctl.controller.core.records import (
     ProducerIdsReserved,
 )
 from pidctl.controller.core.state import ControllerState
+from pidctl.protocol.headers import client_id_of
 from tests.controller.core.kraft import apply, new_state, replay
 
 DAY = 86_400_000
@@ -50,6 +51,16 @@ def test_the_key_travels_in_the_client_id() -> None:
 def test_a_malformed_key_is_refused(client_id: str) -> None:
     with pytest.raises(ValueError, match="job key"):
         parse_job_key(client_id)
+
+
+def test_a_key_read_from_bytes_that_are_not_utf8_is_refused() -> None:
+    """Two client ids whose app ids differ only in bytes that are not UTF-8 are read as one
+    (each such byte as U+FFFD, as Kafka reads a client id): neither may name a job, or one
+    app would be handed the other's blocks."""
+    first, second = (client_id_of(b"pidctl-job/1/0/app-" + raw) for raw in (b"\xff", b"\xfe"))
+    assert first == second
+    with pytest.raises(ValueError, match="not UTF-8"):
+        parse_job_key(first)
 
 
 def test_a_block_index_past_the_bound_is_refused() -> None:
