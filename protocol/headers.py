@@ -12,6 +12,8 @@ from kio.schema.request_header.v2 import RequestHeader as RequestHeaderV2
 from kio.schema.response_header.v0 import ResponseHeader as ResponseHeaderV0
 from kio.schema.response_header.v1 import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import DecodeError
+from kio.serial.readers import read_unsigned_varint
 from kio.static.primitive import i16, i32
 
 _read_v1 = entity_reader(RequestHeaderV1)
@@ -63,7 +65,7 @@ def client_id_of(raw: bytes) -> str:
     """A request header's client id as Kafka reads it: UTF-8, with each sequence that is not
     UTF-8 replaced by U+FFFD, as Java's ``new String(bytes, UTF_8)`` does. Kafka answers a
     request whatever bytes its client id holds (checked against Kafka 4.4.0: the
-    conformance case ``client-id-not-utf8``), so pidctl does too; the id is only ever named
+    conformance case ``header-client-id-not-utf8``), so pidctl does too; the id is only ever named
     (logs, metrics, a grant's record), never matched against anything a client sent."""
     if raw.isascii():
         return raw.decode("ascii")
@@ -84,8 +86,8 @@ def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int
 
 def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int] | None:
     """The header every client sends, read without kio's header entity (an object of its
-    own per request): v1 or v2, a client id (:func:`client_id_of`) or none, and for v2 no
-    tagged fields.
+    own per request): v1 or v2, a client id (:func:`client_id_of`) or none, and for v2 its
+    tagged fields skipped.
     None for anything else, which :func:`_parse_with_kio` reads (or refuses) as before; the
     tests check both give the same for every header."""
     if len(frame) < REQUEST_HEADER_START.size:
@@ -101,11 +103,31 @@ def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int]
             return None
         client_id = client_id_of(frame[start:end])
     if version == 2:
-        # Tagged fields: a count (an unsigned varint), 0 being one byte of zero.
-        if end >= len(frame) or frame[end] != 0:
-            return None
-        end += 1
+        after = _after_tagged_fields(frame, end)
+        if after is None:  # (kio would refuse a tag it does not know first: say why here)
+            raise DecodeError("request header: tagged fields past the end of the frame")
+        end = after
     return RequestHeader(api_key, api_version, correlation_id, client_id, version), end
+
+
+def _after_tagged_fields(frame: bytes, at: int) -> int | None:
+    """Where a v2 header's tagged fields end. A request header has no tag Kafka knows, and
+    Kafka skips the tags it does not know (checked against Kafka 4.4.0: the conformance
+    case ``header-tagged-fields``), where kio refuses them. None if they run past the frame.
+    Each field takes two bytes at least, so a count however large ends with the frame."""
+    if at < len(frame) and frame[at] == 0:
+        return at + 1  # none: what every client sends
+    try:
+        count, read = read_unsigned_varint(frame, at)  # (kio's readers say bytes read)
+        at += read
+        for _ in range(count):
+            _, read = read_unsigned_varint(frame, at)  # the tag
+            at += read
+            size, read = read_unsigned_varint(frame, at)
+            at += read + size
+    except (DecodeError, ValueError):  # (ValueError: a varint of more than five bytes)
+        return None
+    return at if at <= len(frame) else None
 
 
 def _parse_with_kio(frame: bytes, version: int) -> tuple[RequestHeader, int]:

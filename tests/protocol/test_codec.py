@@ -15,7 +15,7 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsRequestV
 from kio.schema.api_versions.v3 import ApiVersionsRequest as ApiVersionsRequestV3
 from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId
-from kio.serial.errors import InvalidUnicode
+from kio.serial.errors import DecodeError, InvalidUnicode
 from kio.static.primitive import i32, i32Timedelta
 
 from pidctl.controller.api.handlers import SERVED_APIS
@@ -125,8 +125,15 @@ def test_the_usual_header_is_read_as_kio_reads_it(version: int, data: st.DataObj
     # frame to it (which then reads it or refuses it as before); but a client id that is not
     # UTF-8, which kio refuses, is read as Kafka reads it (headers.client_id_of).
     frame = data.draw(_request_header_frames(version))
-    expected = _read_or_refused(headers._parse_with_kio, frame, version)
     got = _read_or_refused(parse_request_header, frame, version)
+    if version == 2 and isinstance(got, tuple):
+        # Tagged fields, which kio refuses and Kafka skips: kio's reading of the frame with
+        # none in their place (their end is test_header_tagged_fields_are_skipped's).
+        (length,) = struct.unpack_from(">h", frame, 8)
+        tags_at = 10 + max(0, length)
+        frame = frame[:tags_at] + b"\0" + frame[got[1] :]
+        got = (got[0], tags_at + 1)
+    expected = _read_or_refused(headers._parse_with_kio, frame, version)
     if expected is InvalidUnicode:
         # What kio reads with as many ASCII bytes in the client id's place, with Kafka's
         # reading of the client id; or a refusal still, when kio refuses that too.
@@ -140,14 +147,44 @@ def test_the_usual_header_is_read_as_kio_reads_it(version: int, data: st.DataObj
         else:
             assert isinstance(got, type)
             return
+    if isinstance(expected, type):  # refused (kio's error or ours: the connection closes)
+        assert isinstance(got, type), got
+        return
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("tags", "read"),
+    [
+        (b"\0", True),
+        (b"\x01\x07\x02hi", True),  # tag 7: two bytes
+        (b"\x02\x07\x00\xac\x02\x01!", True),  # tag 7 empty, tag 300 (a 2-byte varint): one
+        (b"\x01\x07\x05hi", False),  # five bytes said, two there
+        (b"\x02\x07\x00", False),  # a second field missing
+        (b"\x81", False),  # a count's varint cut short
+    ],
+)
+def test_header_tagged_fields_are_skipped(tags: bytes, read: bool) -> None:
+    """A request header has no tag Kafka knows; Kafka skips the ones it does not (Kafka
+    4.4.0 answers such a request: the conformance case ``header-tagged-fields``), so pidctl
+    does too; fields that run past the frame are refused as malformed."""
+    buffer = io.BytesIO()
+    write_request_header(buffer, 2, 22, 5, 42, "c")
+    start = buffer.getvalue()[:-1]  # without its "no tags" byte
+    if not read:
+        with pytest.raises(DecodeError):
+            parse_request_header(start + tags, 2)
+        return
+    header, offset = parse_request_header(start + tags + b"body", 2)
+    assert (header.api_key, header.api_version, header.correlation_id) == (22, 5, 42)
+    assert (header.client_id, offset) == ("c", len(start) + len(tags))
 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_client_id_that_is_not_utf8_is_read_as_kafka_reads_it(version: int) -> None:
     """Java's ``new String(bytes, UTF_8)``: each sequence that is not UTF-8 becomes U+FFFD,
     and the request is read (Kafka 4.4.0 answers it: the conformance case
-    ``client-id-not-utf8``)."""
+    ``header-client-id-not-utf8``)."""
     buffer = io.BytesIO()
     write_request_header(buffer, version, 22, 5, 42, "caf?-?")
     frame = buffer.getvalue().replace(b"caf?-?", b"caf\xe9-\xff") + b"body"

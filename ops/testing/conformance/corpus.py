@@ -65,13 +65,15 @@ class Raw:
     """A request kio cannot make, sent on a connection of its own: ApiVersions at a version
     no one knows (the v3 request with the header's version changed; the answer is read as
     ``answer_version``), or ``body`` (by default that ApiVersions v3) with a client id of
-    bytes that are not UTF-8 (``client_id``)."""
+    bytes that are not UTF-8 (``client_id``) or, in a v2 header, with tagged fields
+    (``header_tags``: their bytes, the count first)."""
 
     api_key: int
     version: int
     answer_version: int
     client_id: bytes | None = None
     body: Any = None
+    header_tags: bytes | None = None
 
     def frame(self, correlation_id: int, client_id: str) -> bytes:
         """The whole frame (length prefix included)."""
@@ -85,6 +87,11 @@ class Raw:
         struct.pack_into(">h", frame, 6, self.version)  # after the length and the API key
         if raw_id is not None:
             frame[CLIENT_ID_AT : CLIENT_ID_AT + len(raw_id)] = raw_id
+        if self.header_tags is not None:
+            (length,) = struct.unpack_from(">h", frame, CLIENT_ID_AT - 2)
+            tags_at = CLIENT_ID_AT + max(0, length)  # where the header's "no tags" byte is
+            frame[tags_at : tags_at + 1] = self.header_tags
+            struct.pack_into(">i", frame, 0, len(frame) - 4)
         return bytes(frame)
 
 
@@ -507,13 +514,34 @@ def _client_id_not_utf8() -> Case:
         return Step(f"{name}-v{version}", "broker", lambda c: request)
 
     return Case(
-        "client-id-not-utf8",
+        "header-client-id-not-utf8",
         "a request header whose client id is not UTF-8, in both header versions: Kafka "
         "decodes it as Java does (what is not UTF-8 replaced) and answers the request",
         _steps(
             raw("api-versions", ApiKey.API_VERSIONS, 0, api_versions(0)),
             raw("api-versions", ApiKey.API_VERSIONS, 3, api_versions(3)),
             raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 1, init(1)),
+            raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 4, init(4)),
+        ),
+    )
+
+
+#: A v2 request header's tagged fields: two, of tags no Kafka knows (7 and 300), then
+#: the request's body.
+UNKNOWN_HEADER_TAGS = bytes([2, 7, 2]) + b"hi" + bytes([0xAC, 0x02, 0])
+
+
+def _header_tagged_fields() -> Case:
+    def raw(name: str, api_key: int, version: int, body: Any) -> Step:
+        request = Raw(api_key, version, version, body=body, header_tags=UNKNOWN_HEADER_TAGS)
+        return Step(f"{name}-v{version}", "broker", lambda c: request)
+
+    return Case(
+        "header-tagged-fields",
+        "a v2 request header with tagged fields of tags Kafka does not know: Kafka skips "
+        "them and answers the request",
+        _steps(
+            raw("api-versions", ApiKey.API_VERSIONS, 3, api_versions(3)),
             raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 4, init(4)),
         ),
     )
@@ -856,6 +884,7 @@ def _cases() -> Iterator[Case]:
     yield _api_versions("broker")
     yield _api_versions("controller")
     yield _client_id_not_utf8()
+    yield _header_tagged_fields()
     yield _find_coordinator()
     yield _metadata()
     yield _registration()

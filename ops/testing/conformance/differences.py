@@ -146,8 +146,8 @@ DELIBERATE: tuple[Deliberate, ...] = (
     ),
     Deliberate(
         "apis-not-served",
-        "the same, asked with a client id that is not UTF-8",
-        case="client-id-not-utf8",
+        "the same, asked with a client id that is not UTF-8 or with header tags",
+        case="header-*",
         step="api-versions-*",
         path="answer.api_keys.*",
         pidctl=ABSENT,
@@ -169,8 +169,8 @@ DELIBERATE: tuple[Deliberate, ...] = (
     ),
     Deliberate(
         "one-listener",
-        "the same, asked with a client id that is not UTF-8",
-        case="client-id-not-utf8",
+        "the same, asked with a client id that is not UTF-8 or with header tags",
+        case="header-*",
         step="api-versions-*",
         path=("answer.api_keys.62", "answer.api_keys.63", "answer.api_keys.67"),
         kafka=ABSENT,

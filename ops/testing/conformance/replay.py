@@ -110,6 +110,8 @@ class Normaliser:
             raw: Json = {"api": _api_name(body.api_key), "version": body.version, "raw": True}
             if body.client_id is not None:
                 raw["client_id"] = body.client_id.hex()
+            if body.header_tags is not None:
+                raw["header_tags"] = body.header_tags.hex()
             return raw
         fields = self._walk(plain(body), answer=False)
         return {"api": _api_name(body.__api_key__), "version": int(body.__version__), **fields}
