@@ -98,6 +98,10 @@ case "$command" in
         # of beginning a new cluster.
         first_use=()
         names_data_dir "$@" || first_use=(--format-if-missing)
+        # Once `test` has run, the venv has hypothesis, which kio imports and whose trio
+        # plugin makes trio's scheduler deterministic for tests: the server runs as an
+        # installed one does, without it (ops/testing/without_hypothesis says why).
+        export PYTHONPATH="$root/ops/testing/without_hypothesis${PYTHONPATH:+:$PYTHONPATH}"
         exec "$venv/bin/pidctl" serve "${first_use[@]}" "$@"
         ;;
     test)

@@ -23,7 +23,12 @@ import yaml
 
 from ops.bench.core import build_history
 from ops.testing.coordination import free_port
-from ops.testing.serverproc import ServerProcess, format_data_dir, stored_cluster_id
+from ops.testing.serverproc import (
+    WITHOUT_HYPOTHESIS,
+    ServerProcess,
+    format_data_dir,
+    stored_cluster_id,
+)
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
 from tests import wire
@@ -122,10 +127,11 @@ def check_answered_by(bootstrap: str, data_dir: Path) -> None:
 def test_readme_command_serves_metrics_and_readiness(tmp_path: Path) -> None:
     """`ops/dev.sh serve`, as the README says, on its embedded defaults except the ports
     (free ones: the user's own server may hold 9093 and 9464): it formats ./pidctl-data on
-    first use and says so, and serves from it."""
+    first use and says so, and serves from it, without hypothesis (which the venv has)."""
     port, metrics_port = free_port(), free_port()
     env = {**os.environ, "VENV": str(VENV_BIN.parent)}
     env.pop("PIDCTL_DATA_DIR", None)
+    env.pop("PYTHONPATH", None)  # as a user's shell has it: not the test session's
     ports = ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
     proc = subprocess.Popen(
         [str(ROOT / "ops" / "dev.sh"), "serve", *ports],
@@ -140,6 +146,10 @@ def test_readme_command_serves_metrics_and_readiness(tmp_path: Path) -> None:
         wait_for(metrics_url + "/readyz")
         check_answered_by(bootstrap, tmp_path / "pidctl-data")
         check_metrics_follow_traffic(bootstrap, metrics_url)
+        # (dev.sh execs pidctl: its process is the server.)
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        path = next(v for v in environ if v.startswith(b"PYTHONPATH=")).split(b"=", 1)[1]
+        assert path.decode().split(os.pathsep)[0] == str(WITHOUT_HYPOTHESIS)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
