@@ -63,8 +63,8 @@ STEP_CPU_BOUND_MS = latency.LATENCY_BOUND_S * 1000
 def test_expiry_costs_what_expires_in_bounded_steps(tmp_path: Path) -> None:
     data_dir = tmp_path / "ids"
     build_transactional_ids(data_dir, IDS)
-    # The baseline: a fresh server, asked in turns with the server under test, in the same
-    # seconds (a machine turning busy slows both).
+    # The baseline: a fresh server, asked beside the server under test at the same time (a
+    # machine turning busy, or a disk stalling, slows both).
     with ServerProcess(tmp_path / "fresh") as fresh, SyncClient(fresh.bootstrap) as plain:
         baseline_init = _durable_inits(plain, "baseline")
 
