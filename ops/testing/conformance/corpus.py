@@ -508,10 +508,16 @@ def _api_versions(listener: Listener) -> Case:
 NOT_UTF8_CLIENT_ID = b"caf\xe9-\xff"
 
 
+def _raw(name: str, api_key: int, version: int, body: Any, **header: Any) -> Step:
+    """A step sending ``body`` as a :class:`Raw` request, its header's ``client_id`` bytes
+    or ``header_tags`` as given."""
+    request = Raw(api_key, version, version, body=body, **header)
+    return Step(f"{name}-v{version}", "broker", lambda c: request)
+
+
 def _client_id_not_utf8() -> Case:
     def raw(name: str, api_key: int, version: int, body: Any) -> Step:
-        request = Raw(api_key, version, version, NOT_UTF8_CLIENT_ID, body)
-        return Step(f"{name}-v{version}", "broker", lambda c: request)
+        return _raw(name, api_key, version, body, client_id=NOT_UTF8_CLIENT_ID)
 
     return Case(
         "header-client-id-not-utf8",
@@ -532,17 +538,14 @@ UNKNOWN_HEADER_TAGS = bytes([2, 7, 2]) + b"hi" + bytes([0xAC, 0x02, 0])
 
 
 def _header_tagged_fields() -> Case:
-    def raw(name: str, api_key: int, version: int, body: Any) -> Step:
-        request = Raw(api_key, version, version, body=body, header_tags=UNKNOWN_HEADER_TAGS)
-        return Step(f"{name}-v{version}", "broker", lambda c: request)
-
+    tags = UNKNOWN_HEADER_TAGS
     return Case(
         "header-tagged-fields",
         "a v2 request header with tagged fields of tags Kafka does not know: Kafka skips "
         "them and answers the request",
         _steps(
-            raw("api-versions", ApiKey.API_VERSIONS, 3, api_versions(3)),
-            raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 4, init(4)),
+            _raw("api-versions", ApiKey.API_VERSIONS, 3, api_versions(3), header_tags=tags),
+            _raw("init-idempotent", ApiKey.INIT_PRODUCER_ID, 4, init(4), header_tags=tags),
         ),
     )
 
