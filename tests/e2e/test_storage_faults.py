@@ -5,6 +5,7 @@ restarts on what is really on disk, and every acknowledged grant is checked agai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +213,19 @@ def test_one_writer_per_data_dir_whatever_is_deleted(server: ServerProcess) -> N
     assert refused.returncode != 0
 
 
+def _answered_after_its_sync(server: ServerProcess, client: SyncClient, request: Any) -> Any:
+    """Send ``request`` on a connection of its own, whose answer waits for a slow sync; show
+    that ``client`` is answered meanwhile and that the request is not yet; then its answer."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as waiting:
+        waiting.sendall(encode_request(request, 1, "t"))
+        assert client.request(requests.api_versions()).error_code == 0
+        assert select.select([waiting], [], [], 0)[0] == [], "answered before its sync"
+        decoder, frames = FrameDecoder(), list[bytes]()
+        while not frames:
+            frames = decoder.feed(waiting.recv(65536))
+    return decode_response(frames[0], request.__api_key__, request.__version__)
+
+
 def test_a_slow_sync_moves_commits_off_the_event_loop_until_the_disk_is_quick_again(
     tmp_path: Path,
 ) -> None:
@@ -232,15 +247,8 @@ def test_a_slow_sync_moves_commits_off_the_event_loop_until_the_disk_is_quick_ag
     ):
         metrics = scrape(server.metrics_url)
         assert (metrics["pidctl_log_commit_batch_records_count"], metrics[in_thread]) == (1, 0)
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as waiting:
-            waiting.sendall(encode_request(request, 1, "t"))  # in the thread: 2 s
-            assert client.request(requests.api_versions()).error_code == 0
-            assert select.select([waiting], [], [], 0)[0] == [], "answered before its sync"
-            decoder, frames = FrameDecoder(), list[bytes]()
-            while not frames:
-                frames = decoder.feed(waiting.recv(65536))
-            answer = decode_response(frames[0], request.__api_key__, request.__version__)
-            assert answer.error_code == 0
+        answer = _answered_after_its_sync(server, client, request)  # in the thread: 2 s
+        assert answer.error_code == 0
         assert scrape(server.metrics_url)[in_thread] == 1
         for _ in range(70):  # in the thread until 64 in a row were quick, then on the loop
             assert client.request(request).error_code == 0
@@ -264,16 +272,69 @@ def test_a_slow_prefetch_holds_up_no_answer_of_the_block_before_it(tmp_path: Pat
     ):
         # The 901st sets the prefetch off; the 99 after it are answered before its sync ends.
         assert [client.request(request).producer_id for _ in range(1000)] == list(range(1000))
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as waiting:
-            waiting.sendall(encode_request(request, 1, "t"))
-            assert client.request(requests.api_versions()).error_code == 0
-            assert select.select([waiting], [], [], 0)[0] == [], "answered before its grant"
-            decoder, frames = FrameDecoder(), list[bytes]()
-            while not frames:
-                frames = decoder.feed(waiting.recv(65536))
-        answer = decode_response(frames[0], request.__api_key__, request.__version__)
+        answer = _answered_after_its_sync(server, client, request)
         assert (answer.error_code, answer.producer_id) == (0, 1000)
         assert scrape(server.metrics_url)["pidctl_log_commits_in_thread_total"] == 1
+
+
+def _log_thread(pid: int) -> int:
+    """The thread id of the server's log thread: its one thread besides the main one that
+    trio did not start (trio names its workers; Python 3.11 names no thread of ours)."""
+    ours = [
+        int(task.name)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        if int(task.name) != pid and (task / "comm").read_text().strip() == "python"
+    ]
+    assert len(ours) == 1, ours
+    return ours[0]
+
+
+def test_a_failed_sync_in_the_log_thread_stops_the_server_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """The commit nobody waits for, the pool's prefetch, runs in the log's thread: there its
+    fdatasync fails, for real (strace attached to that thread alone, its first one made to
+    return EIO). The server stops as for any failed sync; every PID it acknowledged is in
+    the log after a restart, and none is handed out again."""
+    data_dir = tmp_path / "d"
+    server = ServerProcess(data_dir).start()
+    acked = Acknowledged()
+    try:
+        assert server.proc is not None
+        tracer = subprocess.Popen(
+            [
+                "strace",
+                "-p",
+                str(_log_thread(server.proc.pid)),
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=fdatasync",
+                "-e",
+                "inject=fdatasync:error=EIO:when=1",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert tracer.stderr is not None
+        assert "attached" in tracer.stderr.readline()  # (strace says so once it is)
+        request = requests.init_producer_id(None)
+        with contextlib.suppress(ConnectionError, OSError), SyncClient(server.bootstrap) as c:
+            for _ in range(2000):  # (the server stops before the 1000th)
+                answer = c.request(request)
+                if answer.error_code:
+                    break
+                acked.pids.append(answer.producer_id)
+        assert server.proc.wait(60) == StorageFailed.exit_code
+        tracer.wait(30)
+    finally:
+        server.kill()
+    # The prefetch at 900 failed, and the server went down: what it answered meanwhile was
+    # of block 0 (the answer that set the prefetch off among them), nothing of block 1.
+    assert acked.pids == list(range(len(acked.pids))) and 900 < len(acked.pids) <= 1000
+    [failed] = [e for e in server.events if e.get("event") == "storage_failed"]
+    assert failed["operation"] == "fdatasync"
+    _restart_and_check(data_dir, acked)
 
 
 def test_a_disk_slow_every_65th_sync_holds_the_event_loop_up_twice_not_for_ever(
