@@ -65,8 +65,9 @@ def client_id_of(raw: bytes) -> str:
     """A request header's client id as Kafka reads it: UTF-8, with each sequence that is not
     UTF-8 replaced by U+FFFD, as Java's ``new String(bytes, UTF_8)`` does. Kafka answers a
     request whatever bytes its client id holds (checked against Kafka 4.4.0: the
-    conformance case ``header-client-id-not-utf8``), so pidctl does too; the id is only ever named
-    (logs, metrics, a grant's record), never matched against anything a client sent."""
+    conformance case ``header-client-id-not-utf8``), so pidctl does too. Two ids that differ
+    only in such bytes read as one, as in Kafka: a quota per client id is theirs alike, and
+    a job key, which must name one app, refuses U+FFFD (``controller/core/jobs.py``)."""
     if raw.isascii():
         return raw.decode("ascii")
     return raw.decode("utf-8", "replace")
@@ -87,9 +88,9 @@ def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int
 def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int] | None:
     """The header every client sends, read without kio's header entity (an object of its
     own per request): v1 or v2, a client id (:func:`client_id_of`) or none, and for v2 its
-    tagged fields skipped.
-    None for anything else, which :func:`_parse_with_kio` reads (or refuses) as before; the
-    tests check both give the same for every header."""
+    tagged fields skipped. None for a frame shorter than a header, or a client id's length that is negative (but -1) or runs
+    past the frame, which :func:`_parse_with_kio` then refuses. The tests check it reads
+    what kio reads, but for the client ids and tagged fields kio refuses and Kafka does not."""
     if len(frame) < REQUEST_HEADER_START.size:
         return None
     api_key, api_version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
@@ -104,7 +105,7 @@ def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int]
         client_id = client_id_of(frame[start:end])
     if version == 2:
         after = _after_tagged_fields(frame, end)
-        if after is None:  # (kio would refuse a tag it does not know first: say why here)
+        if after is None:  # (kio would say it knows no such tag: the fault is elsewhere)
             raise DecodeError("request header: tagged fields past the end of the frame")
         end = after
     return RequestHeader(api_key, api_version, correlation_id, client_id, version), end
