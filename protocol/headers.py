@@ -88,9 +88,10 @@ def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int
 def _parse_usual_header(frame: bytes, version: int) -> tuple[RequestHeader, int] | None:
     """The header every client sends, read without kio's header entity (an object of its
     own per request): v1 or v2, a client id (:func:`client_id_of`) or none, and for v2 its
-    tagged fields skipped. None for a frame shorter than a header, or a client id's length that is negative (but -1) or runs
-    past the frame, which :func:`_parse_with_kio` then refuses. The tests check it reads
-    what kio reads, but for the client ids and tagged fields kio refuses and Kafka does not."""
+    tagged fields skipped. None for a frame shorter than a header, or a client id's length
+    that is negative (but -1) or runs past the frame, which :func:`_parse_with_kio` then
+    refuses. The tests check it reads what kio reads, but for the client ids and tagged
+    fields kio refuses and Kafka does not."""
     if len(frame) < REQUEST_HEADER_START.size:
         return None
     api_key, api_version, correlation_id, length = REQUEST_HEADER_START.unpack_from(frame)
