@@ -259,8 +259,9 @@ class Metrics:
         )
         self.commits_in_thread = LoopCounter(
             "pidctl_log_commits_in_thread",
-            "Group commits run in the log's thread rather than on the event loop, because the "
-            "sync before each took log_inline_sync_max_ms or more.",
+            "Group commits run in the log's thread rather than on the event loop: after a "
+            "sync that took log_inline_sync_max_ms or more, or because no answer waits for "
+            "them (the grant of a block InitProducerId's pool prefetches).",
             registry=r,
         )
         self.slow_commits_on_loop = LoopCounter(
