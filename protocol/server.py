@@ -271,17 +271,18 @@ class ServerConnection:
     def _decode(self, frame: bytes) -> Event:
         try:
             request = decode_request(frame, self.supported, self.max_entries)
-        except UnsupportedApiVersionsVersion as e:
-            return AnswerReady(e.header, unsupported_version_response(self.supported))
-        except TooManyEntries as e:
+        # (A name per clause: compiled, each name has one type in the whole function.)
+        except UnsupportedApiVersionsVersion as unsupported:
+            return AnswerReady(unsupported.header, unsupported_version_response(self.supported))
+        except TooManyEntries as too_many:
             if not self._authenticated:
                 return ConnectionClosed(
                     "unauthenticated_request",
-                    f"API key {e.header.api_key} before SASL authentication",
+                    f"API key {too_many.header.api_key} before SASL authentication",
                 )
-            return OversizedRequest(e.header, e.entries, e.limit)
-        except ProtocolViolation as e:
-            return ConnectionClosed("protocol_error", str(e))
+            return OversizedRequest(too_many.header, too_many.entries, too_many.limit)
+        except ProtocolViolation as violation:
+            return ConnectionClosed("protocol_error", str(violation))
         if not self._authenticated:
             if request.api_key not in ALLOWED_BEFORE_AUTHENTICATION:
                 return ConnectionClosed(

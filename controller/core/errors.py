@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class PidctlError(Exception):
     """An error the operator can act on (a refusal, a bad setting, a failing disk), never a
@@ -9,10 +11,11 @@ class PidctlError(Exception):
     :attr:`exit_code`. Each subclass says its own status and, if the message alone leaves
     it unsaid, what the line starts with; the command line copies nothing per error."""
 
+    # (Class variables, said so: compiled, an annotated attribute is an instance's.)
     #: The command's exit status when this error ends it (1: refused or failed).
-    exit_code: int = 1
+    exit_code: ClassVar[int] = 1
     #: Put before each line of the message (what the error is about, if it does not say).
-    line_prefix: str = ""
+    line_prefix: ClassVar[str] = ""
 
     def cli_lines(self) -> list[str]:
         """What ``pidctl`` prints, each after ``pidctl: `` (one line but for a list of

@@ -30,8 +30,8 @@ class DiskThread:
     def __init__(self, name: str) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
+        self._worker = threading.Thread(target=self._work, name=name, daemon=True)
+        self._worker.start()
 
     async def call(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in the thread: its result, or its exception raised here.
@@ -51,7 +51,7 @@ class DiskThread:
     def close(self) -> None:
         """Let the thread finish the job it has (if any) and end."""
         self._jobs.put(None)
-        self._thread.join()
+        self._worker.join()
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:

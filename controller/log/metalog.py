@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import mypy_extensions
 import structlog
 import trio
 
@@ -89,6 +90,8 @@ RESERVATION_RETRY_MAX_S = 1.0
 _FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 
 
+# Compiled (ops/compiled.py), and subclassed by what is not.
+@mypy_extensions.mypyc_attr(allow_interpreted_subclasses=True)
 class CommitListener:
     """The one the log tells what it has done, and the only one: as Kafka's metadata
     publishers, it sees only what is persisted. Each method is called on the event loop, in

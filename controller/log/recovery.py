@@ -285,16 +285,16 @@ def rebuild_state(contents: LogContents) -> tuple[ControllerState, int]:
     if contents.snapshot_state is not None:
         try:
             state = ControllerState.from_snapshot(contents.snapshot_state)
-        except (KeyError, TypeError, ValueError) as e:
-            raise LogCorruption(f"{contents.snapshot_path}: bad snapshot state ({e})") from e
+        except (KeyError, TypeError, ValueError) as bad:
+            raise LogCorruption(f"{contents.snapshot_path}: bad snapshot state ({bad})") from bad
     else:
         state = ControllerState()
     replayed = 0
     for entry in contents.entries(from_offset=contents.snapshot_offset):
         try:
             state.replay(entry.offset, entry.record)
-        except InvariantViolation as e:
-            raise LogCorruption(f"invariant broken: {e}") from e
+        except InvariantViolation as broken:
+            raise LogCorruption(f"invariant broken: {broken}") from broken
         replayed += 1
     return state, replayed
 

@@ -195,8 +195,8 @@ class Admission:
             with trio.move_on_after(self.settings.frame_timeout_ms / 1000) as handshake:
                 try:
                     await tls.do_handshake()
-                except (trio.BrokenResourceError, ssl.SSLError) as e:
-                    failure = str(e)
+                except (trio.BrokenResourceError, ssl.SSLError) as broken:
+                    failure = str(broken)
             if handshake.cancelled_caught:
                 failure = "no TLS handshake in time"
             if failure is not None:
@@ -206,8 +206,8 @@ class Admission:
                 return
             try:
                 certified = principal_from_certificate(tls.getpeercert(True))
-            except BadCertificate as e:  # verified by OpenSSL, so not expected: refuse
-                log.warning("client certificate unreadable", peer=info.peer, reason=str(e))
+            except BadCertificate as bad:  # verified by OpenSSL, so not expected: refuse
+                log.warning("client certificate unreadable", peer=info.peer, reason=str(bad))
                 self.metrics.authentication_failures.labels("TLS").inc()
                 await trio.aclose_forcefully(tcp)
                 return

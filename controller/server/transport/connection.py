@@ -232,18 +232,22 @@ class ConnectionServer:
             if not connection.has_pending_requests:
                 if live.stopping:
                     return "shutdown"
+                parked = poller is not None and plain is not None and self._may_park(live)
                 live.reading = True
                 try:
-                    if poller is not None and plain is not None and self._may_park(live):
+                    if parked:
+                        assert poller is not None and plain is not None
                         decided = await self._park(poller, live, outbox, plain, info)
-                        if decided is None:
-                            continue  # the outbox is full or broke, or the poller stopped
                     else:
                         self._received(connection, await io.receive_some(RECEIVE_BYTES))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return "broken"
                 finally:
                     live.reading = False
+                # (After the try, not in it: mypyc cannot compile a continue in a finally's
+                # try; see ops/compiled.py.)
+                if parked and decided is None:
+                    continue  # the outbox is full or broke, or the poller stopped
             else:
                 # More requests from one read than a round takes: the other connections run
                 # between this one's rounds (a read would have been the wait; an answer sent
