@@ -46,6 +46,12 @@ ensure_debian_packages() {
     # util-linux (essential on Debian): TEST_USER_SERVER=start's server dies with the run.
     command -v setpriv >/dev/null || missing+=(util-linux)
     command -v valgrind >/dev/null || missing+=(valgrind)  # ops.bench.instructions (callgrind)
+    # A C compiler and Python's headers: the compiled build (ops/compiled.py, mypyc) and the
+    # benchmarks' load generator (ops/bench/loadgen.c).
+    command -v cc >/dev/null || missing+=(gcc libc6-dev)
+    local include
+    include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    [[ -f "$include/Python.h" ]] || missing+=(python3-dev)
     # PostgreSQL's JDBC driver: the Spark sink's write_sql path and its df.write.jdbc baseline.
     [[ -f /usr/share/java/postgresql.jar ]] || missing+=(libpostgresql-jdbc-java)
     if (( ${#missing[@]} )); then
@@ -112,6 +118,10 @@ case "$command" in
         "$venv/bin/ruff" check .
         "$venv/bin/ruff" format --check .
         type_check
+        # The suite runs pidctl compiled, as the image ships it (ops/compiled.py: built into
+        # build/ on first use and again after a source changed, two minutes on two cores).
+        compiled="$("$venv/bin/python" -m ops.compiled)"
+        export PYTHONPATH="$compiled${PYTHONPATH:+:$PYTHONPATH}" TEST_BUILD=compiled
         status=0
         # Two workers: the suite waits on servers, JVMs and databases some of the time (a
         # third made the Spark modules twice as slow: their JVMs need the cores), and it must

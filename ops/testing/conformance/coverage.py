@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
-import textwrap
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -98,12 +97,21 @@ UNREACHABLE: dict[tuple[ApiKey, int], str] = {
 }
 
 
-def _resolve(qualified: str) -> Any:
-    module_name, _, path = qualified.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in path.split("."):
-        target = getattr(target, part)
-    return target
+def _definitions(module_name: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The module's functions and methods written in its file, by their qualified names,
+    read from its source: compiled (ops/compiled.py), a function has no code to inspect,
+    and its module's ``.py`` file stays beside the extension."""
+    file = Path(importlib.import_module(module_name).__file__ or "")
+    tree = ast.parse(file.with_name(file.name.split(".")[0] + ".py").read_text())
+    found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for member in node.body:
+                if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef):
+                    found[f"{node.name}.{member.name}"] = member
+    return found
 
 
 def _error_code_of(value: Any) -> ErrorCode | None:
@@ -113,12 +121,12 @@ def _error_code_of(value: Any) -> ErrorCode | None:
     return error if isinstance(error, ErrorCode) else None
 
 
-def _codes(function: Any) -> set[int]:
-    """The error codes a function's own code names."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    names = vars(inspect.getmodule(function))
+def _codes(qualified: str) -> set[int]:
+    """The error codes a function's own code names (``module:Class.method``)."""
+    module_name, _, name = qualified.partition(":")
+    names = vars(importlib.import_module(module_name))
     codes: set[int] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_definitions(module_name)[name]):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
@@ -136,7 +144,7 @@ def error_codes_by_api() -> dict[ApiKey, set[int]]:
     """Per API, every error code pidctl's code can answer it with (0, NONE, always), less
     what :data:`UNREACHABLE` explains."""
     found = {
-        api: {ErrorCode.none.value}.union(*(_codes(_resolve(f)) for f in functions))
+        api: {ErrorCode.none.value}.union(*(_codes(f) for f in functions))
         for api, functions in DECIDERS.items()
     }
     for api in responses.REFUSALS:  # Controller.handle's refusal of a record too large
@@ -146,31 +154,15 @@ def error_codes_by_api() -> dict[ApiKey, set[int]]:
     return found
 
 
-def _functions(module: Any) -> Iterator[tuple[str, Any]]:
-    """The module's functions and methods written in its file (not a dataclass's own)."""
-
-    def written_here(function: Any) -> bool:
-        return inspect.isfunction(function) and function.__code__.co_filename == module.__file__
-
-    for name, value in vars(module).items():
-        if written_here(value):
-            yield name, value
-        elif inspect.isclass(value) and value.__module__ == module.__name__:
-            for attribute, member in vars(value).items():
-                if written_here(member):
-                    yield f"{name}.{attribute}", member
-
-
 def unlisted_deciders() -> list[str]:
     """Functions of :data:`DECIDING_MODULES` that name an error code (other than NONE) and
     are neither in :data:`DECIDERS` nor in :data:`NOT_THESE_APIS`."""
     listed = {f for functions in DECIDERS.values() for f in functions} | set(NOT_THESE_APIS)
     unlisted = []
     for module_name in DECIDING_MODULES:
-        module = importlib.import_module(module_name)
-        for name, function in _functions(module):
+        for name in _definitions(module_name):
             qualified = f"{module_name}:{name}"
-            if qualified not in listed and _codes(function) - {ErrorCode.none.value}:
+            if qualified not in listed and _codes(qualified) - {ErrorCode.none.value}:
                 unlisted.append(qualified)
     return unlisted
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+import trio
 
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.datadir import StorageFailed
@@ -18,7 +20,8 @@ from pidctl.controller.server.after_commit import AfterCommit
 from pidctl.controller.server.telemetry import logs
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.http import HttpEndpoint
-from pidctl.controller.server.transport.outbox import Outboxes
+from pidctl.controller.server.transport.outbox import Outbox, Outboxes, Timings
+from pidctl.controller.server.transport.socket_io import SocketIO
 
 
 @pytest.fixture
@@ -60,21 +63,32 @@ def test_a_grant_has_its_line_and_count_once_its_commit_is_durable(audit: io.Str
 
 
 def test_the_audit_lines_come_before_the_answers_are_sent(audit: io.StringIO) -> None:
+    """An answer held for the grant's commit, written to a real socket: when it is sent,
+    the grant's audit line is written already."""
     metrics = Metrics()
     after = AfterCommit(metrics, HttpEndpoint(metrics, 1))
     seen: list[tuple[str, int]] = []
 
-    class Watched(Outboxes):
-        def send_durable(self, durable_end: int) -> None:
-            seen.append(("sent", len(lines(audit))))
-
     class NoLog:
         durable_end = 0
 
-    after.outboxes = Watched(NoLog(), lambda *_: None)  # type: ignore[arg-type]
-    after.applied(0, grant(0))
-    after.committed(1)
-    assert seen == [("sent", 1)]
+        def awaited(self, offset: int) -> None:
+            pass
+
+    def sent(size: int, timings: Timings) -> None:
+        seen.append(("sent", len(lines(audit))))
+
+    after.outboxes = Outboxes(NoLog(), sent)  # type: ignore[arg-type]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setblocking(False)
+        outbox = Outbox(SocketIO(trio.SocketStream(trio.socket.from_stdlib_socket(ours))))
+        after.outboxes.post(outbox, 0, b"answer", [("allocate_producer_ids", 0.0)])
+        assert seen == []  # held for offset 0
+        after.applied(0, grant(0))
+        after.committed(1)
+        assert seen == [("sent", 1)]
+        assert theirs.recv(100) == b"answer"
 
 
 def test_a_storage_failure_makes_the_server_not_ready(tmp_path: Path) -> None:

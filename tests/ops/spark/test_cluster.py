@@ -201,12 +201,19 @@ def _ran_on(cluster: SparkCluster, before: int) -> None:
 def test_environments_have_pidctl_only_where_installed(packages: Packages) -> None:
     """The premise of the cluster tests: the workers' Python lacks pidctl; the wheel's venv
     imports it from its own site-packages; the zip is importable from PYTHONPATH."""
+    # Without the suite's PYTHONPATH, as the cluster's daemons run (it may hold the compiled
+    # build: ops/compiled.py).
+    unset = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     bare = subprocess.run(
-        [packages.bare_python, "-c", "import pidctl.spark"], capture_output=True, text=True
+        [packages.bare_python, "-c", "import pidctl.spark"],
+        capture_output=True,
+        text=True,
+        env=unset,
     )
     assert "No module named 'pidctl'" in bare.stderr
     where = subprocess.run(
         [packages.wheel_python, "-c", "import pidctl.spark.sink as m; print(m.__file__)"],
+        env=unset,
         check=True,
         capture_output=True,
         text=True,

@@ -1,0 +1,163 @@
+"""pidctl compiled: its request path's modules compiled to C extensions by mypyc.
+
+    python -m ops.compiled [--into DIR]
+
+prints the directory of a complete pidctl package tree (every ``.py`` file of what ships,
+and beside the modules listed in :data:`COMPILED` their extension modules, which Python
+imports instead): put it first on ``PYTHONPATH`` and ``pidctl`` is the compiled build. The
+source stays the only truth: the same typed Python, which mypy already checks strictly, is
+what mypyc compiles, and an installed pidctl without the extensions runs it as it is.
+
+Why: the benchmarks (issue 34) put each request's cost in Python's interpretation of our own
+code (dispatch, attribute lookups, the objects of every step): compiled, a request costs
+30-45 % fewer instructions (docs/bench-request-path.md). It is built from the checkout by
+the tests (``ops/dev.sh test``), the benchmarks and the Docker image, so what is tested and
+measured is what ships.
+
+Without ``--into`` the tree is built under ``build/compiled-<hash>/`` (ignored by git), the
+hash taken over every shipped source file, the module list, mypyc's version and the
+interpreter: an unchanged checkout reuses it, a changed one is built again (two minutes
+on two cores). ``--into DIR`` builds into DIR (the Docker image's build stage). It needs a
+C compiler and mypy (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The shipped packages: the name under ``pidctl`` and the folder in the checkout (as
+#: pyproject.toml's package-dir maps them).
+PACKAGES = {
+    "protocol": "protocol",
+    "controller": "controller",
+    "client": "ops/client",
+    "broker": "ops/broker",
+    "spark": "ops/spark",
+}
+
+#: The folders whose modules are compiled: everything a request goes through, from the
+#: socket to the log and back. The command line, settings, the fleet, SASL and the client
+#: libraries run at start-up or rarely, and stay interpreted.
+COMPILED = (
+    "protocol",
+    "controller/core",
+    "controller/api",
+    "controller/log",
+    "controller/server",
+    "controller/server/transport",
+    "controller/server/telemetry",
+)
+
+#: Modules of those folders mypyc cannot compile correctly (mypy 2.4), interpreted:
+#: - records.py: mypyc's dataclasses lose ``ClassVar``, so each record's ``TYPE`` became a
+#:   field with a default ("non-default argument follows default argument" at import);
+#: - telemetry/logs.py: one assignment to several names in a class body (structlog's
+#:   logger methods, all ``msg``) is not supported.
+INTERPRETED = ("controller/core/records.py", "controller/server/telemetry/logs.py")
+
+
+def compiled_sources() -> list[str]:
+    """The checkout's paths of the modules compiled, relative to the root."""
+    paths = []
+    for folder in COMPILED:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative not in INTERPRETED:
+                paths.append(relative)
+    return paths
+
+
+def _shipped_files() -> list[Path]:
+    return sorted(
+        path
+        for folder in PACKAGES.values()
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".typed") and "__pycache__" not in path.parts
+    )
+
+
+def _digest() -> str:
+    import mypy.version
+
+    h = hashlib.sha256()
+    h.update(f"{mypy.version.__version__} {sys.version} {sysconfig.get_platform()}\n".encode())
+    h.update(" ".join(compiled_sources()).encode())
+    for path in _shipped_files():
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _tree_name(checkout_path: str) -> str:
+    """Where a checkout path goes in the package tree (``controller/x.py`` ->
+    ``pidctl/controller/x.py``)."""
+    for name, folder in PACKAGES.items():
+        if checkout_path == folder or checkout_path.startswith(folder + "/"):
+            return f"pidctl/{name}{checkout_path[len(folder) :]}"
+    raise ValueError(f"{checkout_path} is not in a shipped package")
+
+
+def build(into: Path) -> None:
+    """Copy the shipped packages into ``into/pidctl`` and compile :data:`COMPILED` there."""
+    for path in _shipped_files():
+        target = into / _tree_name(path.relative_to(ROOT).as_posix())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    sources = [_tree_name(path) for path in compiled_sources()]
+    # mypyc builds in the tree: each extension beside its module, the runtime they share
+    # at the top (where the tree's directory on sys.path finds it).
+    result = subprocess.run(
+        [sys.executable, "-m", "mypyc", "--config-file", str(ROOT / "pyproject.toml"), *sources],
+        cwd=into,
+        env={**os.environ, "MYPYPATH": str(into)},
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        sys.exit(f"mypyc failed:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
+    shutil.rmtree(into / "build")  # its C sources and objects
+    shutil.rmtree(into / ".mypy_cache", ignore_errors=True)
+
+
+def tree() -> Path:
+    """The compiled build of this checkout, built now unless built already."""
+    path = ROOT / "build" / f"compiled-{_digest()}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Built under a temporary name, then renamed: two builds at once never leave a half
+        # tree under the final name.
+        temporary = Path(tempfile.mkdtemp(dir=path.parent, prefix=".compiled-"))
+        try:
+            build(temporary)
+            temporary.rename(path)
+        except OSError:
+            if not path.exists():
+                raise
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m ops.compiled", description=__doc__)
+    parser.add_argument("--into", type=Path, help="build here (default: build/compiled-HASH)")
+    args = parser.parse_args()
+    if args.into is not None:
+        args.into.mkdir(parents=True, exist_ok=True)
+        build(args.into)
+        print(args.into)
+    else:
+        print(tree())
+
+
+if __name__ == "__main__":
+    main()

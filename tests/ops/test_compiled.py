@@ -1,0 +1,63 @@
+"""The compiled build (ops/compiled.py): that the suite runs the build it says it runs, and
+the rules mypyc's compilation needs of the source."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import importlib
+import importlib.machinery
+import os
+
+from ops import compiled
+
+
+def _module_name(path: str) -> str:
+    name = compiled._tree_name(path).removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def test_the_suite_imports_the_build_it_runs() -> None:
+    """``ops/dev.sh test`` runs the suite on the compiled build (TEST_BUILD=compiled, the tree
+    first on PYTHONPATH): every module listed is then an extension module, so every test of
+    it tests what ships. Run otherwise, every one is its source."""
+    expect_compiled = os.environ.get("TEST_BUILD") == "compiled"
+    sources = compiled.compiled_sources()
+    assert len(sources) > 40
+    for path in sources:
+        module = importlib.import_module(_module_name(path))
+        file = module.__file__ or ""
+        is_extension = file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        assert is_extension == expect_compiled, f"{module.__name__}: {file}"
+    for path in compiled.INTERPRETED:
+        assert (importlib.import_module(_module_name(path)).__file__ or "").endswith(".py")
+
+
+def test_an_exception_name_has_one_type_per_function() -> None:
+    """Compiled, a local name has one type in its whole function: ``except A as e`` and
+    ``except B as e`` in one function make raising B a TypeError at run time (mypy allows
+    it: it types each clause's name apart)."""
+    problems = []
+    for path in compiled.compiled_sources():
+        tree = ast.parse((compiled.ROOT / path).read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            types = collections.defaultdict(set)
+            for node in ast.walk(function):
+                if isinstance(node, ast.ExceptHandler) and node.name and node.type:
+                    types[node.name].add(ast.unparse(node.type))
+            problems += [
+                f"{path}:{function.lineno} {function.name}: {name} is {' and '.join(sorted(t))}"
+                for name, t in types.items()
+                if len(t) > 1
+            ]
+    assert problems == []
+
+
+def test_every_compiled_module_is_shipped_and_named_as_installed() -> None:
+    assert _module_name("controller/core/blocks.py") == "pidctl.controller.core.blocks"
+    assert _module_name("protocol/__init__.py") == "pidctl.protocol"
+    for path in compiled.compiled_sources():
+        assert (compiled.ROOT / path).is_file()
+        assert _module_name(path).startswith("pidctl.")
