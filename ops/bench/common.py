@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ops import compiled
 from ops.testing.serverproc import without_hypothesis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +42,25 @@ def first_overlap(blocks: Iterable[tuple[int, int]]) -> tuple[int, int] | None:
         if a + a_length > b:
             return a, b
     return None
+
+
+#: ``--build``: which pidctl the processes a benchmark starts run.
+BUILDS = ("compiled", "interpreted")
+
+
+def use_build(build: str) -> str:
+    """Make every process this benchmark starts (the servers, and the ceiling, which shares
+    pidctl's framing) run pidctl's ``compiled`` build, as the image ships it
+    (:mod:`ops.compiled`, built now if this checkout has not been), or the ``interpreted``
+    checkout as it is; returns what the results record. The benchmark's own process is
+    not changed: it only drives and reads."""
+    if build == "interpreted":
+        return build
+    tree = str(compiled.tree())
+    path = os.environ.get("PYTHONPATH", "")
+    if tree not in path.split(os.pathsep):  # (ops/dev.sh test has put it there already)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, path]))
+    return f"compiled ({Path(tree).name})"
 
 
 def exit_on_sigterm() -> None:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ops.bench.common import ROOT, ceiling_process, exit_on_sigterm, run_json
+from ops.bench.common import BUILDS, ROOT, ceiling_process, exit_on_sigterm, run_json, use_build
 from ops.bench.suite import STORM_LIMITS
 from ops.testing.serverproc import ServerProcess, wait_until
 
@@ -113,8 +113,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle", action="store_true", help="keep idle threads' samples")
     parser.add_argument("--ceiling", action="store_true", help="profile the baseline instead")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--build",
+        choices=BUILDS,
+        default="interpreted",
+        help="interpreted (default: py-spy reads Python's frames, not a compiled module's)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
     args = parser.parse_args(argv)
+    use_build(args.build)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         parser.error("py-spy is not installed (pip install 'pidctl[bench]')")

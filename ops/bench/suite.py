@@ -65,7 +65,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ops.bench import cloadgen
-from ops.bench.common import ROOT, ceiling_process, exit_on_sigterm, rss_kib, run_json
+from ops.bench.common import (
+    BUILDS,
+    ROOT,
+    ceiling_process,
+    exit_on_sigterm,
+    rss_kib,
+    run_json,
+    use_build,
+)
 from ops.bench.core import append_history, build_history, disk_rate, time_restart
 from ops.bench.stalls import stall_probe
 from ops.testing.coordination import ZOOKEEPER, ZooKeeperProcess
@@ -679,6 +687,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f" ({CURVE_CONNECTIONS[-1]} connections), --storm {SHORT['storm']},"
         f" --transactional-ids {SHORT['transactional_ids']} (figures not to be quoted)",
     )
+    parser.add_argument(
+        "--build",
+        choices=BUILDS,
+        default="compiled",
+        help="pidctl as the image ships it (default), or the checkout interpreted",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
     args = parser.parse_args(argv)
     args.points = CURVE_CONNECTIONS
@@ -688,7 +702,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     configure_logging("console", "warning")  # the in-process log builders stay quiet
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"seconds_per_run": args.seconds, "hog": args.hog, "rows": []}
+    build = use_build(args.build)
+    print(f"pidctl: {build}", flush=True)
+    results: dict[str, Any] = {
+        "seconds_per_run": args.seconds,
+        "hog": args.hog,
+        "build": build,
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name, cpu_hog(args.hog):
         run = Run(args, Path(tmp_name), results["rows"])
         rows = all_rows()

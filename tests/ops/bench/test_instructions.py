@@ -36,7 +36,8 @@ def test_a_row_counts_both_servers_instructions_per_request(
         figures["ceiling"]["instructions_per_request"]
         / figures["pidctl"]["instructions_per_request"]
     )
-    line = capsys.readouterr().out
+    build, line = capsys.readouterr().out.splitlines()
+    assert build.startswith("pidctl: ")  # which build it measured
     assert line.startswith("idempotent-16x1") and "ratio" in line
     assert not list(kept.rglob("*.log"))  # the data dir is not kept
     # Its temporary directory (the servers' data) is gone.
