@@ -2,7 +2,7 @@
 counter going back, at random points under mixed load.
 
     python -m ops.bench.faults [--kills 1000] [--faults 100] [--flips 100] [--regressions 20]
-                               [--episode 20] [--seed 1]
+                               [--episode 20] [--seed 1] [--build compiled|interpreted]
 
 Each episode is one data dir that lives through ``--episode`` cycles. A cycle starts the real
 ``pidctl serve`` on it (a failed start counts as a failed restart), loads it with brokers
@@ -23,7 +23,9 @@ taken at a random moment, the load going on; the counter put back (as an operato
 after the alert), both SIGKILLed and restarted. Every PID either controller acknowledged is
 checked against the other's: none twice.
 
-Prints one JSON object; exits 1 unless lost, twice and failed restarts are all 0.
+The servers run pidctl compiled, as the image ships it (``ops/compiled.py``; ``--build
+interpreted``: the checkout as it is). Prints one JSON object; exits 1 unless lost, twice
+and failed restarts are all 0.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import first_overlap
+from ops.bench.common import BUILDS, first_overlap, use_build
 from ops.testing.coordination import EtcdProcess
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
@@ -348,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--episode", type=int, default=20, help="cycles per data dir")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--build",
+        choices=BUILDS,
+        default="compiled",
+        help="pidctl as the image ships it (default), or the checkout interpreted",
+    )
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         print("faults: strace is needed (apt-get install strace)", file=sys.stderr)
@@ -355,11 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.regressions and shutil.which("etcd") is None:
         print("faults: etcd is needed (apt-get install etcd-server)", file=sys.stderr)
         return 2
+    build = use_build(args.build)
     started = time.monotonic()
     tally = Tally()
     run(args.kills, args.faults, args.flips, args.episode, args.seed, tally)
     run_fleet(args.regressions, args.seed, tally)
     result: dict[str, Any] = {
+        "build": build,
         "seconds": round(time.monotonic() - started, 1),
         **{k: v for k, v in vars(tally).items() if k != "problems"},
         "problems": tally.problems[:20],

@@ -2,6 +2,7 @@
 valgrind's callgrind, loaded by the compiled load generator.
 
     python -m ops.bench.instructions [ROW ...] [--seconds 4] [--repeat 1] [--keep DIR]
+                                     [--build compiled|interpreted]
 
 ROW is one of the suite's throughput rows (idempotent-16x1, idempotent-16x8,
 allocate-durable-16x1, transactional-16x1; all four by default). For each, the framing

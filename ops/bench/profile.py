@@ -2,6 +2,7 @@
 
     python -m ops.bench.profile ROW [--seconds 5] [--storm 10000] [--gil] [--native] [--idle]
                                     [--ceiling] [--top 25] [--out ops/bench/results]
+                                    [--build interpreted|compiled]
 
 ROW is one of the suite's throughput rows (idempotent-16x1, idempotent-16x8,
 allocate-durable-16x1, transactional-16x1) or storm. py-spy (the ``bench`` extra) samples

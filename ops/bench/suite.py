@@ -1,9 +1,12 @@
 """Every benchmark scenario with its baselines, in one run: a table, a JSON file and charts.
 
     python -m ops.bench.suite [--seconds 3] [--rounds 1] [--only ROW[,ROW]] [--hog]
-                              [--out ops/bench/results]
+                              [--build compiled|interpreted] [--out ops/bench/results]
 
-Each row is a ratio to a baseline measured in the same run, on the same machine. The rows of
+Each row is a ratio to a baseline measured in the same run, on the same machine. pidctl
+runs compiled, as the image ships it (``ops/compiled.py``, built on first use), unless
+``--build interpreted``; the ceiling runs with the same ``PYTHONPATH`` (it shares pidctl's
+framing). The rows of
 issue 17 (the request path), each runnable alone with ``--only``:
 
 - ``idempotent-16x1``, ``idempotent-16x8``: InitProducerId without a transactional id, 16
