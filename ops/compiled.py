@@ -17,7 +17,8 @@ measured is what ships.
 Without ``--into`` the tree is built under ``build/compiled-<hash>/`` (ignored by git), the
 hash taken over every shipped source file, the module list, mypyc's version and the
 interpreter: an unchanged checkout reuses it, a changed one is built again (two minutes
-on two cores). ``--into DIR`` builds into DIR (the Docker image's build stage). It needs a
+on two cores; the oldest trees are removed, :data:`KEEP_EARLIER` earlier ones kept).
+``--into DIR`` builds into DIR (the Docker image's build stage). It needs a
 C compiler and mypy (the ``test`` extra).
 """
 
@@ -128,8 +129,24 @@ def build(into: Path) -> None:
     shutil.rmtree(into / ".mypy_cache", ignore_errors=True)
 
 
+#: Trees of earlier checkouts kept besides the newest (9 MB each): a benchmark or a test run
+#: still going may be starting servers from one.
+KEEP_EARLIER = 2
+
+
+def prune(parent: Path, keep: int = KEEP_EARLIER) -> list[Path]:
+    """Remove all but the ``keep`` newest earlier trees in ``parent`` (by the time they were
+    built) besides the newest; what was removed."""
+    trees = sorted(parent.glob("compiled-*"), key=lambda tree: tree.stat().st_mtime)
+    removed = trees[: max(0, len(trees) - 1 - keep)]
+    for tree in removed:
+        shutil.rmtree(tree, ignore_errors=True)
+    return removed
+
+
 def tree() -> Path:
-    """The compiled build of this checkout, built now unless built already."""
+    """The compiled build of this checkout, built now unless built already (and then the
+    oldest earlier ones removed: :func:`prune`)."""
     path = ROOT / "build" / f"compiled-{_digest()}"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +161,7 @@ def tree() -> Path:
                 raise
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
+        prune(path.parent)
     return path
 
 

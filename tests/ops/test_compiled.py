@@ -8,6 +8,7 @@ import collections
 import importlib
 import importlib.machinery
 import os
+from pathlib import Path
 
 from ops import compiled
 
@@ -61,3 +62,22 @@ def test_every_compiled_module_is_shipped_and_named_as_installed() -> None:
     for path in compiled.compiled_sources():
         assert (compiled.ROOT / path).is_file()
         assert _module_name(path).startswith("pidctl.")
+
+
+def test_only_the_newest_trees_are_kept(tmp_path: Path) -> None:
+    """Each changed checkout builds a tree of its own: the newest and ``KEEP_EARLIER``
+    earlier ones stay (a run still going may start servers from one), older ones go."""
+    for age in range(5):  # compiled-0 the newest
+        tree = tmp_path / f"compiled-{age}"
+        (tree / "pidctl").mkdir(parents=True)
+        os.utime(tree, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "other").mkdir()  # not a tree: left alone
+    removed = compiled.prune(tmp_path, keep=2)
+    assert sorted(path.name for path in removed) == ["compiled-3", "compiled-4"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "compiled-0",
+        "compiled-1",
+        "compiled-2",
+        "other",
+    ]
+    assert compiled.prune(tmp_path, keep=2) == []
