@@ -1,5 +1,5 @@
-"""The compiled build (ops/compiled.py): that the suite runs the build it says it runs, and
-the rules mypyc's compilation needs of the source."""
+"""The compiled build (ops/compiled.py): that the suite runs the build it says it runs, the
+rules mypyc's compilation needs of the source, and which built trees are kept."""
 
 from __future__ import annotations
 
