@@ -32,18 +32,18 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The shipped packages: the name under ``pidctl`` and the folder in the checkout (as
-#: pyproject.toml's package-dir maps them).
+#: The shipped packages: the name under ``pidctl`` and the folder in the checkout, read from
+#: pyproject.toml's package-dir (the one place that maps them).
 PACKAGES = {
-    "protocol": "protocol",
-    "controller": "controller",
-    "client": "ops/client",
-    "broker": "ops/broker",
-    "spark": "ops/spark",
+    name.removeprefix("pidctl."): folder
+    for name, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].items()
 }
 
 #: The folders whose modules are compiled: everything a request goes through, from the
@@ -65,6 +65,10 @@ COMPILED = (
 #: - telemetry/logs.py: one assignment to several names in a class body (structlog's
 #:   logger methods, all ``msg``) is not supported.
 INTERPRETED = ("controller/core/records.py", "controller/server/telemetry/logs.py")
+
+
+class BuildFailed(RuntimeError):
+    """mypyc refused the sources (what it said is the message)."""
 
 
 def compiled_sources() -> list[str]:
@@ -124,7 +128,7 @@ def build(into: Path) -> None:
         text=True,
     )
     if result.returncode != 0:
-        sys.exit(f"mypyc failed:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
+        raise BuildFailed(f"mypyc failed:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
     shutil.rmtree(into / "build")  # its C sources and objects
     shutil.rmtree(into / ".mypy_cache", ignore_errors=True)
 
@@ -169,12 +173,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m ops.compiled", description=__doc__)
     parser.add_argument("--into", type=Path, help="build here (default: build/compiled-HASH)")
     args = parser.parse_args()
-    if args.into is not None:
-        args.into.mkdir(parents=True, exist_ok=True)
-        build(args.into)
-        print(args.into)
-    else:
-        print(tree())
+    try:
+        if args.into is not None:
+            args.into.mkdir(parents=True, exist_ok=True)
+            build(args.into)
+            print(args.into)
+        else:
+            print(tree())
+    except BuildFailed as e:
+        sys.exit(str(e))
 
 
 if __name__ == "__main__":
