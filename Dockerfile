@@ -23,7 +23,9 @@ COPY ops/__init__.py ops/compiled.py ./ops/
 COPY ops/client ./ops/client
 COPY ops/broker ./ops/broker
 COPY ops/spark ./ops/spark
-RUN pip install --no-cache-dir . "mypy==2.4.1" \
+# mypy's version is pinned by the compile extra (pyproject.toml), as for the tests.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[compile]" \
     && python -m ops.compiled --into /compiled
 
 FROM python:3.11-slim
