@@ -11,6 +11,7 @@ deciding modules that names an error code and is in no list, so a new path canno
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -97,6 +98,7 @@ UNREACHABLE: dict[tuple[ApiKey, int], str] = {
 }
 
 
+@functools.cache  # (a module is read once, not once per function asked of it)
 def _definitions(module_name: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
     """The module's functions and methods written in its file, by their qualified names,
     read from its source: compiled (ops/compiled.py), a function has no code to inspect,
