@@ -13,6 +13,17 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"  # not PIDCTL_*: those are all settings
 
+# pytest in TEST_WORKERS processes; its "no tests collected" (5) is a failure.
+run_pytest() {
+    local status=0
+    "$venv/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadscope "$@" || status=$?
+    if [[ $status -eq 5 ]]; then
+        echo "pytest collected no tests: that is a failure, not a pass" >&2
+        return 1
+    fi
+    return "$status"
+}
+
 ensure_venv() {
     local extras="$1" stamp="$venv/.installed$1"
     if [[ ! -x "$venv/bin/python" ]]; then
@@ -127,10 +138,14 @@ case "$command" in
         # third made the Spark modules twice as slow: their JVMs need the cores), and it must
         # pass on a busy machine. A module runs on one worker (loadscope): its fixtures (a
         # Spark cluster, a Kafka broker) start once, not once per worker.
-        "$venv/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadscope "$@" || status=$?
-        if [[ $status -eq 5 ]]; then
-            echo "pytest collected no tests: that is a failure, not a pass" >&2
-            exit 1
+        run_pytest "$@" || status=$?
+        if [[ $status -eq 0 && $# -eq 0 ]]; then
+            # The whole suite passed compiled. `ops/dev.sh serve` and a pip-installed pidctl
+            # run the same modules interpreted: their unit tests run once more that way (20 s),
+            # with the test that checks which build was imported.
+            interpreted_path="${PYTHONPATH#"$compiled"}"
+            PYTHONPATH="${interpreted_path#:}" TEST_BUILD=interpreted run_pytest \
+                tests/controller tests/protocol tests/ops/test_compiled.py || status=$?
         fi
         exit "$status"
         ;;
