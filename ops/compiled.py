@@ -60,11 +60,9 @@ COMPILED = (
 )
 
 #: Modules of those folders mypyc cannot compile correctly (mypy 2.4), interpreted:
-#: - records.py: mypyc's dataclasses lose ``ClassVar``, so each record's ``TYPE`` became a
-#:   field with a default ("non-default argument follows default argument" at import);
 #: - telemetry/logs.py: one assignment to several names in a class body (structlog's
 #:   logger methods, all ``msg``) is not supported.
-INTERPRETED = ("controller/core/records.py", "controller/server/telemetry/logs.py")
+INTERPRETED = ("controller/server/telemetry/logs.py",)
 
 
 class BuildFailed(RuntimeError):

@@ -27,6 +27,7 @@ from typing import Any
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.records import (
     RECORD_VERSION,
+    TYPE_IDS,
     ProducerIdsReserved,
     Record,
     RecordDecodeError,
@@ -63,7 +64,7 @@ def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
     """Frame one record for appending to a segment; :class:`RecordTooLarge` if replay could
     not read it back."""
     body = _HEADER.pack(
-        FRAME_FORMAT_VERSION, record.TYPE, RECORD_VERSION, offset, timestamp_ms
+        FRAME_FORMAT_VERSION, TYPE_IDS[type(record)], RECORD_VERSION, offset, timestamp_ms
     ) + encode_payload(record)
     if len(body) > MAX_RECORD_BYTES:
         raise RecordTooLarge(
@@ -72,16 +73,17 @@ def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
     return _PREFIX.pack(len(body), zlib.crc32(body)) + body
 
 
-#: Where an encoded entry's record type is.
+#: Where an encoded entry's record type is, and a reservation's.
 _TYPE_BYTE = _PREFIX.size + 1
+_RESERVED = TYPE_IDS[ProducerIdsReserved]
 
 
 def reservation_of(entry: bytes) -> int | None:
     """The reservation an encoded entry makes (a :class:`ProducerIdsReserved`), or None:
     how the log knows what to write to its reservation file from the bytes it is given."""
-    if entry[_TYPE_BYTE] != ProducerIdsReserved.TYPE:
+    if entry[_TYPE_BYTE] != _RESERVED:
         return None
-    record = decode_payload(ProducerIdsReserved.TYPE, entry[HEADER_BYTES:])
+    record = decode_payload(_RESERVED, entry[HEADER_BYTES:])
     assert isinstance(record, ProducerIdsReserved)
     return record.next_producer_id
 

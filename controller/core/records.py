@@ -1,8 +1,8 @@
 """Metadata records: the only things written to the log, and the only way state changes.
 
-Each record type is a frozen dataclass with a stable numeric type id. Its payload on disk is
-compact JSON of its fields (see ``docs/log-format.md``); adding an optional field is a
-compatible change, anything else bumps the record's version.
+Each record type is a frozen dataclass with a stable numeric type id (:data:`RECORD_TYPES`).
+Its payload on disk is compact JSON of its fields (see ``docs/log-format.md``); adding an
+optional field is a compatible change, anything else bumps the record's version.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import operator
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from pidctl.controller.core.json_encoding import object_encoder
 
@@ -23,7 +23,6 @@ from pidctl.controller.core.json_encoding import object_encoder
 class ClusterCreated:
     """First record of every log: fixes the cluster id for the data dir's lifetime."""
 
-    TYPE: ClassVar[int] = 1
     cluster_id: str
     node_id: int
 
@@ -37,7 +36,6 @@ def new_cluster_id() -> str:
 class BrokerRegistered:
     """A broker incarnation registered; its epoch is this record's offset (as in KRaft)."""
 
-    TYPE: ClassVar[int] = 2
     broker_id: int
     incarnation_id: str
     broker_epoch: int
@@ -49,7 +47,6 @@ class BrokerRegistered:
 class BrokerUnregistered:
     """A broker's registration was removed (UnregisterBroker)."""
 
-    TYPE: ClassVar[int] = 3
     broker_id: int
     broker_epoch: int
 
@@ -65,7 +62,6 @@ class ProducerIdsGranted:
     ``principal``/``client_id`` say over which connection it was asked for.
     """
 
-    TYPE: ClassVar[int] = 4
     broker_id: int
     broker_epoch: int
     first_producer_id: int
@@ -85,7 +81,6 @@ class TransactionalIdUpdated:
     """A transactional id's producer id and epoch after InitProducerId (Kafka's
     TransactionMetadata, minus the transaction state pidctl does not keep)."""
 
-    TYPE: ClassVar[int] = 5
     transactional_id: str
     producer_id: int
     producer_epoch: int
@@ -99,7 +94,6 @@ class TransactionalIdUpdated:
 class TransactionalIdExpired:
     """A transactional id unused for longer than ``transactional_id_expiration_ms``."""
 
-    TYPE: ClassVar[int] = 6
     transactional_id: str
     producer_id: int
 
@@ -109,7 +103,6 @@ class ControllerStarted:
     """A controller process started on this log: the audit trail's restart marker (blocks
     the controller's own pool held before it are abandoned, as a restarted broker's are)."""
 
-    TYPE: ClassVar[int] = 7
     node_id: int
     software_version: str
 
@@ -122,7 +115,6 @@ class ProducerIdsLeased:
     ``revision`` is the etcd revision of the compare-and-swap that took the range.
     """
 
-    TYPE: ClassVar[int] = 8
     first_producer_id: int
     next_producer_id: int
     source: str
@@ -134,7 +126,6 @@ class ProducerIdFloorRaised:
     """The high-water mark was raised to ``next_producer_id`` by an import (``pidctl
     import-zk``): no PID below it will be granted. ``origin`` says where the value came from."""
 
-    TYPE: ClassVar[int] = 9
     next_producer_id: int
     origin: str
 
@@ -145,7 +136,6 @@ class JobBlockRecorded:
     at ``first_producer_id`` (granted by the :class:`ProducerIdsGranted` just before it): a
     re-run of that version gets it back. ``allocated_ms`` dates the version's first block."""
 
-    TYPE: ClassVar[int] = 10
     app_id: str
     version: int
     block: int
@@ -158,7 +148,6 @@ class JobAllocationExpired:
     """A job's app id unused for longer than ``job_allocation_expiration_ms`` is forgotten,
     with its latest version ``version``."""
 
-    TYPE: ClassVar[int] = 11
     app_id: str
     version: int
 
@@ -173,7 +162,6 @@ class ProducerIdsReserved:
     could have granted (``docs/log-format.md``). A clean shutdown lowers it to the
     high-water mark, so that a graceful restart skips nothing."""
 
-    TYPE: ClassVar[int] = 12
     next_producer_id: int
 
 
@@ -192,23 +180,26 @@ Record = (
     | ProducerIdsReserved
 )
 
+#: Each record type's stable numeric id (the frame's type byte): a record's class is its
+#: type, and this table its number (not a class attribute: compiled, a dataclass's class
+#: variables would become fields).
 RECORD_TYPES: dict[int, type[Record]] = {
-    cls.TYPE: cls
-    for cls in (
-        ClusterCreated,
-        ControllerStarted,
-        BrokerRegistered,
-        BrokerUnregistered,
-        ProducerIdsGranted,
-        TransactionalIdUpdated,
-        TransactionalIdExpired,
-        ProducerIdsLeased,
-        ProducerIdFloorRaised,
-        JobBlockRecorded,
-        JobAllocationExpired,
-        ProducerIdsReserved,
-    )
+    1: ClusterCreated,
+    2: BrokerRegistered,
+    3: BrokerUnregistered,
+    4: ProducerIdsGranted,
+    5: TransactionalIdUpdated,
+    6: TransactionalIdExpired,
+    7: ControllerStarted,
+    8: ProducerIdsLeased,
+    9: ProducerIdFloorRaised,
+    10: JobBlockRecorded,
+    11: JobAllocationExpired,
+    12: ProducerIdsReserved,
 }
+
+#: :data:`RECORD_TYPES` the other way round: a record class's id.
+TYPE_IDS: dict[type[Record], int] = {cls: number for number, cls in RECORD_TYPES.items()}
 
 #: Version of every record payload written by this code.
 RECORD_VERSION = 1
@@ -225,12 +216,27 @@ def record_name(record: Record) -> str:
 _Values = Callable[[Any], tuple[Any, ...]]
 
 
+def _kind(annotation: object) -> str:
+    """A field's type as :func:`object_encoder` names it. Interpreted, the annotation's text
+    (``"int"``, ``"str | None"``: annotations are not evaluated here); compiled, the class
+    mypyc leaves of it (``int``, ``str``; ``type`` for a union, ``tuple``), whose name is
+    the same for the simple types, and which the generic encoder takes for the others."""
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
 def _payload_encoder(cls: type[Record]) -> tuple[_Values, Callable[[tuple[Any, ...]], str]]:
     """The record type's field values in declaration order (one ``attrgetter`` call), and
     their compact JSON object through a template built from the fields' annotated types."""
-    fields = [(f.name, str(f.type)) for f in dataclasses.fields(cls)]
-    get = operator.attrgetter(*(name for name, _ in fields))
-    values: _Values = get if len(fields) > 1 else lambda record: (get(record),)
+    fields = [(f.name, _kind(f.type)) for f in dataclasses.fields(cls)]
+    names = [name for name, _ in fields]
+    values: _Values
+    if len(names) > 1:
+        values = operator.attrgetter(*names)
+    else:
+        # One name: attrgetter gives the value itself (typed apart: compiled, a tuple is
+        # checked for where the call with several names is typed to give one).
+        get_one = operator.attrgetter(names[0])
+        values = lambda record: (get_one(record),)  # noqa: E731
     return values, object_encoder(fields, separators=(",", ":"))
 
 
