@@ -73,8 +73,9 @@ def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
     return _PREFIX.pack(len(body), zlib.crc32(body)) + body
 
 
-#: Where an encoded entry's record type is, and a reservation's.
+#: Where an encoded entry's record type is.
 _TYPE_BYTE = _PREFIX.size + 1
+#: A reservation's type id, looked for in every entry appended (:func:`reservation_of`).
 _RESERVED = TYPE_IDS[ProducerIdsReserved]
 
 
