@@ -19,7 +19,7 @@ hash taken over every shipped source file, the module list, mypyc's version and 
 interpreter: an unchanged checkout reuses it, a changed one is built again (two minutes
 on two cores; the oldest trees are removed, :data:`KEEP_EARLIER` earlier ones kept).
 ``--into DIR`` builds into DIR (the Docker image's build stage). It needs a
-C compiler and mypy (the ``test`` extra).
+C compiler and the mypy the ``compile`` extra pins (the ``test`` extra installs it).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import sysconfig
 import tempfile
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,6 +108,14 @@ def _tree_name(checkout_path: str) -> str:
         if checkout_path == folder or checkout_path.startswith(folder + "/"):
             return f"pidctl/{name}{checkout_path[len(folder) :]}"
     raise ValueError(f"{checkout_path} is not in a shipped package")
+
+
+def source_file(module: ModuleType) -> Path:
+    """The ``.py`` file of an imported pidctl module, compiled or not: an extension module
+    (``blocks.cpython-311-x86_64-linux-gnu.so``) has its source beside it in the tree, which
+    is what reads its code (a compiled function has none to inspect)."""
+    file = Path(module.__file__ or "")
+    return file.with_name(file.name.split(".")[0] + ".py")
 
 
 def build(into: Path) -> None:

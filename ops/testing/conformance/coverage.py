@@ -14,11 +14,11 @@ import ast
 import functools
 import importlib
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from ops.compiled import source_file
 from pidctl.controller.api import responses
 from pidctl.protocol.apis import ApiKey
 
@@ -101,10 +101,8 @@ UNREACHABLE: dict[tuple[ApiKey, int], str] = {
 @functools.cache  # (a module is read once, not once per function asked of it)
 def _definitions(module_name: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
     """The module's functions and methods written in its file, by their qualified names,
-    read from its source: compiled (ops/compiled.py), a function has no code to inspect,
-    and its module's ``.py`` file stays beside the extension."""
-    file = Path(importlib.import_module(module_name).__file__ or "")
-    tree = ast.parse(file.with_name(file.name.split(".")[0] + ".py").read_text())
+    read from its source (compiled, a function has no code to inspect)."""
+    tree = ast.parse(source_file(importlib.import_module(module_name)).read_text())
     found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

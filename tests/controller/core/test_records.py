@@ -7,11 +7,11 @@ import ast
 import dataclasses
 import functools
 import json
-from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ops.compiled import source_file
 from pidctl.controller.core import records
 from pidctl.controller.core.records import (
     RECORD_TYPES,
@@ -32,14 +32,13 @@ _int = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 def _annotations() -> dict[str, dict[str, str]]:
     """Each record class's field annotations as written in its source: compiled, the
     classes keep only what mypyc leaves of them (``type`` for ``str | None``)."""
-    source = Path(records.__file__ or "").with_name("records.py")
     return {
         node.name: {
             item.target.id: ast.unparse(item.annotation)
             for item in node.body
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
         }
-        for node in ast.parse(source.read_text()).body
+        for node in ast.parse(source_file(records).read_text()).body
         if isinstance(node, ast.ClassDef)
     }
 
