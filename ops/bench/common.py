@@ -3,6 +3,7 @@ framing-ceiling server."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -46,6 +47,15 @@ def first_overlap(blocks: Iterable[tuple[int, int]]) -> tuple[int, int] | None:
 
 #: ``--build``: which pidctl the processes a benchmark starts run.
 BUILDS = ("compiled", "interpreted")
+
+
+def add_build_argument(
+    parser: argparse.ArgumentParser,
+    default: str = "compiled",
+    help: str = "pidctl as the image ships it (default), or the checkout interpreted",
+) -> None:
+    """The ``--build`` option of a benchmark's command line (its value: :func:`use_build`)."""
+    parser.add_argument("--build", choices=BUILDS, default=default, help=help)
 
 
 def use_build(build: str) -> str:

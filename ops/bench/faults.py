@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import BUILDS, first_overlap, use_build
+from ops.bench.common import add_build_argument, first_overlap, use_build
 from ops.testing.coordination import EtcdProcess
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
@@ -350,12 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--episode", type=int, default=20, help="cycles per data dir")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--build",
-        choices=BUILDS,
-        default="compiled",
-        help="pidctl as the image ships it (default), or the checkout interpreted",
-    )
+    add_build_argument(parser)
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         print("faults: strace is needed (apt-get install strace)", file=sys.stderr)

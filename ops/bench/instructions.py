@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ops.bench import cloadgen
-from ops.bench.common import BUILDS, ceiling_process, exit_on_sigterm, use_build
+from ops.bench.common import add_build_argument, ceiling_process, exit_on_sigterm, use_build
 from ops.testing.serverproc import ServerProcess
 from pidctl.protocol import requests
 
@@ -327,12 +327,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seconds", type=float, default=4.0, help="the short window")
     parser.add_argument("--repeat", type=int, default=1, help="measure each row this often")
     parser.add_argument("--keep", type=Path, help="keep callgrind's dumps here")
-    parser.add_argument(
-        "--build",
-        choices=BUILDS,
-        default="compiled",
-        help="pidctl as the image ships it (default), or the checkout interpreted",
-    )
+    add_build_argument(parser)
     args = parser.parse_args(argv)
     print(f"pidctl: {use_build(args.build)}", flush=True)
     unknown = [row for row in args.rows if row not in ROWS]

@@ -30,7 +30,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ops.bench.common import BUILDS, ROOT, ceiling_process, exit_on_sigterm, run_json, use_build
+from ops.bench.common import (
+    ROOT,
+    add_build_argument,
+    ceiling_process,
+    exit_on_sigterm,
+    run_json,
+    use_build,
+)
 from ops.bench.suite import STORM_LIMITS
 from ops.testing.serverproc import ServerProcess, wait_until
 
@@ -114,9 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle", action="store_true", help="keep idle threads' samples")
     parser.add_argument("--ceiling", action="store_true", help="profile the baseline instead")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument(
-        "--build",
-        choices=BUILDS,
+    add_build_argument(
+        parser,
         default="interpreted",
         help="interpreted (default: py-spy reads Python's frames, not a compiled module's)",
     )

@@ -69,8 +69,8 @@ from typing import Any, NamedTuple
 
 from ops.bench import cloadgen
 from ops.bench.common import (
-    BUILDS,
     ROOT,
+    add_build_argument,
     ceiling_process,
     exit_on_sigterm,
     rss_kib,
@@ -690,12 +690,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f" ({CURVE_CONNECTIONS[-1]} connections), --storm {SHORT['storm']},"
         f" --transactional-ids {SHORT['transactional_ids']} (figures not to be quoted)",
     )
-    parser.add_argument(
-        "--build",
-        choices=BUILDS,
-        default="compiled",
-        help="pidctl as the image ships it (default), or the checkout interpreted",
-    )
+    add_build_argument(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "ops" / "bench" / "results")
     args = parser.parse_args(argv)
     args.points = CURVE_CONNECTIONS
