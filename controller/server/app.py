@@ -40,6 +40,7 @@ from pidctl.controller.server.telemetry.metrics import Metrics, StateView
 from pidctl.controller.server.transport.admission import Admission, bind_listeners
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
@@ -343,7 +344,7 @@ class PidctlServer:
             watchdog.cancel()
             for listener in bound:
                 for sock in listener.sockets:
-                    await sock.aclose()
+                    close_socket(sock)
             connections.stop_all()
             polling.cancel()  # after stop_all: no connection parks any more
             # In-flight responses get a grace period; whatever is still stuck after it (a

@@ -9,6 +9,7 @@ import errno
 import socket
 import ssl
 import time
+from typing import Any
 
 import structlog
 import trio
@@ -20,20 +21,26 @@ from pidctl.controller.server.security.x500 import BadCertificate, principal_fro
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.connection import ConnectionServer
 from pidctl.controller.server.transport.listeners import ListenerSpec, server_ssl_context
+from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
 from pidctl.protocol.addresses import HostPort
 
 log = structlog.get_logger("pidctl.server")
 
+_NOTSENT_LOWAT: int | None = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+_TASK_NAME = "pidctl connection"
+
 
 @dataclasses.dataclass(slots=True)
 class BoundListener:
     spec: ListenerSpec  # with the advertised host and port
-    sockets: list[trio.SocketListener]
+    #: The listening sockets, the standard library's (non-blocking): accepted from by
+    #: :class:`Admission` directly (see ``_accept_on``); closed by :func:`close_socket`.
+    sockets: list[socket.socket]
 
     @property
     def port(self) -> int:
-        port: int = self.sockets[0].socket.getsockname()[1]
+        port: int = self.sockets[0].getsockname()[1]
         return port
 
 
@@ -54,12 +61,20 @@ async def bind_listeners(settings: Settings) -> list[BoundListener]:
     ``advertised_listener`` if set)."""
     bound = []
     for index, (protocol, address) in enumerate(settings.listener_list):
-        sockets = await open_listeners(address)
-        port = sockets[0].socket.getsockname()[1]
+        sockets = [_standard(listener) for listener in await open_listeners(address)]
+        port = sockets[0].getsockname()[1]
         explicit = settings.advertised_listener if index == 0 else None
         host, advertised_port = advertised_address(address, port, explicit)
         bound.append(BoundListener(ListenerSpec(protocol, host, advertised_port), sockets))
     return bound
+
+
+def _standard(listener: trio.SocketListener) -> socket.socket:
+    """The standard library's socket for a listener trio bound (trio resolved the address
+    and set the options); the trio object is done with it."""
+    sock = socket.socket(fileno=listener.socket.detach())
+    sock.setblocking(False)
+    return sock
 
 
 def advertised_address(
@@ -78,6 +93,15 @@ def advertised_address(
 #: ACCEPT_RETRY_S seconds, as trio.serve_listeners does.
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_RETRY_S = 0.1
+#: Connections accepted from one listener in a row before the other tasks run: a storm of
+#: connections is taken in batches, and the requests of those already in are answered
+#: between them.
+ACCEPTS_PER_WAKE = 64
+#: What trio's SocketStream sets on each connection, and so each accepted socket here:
+#: answers leave at once (TCP_NODELAY), and the kernel holds at most 16 KiB unsent per
+#: connection (TCP_NOTSENT_LOWAT: past it a write takes nothing, and the outbox holds the
+#: rest, counted against max_unwritten_bytes_per_connection).
+NOTSENT_LOWAT_BYTES = 16 * 1024
 
 
 class Admission:
@@ -105,25 +129,41 @@ class Admission:
 
     async def _accept_on(
         self,
-        sock: trio.SocketListener,
+        listening: socket.socket,
         spec: ListenerSpec,
         context: ssl.SSLContext | None,
         nursery: trio.Nursery,
     ) -> None:
-        # trio.serve_listeners would do, but it closes every connection once more after its
-        # handler (a cancel scope and a cancelled checkpoint each): a tenth of a start-up
-        # storm's CPU. Each connection here is closed by _admit.
+        # Accepted here on the standard library's sockets, not through trio's listener and
+        # streams: trio passes through the scheduler after every accept and on every close,
+        # and asks the peer's address of the kernel once more; that was a fifth of a
+        # start-up storm's CPU. A plain TCP connection needs no trio stream (its reads and
+        # writes are on its descriptor: socket_io.py); a TLS one gets one (_serve).
         while True:
-            try:
-                stream = await sock.accept()
-            except OSError as e:
-                if e.errno not in ACCEPT_CAPACITY_ERRNOS:
-                    raise
-                # Out of descriptors or memory now: connections ending will free some.
-                log.error("accept failed; retrying", error=errno.errorcode[e.errno])
-                await trio.sleep(ACCEPT_RETRY_S)
-            else:
-                nursery.start_soon(self._admit, spec, context, stream)
+            await trio.lowlevel.wait_readable(listening)
+            for _ in range(ACCEPTS_PER_WAKE):
+                try:
+                    conn, peer = listening.accept()
+                except BlockingIOError:
+                    break  # none left: wait again
+                except OSError as e:
+                    if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    # Out of descriptors or memory now: connections ending will free some.
+                    log.error("accept failed; retrying", error=errno.errorcode[e.errno])
+                    await trio.sleep(ACCEPT_RETRY_S)
+                    break
+                try:
+                    conn.setblocking(False)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if _NOTSENT_LOWAT is not None:
+                        conn.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, NOTSENT_LOWAT_BYTES)
+                except OSError:  # (gone already: nothing to serve)
+                    conn.close()
+                    continue
+                # (Named here: trio would otherwise name the task from the compiled method,
+                # which has no __qualname__, through an AttributeError and a repr.)
+                nursery.start_soon(self._admit, spec, context, conn, peer, name=_TASK_NAME)
 
     def _refusal(self, address: str) -> str | None:
         if self._open >= self.settings.max_connections:
@@ -133,22 +173,27 @@ class Admission:
         return None
 
     async def _admit(
-        self, spec: ListenerSpec, context: ssl.SSLContext | None, tcp: trio.SocketStream
+        self,
+        spec: ListenerSpec,
+        context: ssl.SSLContext | None,
+        conn: socket.socket,
+        peer: tuple[Any, ...],
     ) -> None:
         try:
-            await self._admit_open(spec, context, tcp)
+            await self._admit_open(spec, context, conn, peer)
         finally:
             # Closed (gracefully) on every ordinary path already; this covers the others (a
             # shutdown cancelling a delayed connection) at no cost: closing twice is a no-op.
-            tcp.socket.close()
+            close_socket(conn)
 
     async def _admit_open(
-        self, spec: ListenerSpec, context: ssl.SSLContext | None, tcp: trio.SocketStream
+        self,
+        spec: ListenerSpec,
+        context: ssl.SSLContext | None,
+        conn: socket.socket,
+        peer: tuple[Any, ...],
     ) -> None:
-        try:
-            address, port = tcp.socket.getpeername()[:2]
-        except OSError:
-            return
+        address, port = peer[:2]  # (IPv6 adds the flow and scope)
         info = ConnectionInfo(
             peer=f"{address}:{port}",
             host=address,
@@ -159,19 +204,19 @@ class Admission:
         if refused:
             log.warning("connection refused", peer=info.peer, reason=refused)
             self.metrics.connections_closed.labels(refused).inc()
-            await tcp.aclose()
+            close_socket(conn)
             return
         self._open += 1
         self._per_address[address] = self._per_address.get(address, 0) + 1
         try:
-            await self._serve(spec, context, tcp, address, info)
+            await self._serve(spec, context, conn, address, info)
         except Exception:
             # A bug met by one connection must not take the server down: that connection
             # is closed, the others go on. Nothing half-done can have reached the log
             # (records are checked before they are appended).
             log.exception("connection failed", peer=info.peer)
             self.metrics.connections_closed.labels("internal_error").inc()
-            await trio.aclose_forcefully(tcp)
+            close_socket(conn)  # (under a TLS stream too: a forceful close)
         finally:
             self._open -= 1
             left = self._per_address[address] - 1
@@ -184,12 +229,13 @@ class Admission:
         self,
         spec: ListenerSpec,
         context: ssl.SSLContext | None,
-        tcp: trio.SocketStream,
+        conn: socket.socket,
         address: str,
         info: ConnectionInfo,
     ) -> None:
-        stream: trio.abc.Stream = tcp
+        tls: trio.SSLStream[trio.SocketStream] | None = None
         if spec.tls and context is not None:
+            tcp = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
             tls = trio.SSLStream(tcp, context, server_side=True)
             failure = None
             with trio.move_on_after(self.settings.frame_timeout_ms / 1000) as handshake:
@@ -213,7 +259,6 @@ class Admission:
                 return
             if certified and not spec.sasl:
                 info = dataclasses.replace(info, principal=certified)
-            stream = tls
         delay = self.quotas.connection(address, time.monotonic())
         if delay:
             # KIP-612: over the creation rate, the connection waits before it is served.
@@ -225,8 +270,14 @@ class Admission:
         metrics.connections.inc()
         reason = "client"
         try:
-            async with stream:
-                reason = await self.server.serve(stream, info, spec.sasl)
+            if tls is None:
+                try:
+                    reason = await self.server.serve(conn, info, spec.sasl)
+                finally:
+                    close_socket(conn)
+            else:
+                async with tls:  # (its close says close_notify first)
+                    reason = await self.server.serve(tls, info, spec.sasl)
         finally:
             metrics.connections.dec()
             metrics.connections_closed.labels(reason).inc()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,8 +173,11 @@ class ConnectionServer:
                 if live.reading and live.connection.check_deadline(current):
                     live.scope.cancel()
 
-    async def serve(self, stream: trio.abc.Stream, info: ConnectionInfo, sasl: bool) -> str:
-        """Serve one connection until it ends; return why (a metric label)."""
+    async def serve(
+        self, stream: socket.socket | trio.abc.Stream, info: ConnectionInfo, sasl: bool
+    ) -> str:
+        """Serve one connection, a plain TCP socket or a (TLS) stream, until it ends; return
+        why (a metric label). Closing it is the caller's."""
         limits = self.limits
         connection = ServerConnection(
             self.controller.supported,
@@ -186,7 +190,7 @@ class ConnectionServer:
         )
         # Plain TCP on its descriptor, TLS through trio's stream (socket_io.py); the
         # answers, waiting for the log, in an outbox either way (outbox.py).
-        io = SocketIO(stream) if isinstance(stream, trio.SocketStream) else StreamIO(stream)
+        io = SocketIO(stream) if isinstance(stream, socket.socket) else StreamIO(stream)
         outbox = Outbox(io)
         live = LiveConnection(connection)
         self.live.add(live)

@@ -1,5 +1,6 @@
 """A connection's reads and writes: a plain TCP connection's on its descriptor
-(:class:`SocketIO`), a TLS connection's through trio's ``SSLStream`` (:class:`StreamIO`).
+(:class:`SocketIO`), a TLS connection's through trio's ``SSLStream`` (:class:`StreamIO`); and
+the close of a socket trio may be waiting on (:func:`close_socket`).
 
 trio's ``SocketStream`` tries every read before it waits, and after every read or write that
 succeeds it passes through the scheduler once more. A client that sends a request and waits
@@ -21,13 +22,28 @@ another connection's (or a log file's).
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
 
+class _HasDescriptor(Protocol):
+    def fileno(self) -> int: ...
+
+
+def close_socket(sock: socket.socket) -> None:
+    """Close ``sock``, first waking (with ``trio.ClosedResourceError``) every task waiting
+    on it in trio (a write waiting for room): trio must forget a descriptor before its
+    number can be another's. Closing a closed socket does nothing."""
+    if sock.fileno() >= 0:
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+
+
 class SocketIO:
-    """``receive_some``/``send_all`` of a ``trio.SocketStream``, on its descriptor.
+    """``receive_some``/``send_all`` of a TCP socket, on its descriptor.
 
     ``send_all`` is not a checkpoint when the kernel takes everything at once: a connection
     loop using it must wait somewhere else on every round (the next read does). After
@@ -35,13 +51,13 @@ class SocketIO:
 
     __slots__ = ("_fd",)
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self._fd = stream.socket.fileno()
+    def __init__(self, sock: _HasDescriptor) -> None:
+        self._fd = sock.fileno()
 
     def close(self) -> None:
         """The connection is done with the descriptor: nothing is read or written any more,
         even by a task that was woken before this and has not run yet. (Closing the socket
-        itself is its stream's business.)"""
+        itself is its owner's business: :func:`close_socket`.)"""
         self._fd = -1
 
     def _descriptor(self) -> int:

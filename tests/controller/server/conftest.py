@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import collections
 import math
+import socket
 import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
 
 #: (server side, client side) of one loopback TCP connection.
@@ -150,27 +152,38 @@ class Served:
         transport: str,
         *,
         sasl: bool = False,
-        setup: Callable[[trio.socket.SocketType], None] | None = None,
+        setup: Callable[[socket.socket], None] | None = None,
     ) -> Peer:
-        """A new connection, served as the admission serves one (closed once served);
-        ``setup`` is called with the server's socket first (TCP)."""
+        """A new connection, served as the admission serves one (closed once served): a
+        memory stream (as TLS is served) or a TCP socket; ``setup`` is called with the
+        server's socket first (TCP)."""
         client: trio.abc.Stream
-        server_side: trio.abc.Stream
         if transport == "memory":
             client, server_side = trio.testing.memory_stream_pair()
+            self.nursery.start_soon(self._serve_stream, server_side, sasl)
         else:
             port = self.listener.socket.getsockname()[1]
             client = await trio.open_tcp_stream("127.0.0.1", port)
-            server_side = await self.listener.accept()
+            accepted = await self.listener.accept()
+            # As the admission has it: the standard library's socket, non-blocking.
+            sock = socket.socket(fileno=accepted.socket.detach())
+            sock.setblocking(False)
             if setup is not None:
-                setup(server_side.socket)
-        self.nursery.start_soon(self._serve, server_side, sasl)
+                setup(sock)
+            self.nursery.start_soon(self._serve_socket, sock, sasl)
         return Peer(client)
 
-    async def _serve(self, stream: trio.abc.Stream, sasl: bool) -> None:
+    async def _serve_stream(self, stream: trio.abc.Stream, sasl: bool) -> None:
         async with stream:
             reason = await self.server.serve(stream, ConnectionInfo(peer="test"), sasl)
             self.reasons.append(reason)  # before the close: a client seeing it may look
+
+    async def _serve_socket(self, sock: socket.socket, sasl: bool) -> None:
+        try:
+            reason = await self.server.serve(sock, ConnectionInfo(peer="test"), sasl)
+            self.reasons.append(reason)  # before the close: a client seeing it may look
+        finally:
+            close_socket(sock)
 
 
 @asynccontextmanager

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-import trio
 
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.datadir import StorageFailed
@@ -82,7 +81,7 @@ def test_the_audit_lines_come_before_the_answers_are_sent(audit: io.StringIO) ->
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.setblocking(False)
-        outbox = Outbox(SocketIO(trio.SocketStream(trio.socket.from_stdlib_socket(ours))))
+        outbox = Outbox(SocketIO(ours))
         after.outboxes.post(outbox, 0, b"answer", [("allocate_producer_ids", 0.0)])
         assert seen == []  # held for offset 0
         after.applied(0, grant(0))

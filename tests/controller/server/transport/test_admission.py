@@ -6,6 +6,7 @@ the principal, and a bug met by one connection closes only that one."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,13 @@ from pidctl.controller.api.handlers import ConnectionInfo, Controller
 from pidctl.controller.api.quorum import Now
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted
-from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
+from pidctl.controller.server.transport.admission import (
+    ACCEPTS_PER_WAKE,
+    Admission,
+    BoundListener,
+    bind_listeners,
+)
+from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey
@@ -55,7 +62,7 @@ async def admitting(
             await stopped.wait()
             for listener in bound:
                 for sock in listener.sockets:
-                    await sock.aclose()
+                    close_socket(sock)
 
 
 def plain(**changes: Any) -> Settings:
@@ -107,6 +114,22 @@ async def test_connections_over_the_total_limit_are_closed_at_once(tmp_path: Pat
         third = await connect(bound, "127.0.0.3")
         assert await served_now(third)
         assert served.metric("pidctl_connections") == 2
+
+
+async def test_a_burst_larger_than_one_batch_of_accepts_is_served_whole(tmp_path: Path) -> None:
+    """Connections waiting in the backlog are taken ACCEPTS_PER_WAKE at a time, with the
+    other tasks run between batches: every one of three batches and more is served."""
+    count = 3 * ACCEPTS_PER_WAKE + 1
+    async with admitting(tmp_path, plain()) as (served, bound):
+        waiting = []
+        for _ in range(count):  # connected by the kernel, none accepted yet (no await)
+            sock = socket.create_connection(("127.0.0.1", bound[0].port))
+            sock.setblocking(False)
+            waiting.append(Peer(trio.SocketStream(trio.socket.from_stdlib_socket(sock))))
+        for peer in waiting:
+            assert await served_now(peer)
+        assert served.metric("pidctl_connections") == count
+        assert served.metric("pidctl_connections_accepted_total") == count
 
 
 async def test_a_connection_over_the_creation_rate_waits_before_it_is_served(

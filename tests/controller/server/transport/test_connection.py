@@ -449,7 +449,7 @@ async def test_a_client_that_does_not_read_is_read_no_more_until_it_does(tmp_pat
     is answered in order and the connection goes on."""
     cap, per_round, count = 16 * 1024, 50, 4000
 
-    def small_buffers(sock: trio.socket.SocketType) -> None:
+    def small_buffers(sock: socket.socket | trio.socket.SocketType) -> None:
         # The kernel's buffers on both sides hold far less than the answers (372 KB) and
         # the requests (180 KB): the rest must wait in the server, or in the client.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
