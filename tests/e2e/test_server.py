@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import socket
 import struct
 import uuid
@@ -13,7 +14,7 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsV0
 from kio.schema.api_versions.v4 import ApiVersionsRequest as ApiVersionsV4
 from kio.schema.errors import ErrorCode
 
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import ServerProcess, strace_inject_prefix, wait_until
 from pidctl.client import SyncClient
 from pidctl.controller.log.datadir import read_reservation
 from pidctl.protocol.codec import decode_response, encode_request
@@ -101,6 +102,33 @@ def test_bad_frames_close_only_their_connection(server: ServerProcess, frame: by
         assert _is_closed(sock)
         assert bystander.request(ApiVersionsV0()).error_code == ErrorCode.none
     assert server.proc is not None and server.proc.poll() is None
+
+
+@pytest.mark.parametrize("error", ["ECONNABORTED", "ECONNRESET", "EPERM"])
+def test_a_connection_that_failed_before_it_was_accepted_is_skipped(
+    tmp_path: Path, error: str
+) -> None:
+    """accept(2) reports a connection that died in the backlog (reset, refused by a
+    firewall): the server accepts the next one. strace makes accepts really fail (the
+    connection stays queued, and a later accept takes it): the second to fifth, since the
+    metrics listener tries one accept as it starts."""
+    trace = tmp_path / "strace.log"
+    failing = strace_inject_prefix("accept4", f"error={error}", "2..5", None)
+    failing[failing.index("/dev/null")] = str(trace)
+    with (
+        ServerProcess(tmp_path / "d", prefix=failing) as server,
+        SyncClient(server.bootstrap) as client,
+    ):
+        assert client.request(ApiVersionsV0()).error_code == ErrorCode.none
+        with SyncClient(server.bootstrap) as another:
+            assert another.request(ApiVersionsV0()).error_code == ErrorCode.none
+        assert server.proc is not None and server.proc.poll() is None
+    # The failures met the Kafka listener: the descriptor that accepted the clients.
+    calls = re.findall(r"accept4\((\d+), .*\) = (-1 \w+ .*INJECTED|\d+)", trace.read_text())
+    failed = {fd for fd, result in calls if "INJECTED" in result}
+    accepted = {fd for fd, result in calls if "INJECTED" not in result}
+    assert len([1 for _, result in calls if "INJECTED" in result]) == 4
+    assert failed and failed <= accepted
 
 
 def test_broker_lifecycle_and_allocation(server: ServerProcess) -> None:

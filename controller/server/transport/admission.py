@@ -93,6 +93,30 @@ def advertised_address(
 #: ACCEPT_RETRY_S seconds, as trio.serve_listeners does.
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_RETRY_S = 0.1
+#: accept(2) errors reporting a connection that failed before it was accepted (reset in the
+#: backlog, refused by a firewall, the network gone): nothing to serve, accept the next.
+#: The same list as trio's SocketListener skips.
+ACCEPT_SKIPPED_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EPERM",
+        "ECONNABORTED",
+        "ECONNRESET",
+        "EPROTO",
+        "ENETDOWN",
+        "ENETUNREACH",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "EHOSTUNREACH",
+        "ENONET",
+        "EOPNOTSUPP",
+        "ENOSR",
+        "ESOCKTNOSUPPORT",
+        "EPROTONOSUPPORT",
+        "ETIMEDOUT",
+    )
+    if hasattr(errno, name)
+)
 #: Connections accepted from one listener in a row before the other tasks run: a storm of
 #: connections is taken in batches, and the requests of those already in are answered
 #: between them.
@@ -147,6 +171,8 @@ class Admission:
                 except BlockingIOError:
                     break  # none left: wait again
                 except OSError as e:
+                    if e.errno in ACCEPT_SKIPPED_ERRNOS:
+                        continue
                     if e.errno not in ACCEPT_CAPACITY_ERRNOS:
                         raise
                     # Out of descriptors or memory now: connections ending will free some.
