@@ -458,6 +458,67 @@ def test_metrics_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
         assert samples["pidctl_http_connections"] <= metrics
 
 
+def test_refused_connections_cannot_take_the_descriptors_the_log_needs(tmp_path: Path) -> None:
+    """Bursts of connections over max_connections under a real low RLIMIT_NOFILE, while
+    grants make rolls and snapshots due: a refused connection is closed before the next
+    accept (not in a task of its own, up to a batch of accepts later), so the server's
+    descriptors stay within its budget and nothing of the log is postponed."""
+    limit, clients, metrics = 200, 40, 4
+    budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
+    server = ServerProcess(
+        tmp_path / "d",
+        "--max-connections",
+        str(clients),
+        "--metrics-max-connections",
+        str(metrics),
+        "--snapshot-interval-records",
+        "40",
+        prefix=["prlimit", f"--nofile={limit}:{limit}"],
+    )
+    with server, SyncClient(server.bootstrap) as client:
+        assert server.proc is not None
+        pid = server.proc.pid
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(clients - 1)]
+        wait_until(
+            lambda: scrape(server.metrics_url)["pidctl_connections"] == clients, "all admitted"
+        )
+        descriptors: list[int] = []
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set():
+                with contextlib.suppress(FileNotFoundError):
+                    descriptors.append(len(os.listdir(f"/proc/{pid}/fd")))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            for _ in range(5):
+                burst = []
+                for _ in range(500):
+                    sock = socket.socket()
+                    sock.setblocking(False)
+                    sock.connect_ex(("127.0.0.1", server.port))
+                    burst.append(sock)
+                for _ in range(48):  # a snapshot due, with its roll
+                    assert client.request(requests.allocate(-1, -1)).error_code == 0
+                for sock in burst:
+                    sock.close()
+        finally:
+            sampling.set()
+            sampler.join(30)
+            for sock in held:
+                sock.close()
+        refused = scrape(server.metrics_url)[
+            'pidctl_connections_closed_total{reason="max_connections"}'
+        ]
+        assert refused > 0
+        assert server.proc.poll() is None
+    assert max(descriptors) <= budget, (max(descriptors), budget)
+    troubles = [e for e in server.events if e.get("level") == "error" or "postponed" in str(e)]
+    assert troubles == []
+
+
 def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
     tmp_path: Path,
 ) -> None:

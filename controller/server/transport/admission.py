@@ -160,9 +160,11 @@ class Admission:
     ) -> None:
         # Accepted here on the standard library's sockets, not through trio's listener and
         # streams: trio passes through the scheduler after every accept and on every close,
-        # and asks the peer's address of the kernel once more; that was a fifth of a
-        # start-up storm's CPU. A plain TCP connection needs no trio stream (its reads and
-        # writes are on its descriptor: socket_io.py); a TLS one gets one (_serve).
+        # and asks the peer's address of the kernel once more; that was half of a start-up
+        # storm's CPU (compiled). A plain TCP connection needs no trio stream (its reads and
+        # writes are on its descriptor: socket_io.py); a TLS one gets one (_serve). The
+        # listening socket is closed only once this has ended (app.py): an accept woken
+        # before the shutdown's cancel could otherwise run on a closed socket.
         while True:
             await trio.lowlevel.wait_readable(listening)
             for _ in range(ACCEPTS_PER_WAKE):
@@ -179,17 +181,45 @@ class Admission:
                     log.error("accept failed; retrying", error=errno.errorcode[e.errno])
                     await trio.sleep(ACCEPT_RETRY_S)
                     break
-                try:
-                    conn.setblocking(False)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    if _NOTSENT_LOWAT is not None:
-                        conn.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, NOTSENT_LOWAT_BYTES)
-                except OSError:  # (gone already: nothing to serve)
-                    conn.close()
-                    continue
-                # (Named here: trio would otherwise name the task from the compiled method,
-                # which has no __qualname__, through an AttributeError and a repr.)
-                nursery.start_soon(self._admit, spec, context, conn, peer, name=_TASK_NAME)
+                self._take(conn, peer, spec, context, nursery)
+
+    def _take(
+        self,
+        conn: socket.socket,
+        peer: tuple[Any, ...],
+        spec: ListenerSpec,
+        context: ssl.SSLContext | None,
+        nursery: trio.Nursery,
+    ) -> None:
+        """Refuse a connection over the limits at once (closed before the next accept, so
+        that refused connections hold no descriptors the budget does not count), or count
+        it and start its task."""
+        address, port = peer[:2]  # (IPv6 adds the flow and scope)
+        peer_name = f"{address}:{port}"
+        refused = self._refusal(address)
+        if refused:
+            conn.close()  # (never known to trio)
+            log.warning("connection refused", peer=peer_name, reason=refused)
+            self.metrics.connections_closed.labels(refused).inc()
+            return
+        try:
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if _NOTSENT_LOWAT is not None:
+                conn.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, NOTSENT_LOWAT_BYTES)
+        except OSError:  # (gone already: nothing to serve)
+            conn.close()
+            return
+        info = ConnectionInfo(
+            peer=peer_name, host=address, advertised_host=spec.host, advertised_port=spec.port
+        )
+        # Counted now, before the next accept: every connection of a batch meets the limits
+        # as they stand with the ones before it.
+        self._open += 1
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+        # (Named here: trio would otherwise name the task from the compiled method, which
+        # has no __qualname__, through an AttributeError and a repr.)
+        nursery.start_soon(self._admit, spec, context, conn, info, name=_TASK_NAME)
 
     def _refusal(self, address: str) -> str | None:
         if self._open >= self.settings.max_connections:
@@ -203,37 +233,9 @@ class Admission:
         spec: ListenerSpec,
         context: ssl.SSLContext | None,
         conn: socket.socket,
-        peer: tuple[Any, ...],
+        info: ConnectionInfo,
     ) -> None:
-        try:
-            await self._admit_open(spec, context, conn, peer)
-        finally:
-            # Closed (gracefully) on every ordinary path already; this covers the others (a
-            # shutdown cancelling a delayed connection) at no cost: closing twice is a no-op.
-            close_socket(conn)
-
-    async def _admit_open(
-        self,
-        spec: ListenerSpec,
-        context: ssl.SSLContext | None,
-        conn: socket.socket,
-        peer: tuple[Any, ...],
-    ) -> None:
-        address, port = peer[:2]  # (IPv6 adds the flow and scope)
-        info = ConnectionInfo(
-            peer=f"{address}:{port}",
-            host=address,
-            advertised_host=spec.host,
-            advertised_port=spec.port,
-        )
-        refused = self._refusal(address)
-        if refused:
-            log.warning("connection refused", peer=info.peer, reason=refused)
-            self.metrics.connections_closed.labels(refused).inc()
-            close_socket(conn)
-            return
-        self._open += 1
-        self._per_address[address] = self._per_address.get(address, 0) + 1
+        address = info.host
         try:
             await self._serve(spec, context, conn, address, info)
         except Exception:
@@ -242,8 +244,11 @@ class Admission:
             # (records are checked before they are appended).
             log.exception("connection failed", peer=info.peer)
             self.metrics.connections_closed.labels("internal_error").inc()
-            close_socket(conn)  # (under a TLS stream too: a forceful close)
         finally:
+            # Closed (gracefully) on every ordinary path already; this covers the others (a
+            # bug, a shutdown cancelling a delayed connection: a forceful close, under a TLS
+            # stream too) at no cost: closing twice is a no-op.
+            close_socket(conn)
             self._open -= 1
             left = self._per_address[address] - 1
             if left:
