@@ -314,11 +314,14 @@ class PidctlServer:
         async with trio.open_nursery() as nursery:
             # A write the kernel did not take whole is finished beside the connections.
             connections.outboxes.start_soon = nursery.start_soon
-            accepting = trio.CancelScope()
+            accepting, accepted_last = trio.CancelScope(), trio.Event()
 
             async def accept() -> None:
-                with accepting:
-                    await admission.accept(bound, nursery)
+                try:
+                    with accepting:
+                        await admission.accept(bound, nursery)
+                finally:
+                    accepted_last.set()
 
             nursery.start_soon(accept)
             watchdog = trio.CancelScope()
@@ -342,6 +345,9 @@ class PidctlServer:
             log.info("shutting down", connections=len(connections.live))
             accepting.cancel()
             watchdog.cancel()
+            # The listeners are closed once nothing accepts on them any more: an accept
+            # already woken runs its batch before the cancel reaches it.
+            await accepted_last.wait()
             for listener in bound:
                 for sock in listener.sockets:
                     close_socket(sock)

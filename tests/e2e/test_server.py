@@ -6,6 +6,7 @@ import itertools
 import re
 import socket
 import struct
+import threading
 import uuid
 from pathlib import Path
 
@@ -280,6 +281,52 @@ def test_sigterm_exits_cleanly_and_keeps_every_grant(tmp_path: Path) -> None:
         nxt = client.request(wire.allocate(1, epoch))
     server.kill()
     assert nxt.producer_id_start == max(r.producer_id_start for r in acked) + 1000
+
+
+class ConnectFlood:
+    """Two threads opening connections to ``port`` and dropping them, 200 at a time (the
+    connects not waited for), until the context ends; ``opened`` counts them."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.opened = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(2)]
+
+    def __enter__(self) -> ConnectFlood:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            socks = []
+            for _ in range(200):
+                sock = socket.socket()
+                sock.setblocking(False)
+                sock.connect_ex(("127.0.0.1", self.port))
+                socks.append(sock)
+            self.opened += len(socks)
+            for sock in socks:
+                sock.close()
+
+
+def test_sigterm_while_connections_arrive_exits_cleanly(tmp_path: Path) -> None:
+    """The accepting stops before the listening sockets are closed: an accept woken just
+    before the shutdown's cancel once ran on the closed socket, and EBADF stopped the server
+    (exit 1, no final flush) in one to three SIGTERMs of six."""
+    data_dir = tmp_path / "data"
+    for _ in range(6):
+        server = ServerProcess(data_dir).start()
+        with ConnectFlood(server.port) as flood:
+            wait_until(lambda: flood.opened >= 2000, "the flood under way")
+            assert server.terminate() == 0, server.stderr_lines[-3:]
+        assert any(e["event"] == "stopped" for e in server.events)
 
 
 def test_range_settings_are_honoured(tmp_path: Path) -> None:

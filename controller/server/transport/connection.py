@@ -139,6 +139,7 @@ class ConnectionServer:
         # Decided once: building the request log's fields costs on every request otherwise.
         self.log_requests = log_requests
         self.live: set[LiveConnection] = set()
+        self._stopped = False
         # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
         self._answered: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
@@ -159,6 +160,10 @@ class ConnectionServer:
             await self.poller.run()
 
     def stop_all(self) -> None:
+        """Shutdown: every connection stops reading (answers in progress are finished), and
+        one that starts from now on (accepted just before the accepting stopped) does not
+        read at all."""
+        self._stopped = True
         for live in list(self.live):
             live.stop()
 
@@ -193,6 +198,8 @@ class ConnectionServer:
         io = SocketIO(stream) if isinstance(stream, socket.socket) else StreamIO(stream)
         outbox = Outbox(io)
         live = LiveConnection(connection)
+        if self._stopped:
+            live.stop()
         self.live.add(live)
         try:
             reason = "shutdown"
