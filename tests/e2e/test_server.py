@@ -9,6 +9,7 @@ import struct
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsV0
@@ -281,6 +282,28 @@ def test_sigterm_exits_cleanly_and_keeps_every_grant(tmp_path: Path) -> None:
         nxt = client.request(wire.allocate(1, epoch))
     server.kill()
     assert nxt.producer_id_start == max(r.producer_id_start for r in acked) + 1000
+
+
+def test_an_accept_error_of_the_listener_itself_stops_the_server_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """An accept error that is neither one connection's nor "not now" (EINVAL: the
+    listening socket itself is wrong) stops the server, with an event naming it."""
+    failing = strace_inject_prefix("accept4", "error=EINVAL", "2", None)
+    server = ServerProcess(tmp_path / "d", prefix=failing).start()
+    try:
+        socket.create_connection(("127.0.0.1", server.port), timeout=10).close()
+        assert server.proc is not None
+        assert server.proc.wait(60) == 1
+    finally:
+        server.kill()
+
+    def failures() -> list[dict[str, Any]]:
+        return [e for e in server.events if e.get("event") == "accept failed; stopping"]
+
+    wait_until(lambda: bool(failures()), "the failure logged")  # (stderr read in a thread)
+    [failed] = failures()
+    assert failed["error"] == "EINVAL" and failed["listener"].startswith("PLAINTEXT://")
 
 
 class ConnectFlood:

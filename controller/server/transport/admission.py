@@ -176,6 +176,14 @@ class Admission:
                     if e.errno in ACCEPT_SKIPPED_ERRNOS:
                         continue
                     if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        # Not one connection's failure, nor "not now": the listener itself
+                        # is broken, and the server stops (said here: the exit's one line
+                        # names only the errno).
+                        log.error(
+                            "accept failed; stopping",
+                            listener=f"{spec.protocol}://{spec.host}:{spec.port}",
+                            error=errno.errorcode.get(e.errno or 0, str(e.errno)),
+                        )
                         raise
                     # Out of descriptors or memory now: connections ending will free some.
                     log.error("accept failed; retrying", error=errno.errorcode[e.errno])
