@@ -9,6 +9,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,6 +72,15 @@ async def wait_until_async(
             await trio.sleep(poll)
     if scope.cancelled_caught:
         raise TimeoutError(f"{what}: not within {timeout} s")
+
+
+def connect_without_waiting(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """A connection to ``port`` begun and not waited for (non-blocking): for floods of
+    connections that the server's backlog and accept loop must take."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    sock.connect_ex((host, port))
+    return sock
 
 
 def strace_prefix(syscall: str, error: str, when: str, path: Path | None = None) -> list[str]:

@@ -16,7 +16,12 @@ from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsV0
 from kio.schema.api_versions.v4 import ApiVersionsRequest as ApiVersionsV4
 from kio.schema.errors import ErrorCode
 
-from ops.testing.serverproc import ServerProcess, strace_inject_prefix, wait_until
+from ops.testing.serverproc import (
+    ServerProcess,
+    connect_without_waiting,
+    strace_inject_prefix,
+    wait_until,
+)
 from pidctl.client import SyncClient
 from pidctl.controller.log.datadir import read_reservation
 from pidctl.protocol.codec import decode_response, encode_request
@@ -328,12 +333,7 @@ class ConnectFlood:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            socks = []
-            for _ in range(200):
-                sock = socket.socket()
-                sock.setblocking(False)
-                sock.connect_ex(("127.0.0.1", self.port))
-                socks.append(sock)
+            socks = [connect_without_waiting(self.port) for _ in range(200)]
             self.opened += len(socks)
             for sock in socks:
                 sock.close()

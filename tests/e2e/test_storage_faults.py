@@ -21,6 +21,7 @@ import pytest
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import (
     ServerProcess,
+    connect_without_waiting,
     format_data_dir,
     strace_delay_prefix,
     strace_inject_prefix,
@@ -370,6 +371,22 @@ def test_max_connections_the_file_limit_cannot_carry_is_refused(tmp_path: Path) 
         ServerProcess(tmp_path / "d", "--max-connections", "1000", prefix=low).start()
 
 
+def _under_a_file_limit(data_dir: Path, limit: int, clients: int, metrics: int) -> ServerProcess:
+    """A server under a real RLIMIT_NOFILE of ``limit``, with ``clients`` Kafka and
+    ``metrics`` HTTP connections at most, and a snapshot (with its roll) due every 40
+    records: the log needs descriptors while the connections take theirs."""
+    return ServerProcess(
+        data_dir,
+        "--max-connections",
+        str(clients),
+        "--metrics-max-connections",
+        str(metrics),
+        "--snapshot-interval-records",
+        "40",
+        prefix=["prlimit", f"--nofile={limit}:{limit}"],
+    )
+
+
 class HttpFlood:
     """Connections to the metrics port that never send a byte (a scraper gone wrong), kept
     at ``connections`` open: one closed (by the server's request timeout, or by the flood
@@ -395,10 +412,7 @@ class HttpFlood:
         try:
             while not self._stop.is_set():
                 while len(held) < self.connections:
-                    sock = socket.socket()
-                    sock.setblocking(False)
-                    sock.connect_ex(("127.0.0.1", self.port))
-                    held.append(sock)
+                    held.append(connect_without_waiting(self.port))
                     self.opened += 1
                 # A few replaced each round, so the flood goes on past the server's timeout.
                 for sock in held[:5]:
@@ -417,16 +431,7 @@ def test_metrics_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
     descriptors stay within its budget, and every roll and snapshot is taken on time."""
     limit, clients, metrics = 200, 40, 8
     budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
-    server = ServerProcess(
-        tmp_path / "d",
-        "--max-connections",
-        str(clients),
-        "--metrics-max-connections",
-        str(metrics),
-        "--snapshot-interval-records",
-        "40",
-        prefix=["prlimit", f"--nofile={limit}:{limit}"],
-    )
+    server = _under_a_file_limit(tmp_path / "d", limit, clients, metrics)
     with server, SyncClient(server.bootstrap) as client:
         assert server.proc is not None
         pid = server.proc.pid
@@ -465,16 +470,7 @@ def test_refused_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
     descriptors stay within its budget and nothing of the log is postponed."""
     limit, clients, metrics = 200, 40, 4
     budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
-    server = ServerProcess(
-        tmp_path / "d",
-        "--max-connections",
-        str(clients),
-        "--metrics-max-connections",
-        str(metrics),
-        "--snapshot-interval-records",
-        "40",
-        prefix=["prlimit", f"--nofile={limit}:{limit}"],
-    )
+    server = _under_a_file_limit(tmp_path / "d", limit, clients, metrics)
     with server, SyncClient(server.bootstrap) as client:
         assert server.proc is not None
         pid = server.proc.pid
@@ -494,12 +490,7 @@ def test_refused_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
         sampler.start()
         try:
             for _ in range(5):
-                burst = []
-                for _ in range(500):
-                    sock = socket.socket()
-                    sock.setblocking(False)
-                    sock.connect_ex(("127.0.0.1", server.port))
-                    burst.append(sock)
+                burst = [connect_without_waiting(server.port) for _ in range(500)]
                 for _ in range(48):  # a snapshot due, with its roll
                     assert client.request(requests.allocate(-1, -1)).error_code == 0
                 for sock in burst:
