@@ -18,6 +18,7 @@ from pidctl.controller.api.handlers import ConnectionInfo
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.security.x500 import BadCertificate, principal_from_certificate
+from pidctl.controller.server.telemetry.alarms import ThrottledLine
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.connection import ConnectionServer
 from pidctl.controller.server.transport.listeners import ListenerSpec, server_ssl_context
@@ -140,6 +141,9 @@ class Admission:
         self.metrics = metrics
         self._per_address: dict[str, int] = {}
         self._open = 0
+        self._refusal_lines = {
+            reason: ThrottledLine() for reason in ("max_connections", "max_connections_per_address")
+        }
 
     async def accept(self, bound: list[BoundListener], nursery: trio.Nursery) -> None:
         """Accept on every listener until cancelled; connections run in ``nursery``."""
@@ -207,8 +211,13 @@ class Admission:
         refused = self._refusal(address)
         if refused:
             conn.close()  # (never known to trio)
-            log.warning("connection refused", peer=peer_name, reason=refused)
             self.metrics.connections_closed.labels(refused).inc()
+            # A flood over the limits is a client's doing: one line at once, then one every
+            # ALARM_LOG_INTERVAL_S per reason, with how many were refused (the metric
+            # counts each).
+            times = self._refusal_lines[refused].due(refused)
+            if times:
+                log.warning("connection refused", peer=peer_name, reason=refused, times=times)
             return
         try:
             conn.setblocking(False)

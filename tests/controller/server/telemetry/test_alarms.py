@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import structlog
 
-from pidctl.controller.server.telemetry.alarms import Alarm
+from pidctl.controller.server.telemetry.alarms import Alarm, ThrottledLine
 
 
 class Clock:
@@ -63,3 +63,17 @@ def test_clearing_ends_the_readyz_reason_with_one_line_and_starts_afresh() -> No
         "data dir nearly full",
     ]
     assert logs[1]["log_level"] == "warning" and logs[1]["free_bytes"] == 5
+
+
+def test_a_throttled_line_is_due_at_once_then_every_interval_with_the_count_between() -> None:
+    clock = Clock()
+    line = ThrottledLine(interval_s=10, clock=clock)
+    assert line.due("max_connections") == 1
+    for _ in range(99):
+        clock.now += 0.05
+        assert line.due("max_connections") == 0  # counted
+    assert line.due("max_connections_per_address") == 100  # a new reason: at once
+    clock.now += 10
+    assert line.due("max_connections_per_address") == 1
+    line.reset()
+    assert line.due("max_connections_per_address") == 1

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import trio
 import trustme
 
@@ -101,6 +102,23 @@ async def test_connections_over_the_per_address_limit_are_closed_at_once(tmp_pat
         assert await served_now(third)
         assert closed_because(served, "max_connections_per_address") == 1
         assert served.metric("pidctl_connections") == 3
+
+
+async def test_a_flood_of_refused_connections_is_counted_each_and_logged_once(
+    tmp_path: Path,
+) -> None:
+    """Refusals are a client's doing: the metric counts every one, the log says it once
+    (then at most every ALARM_LOG_INTERVAL_S, with how many), not once per connection."""
+    async with admitting(tmp_path, plain(max_connections_per_address=1)) as (served, bound):
+        first = await connect(bound)
+        assert await served_now(first)
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(50):
+                assert await (await connect(bound)).closed() == []
+        assert closed_because(served, "max_connections_per_address") == 50
+    refusals = [line for line in logs if line["event"] == "connection refused"]
+    assert len(refusals) == 1
+    assert refusals[0]["reason"] == "max_connections_per_address" and refusals[0]["times"] == 1
 
 
 async def test_connections_over_the_total_limit_are_closed_at_once(tmp_path: Path) -> None:
