@@ -195,7 +195,7 @@ class ConnectionServer:
         )
         # Plain TCP on its descriptor, TLS through trio's stream (socket_io.py); the
         # answers, waiting for the log, in an outbox either way (outbox.py).
-        io = SocketIO(stream) if isinstance(stream, socket.socket) else StreamIO(stream)
+        io = SocketIO(stream.fileno()) if isinstance(stream, socket.socket) else StreamIO(stream)
         outbox = Outbox(io)
         live = LiveConnection(connection)
         if self._stopped:

@@ -24,13 +24,8 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 import trio
-
-
-class _HasDescriptor(Protocol):
-    def fileno(self) -> int: ...
 
 
 def close_socket(sock: socket.socket) -> None:
@@ -51,8 +46,8 @@ class SocketIO:
 
     __slots__ = ("_fd",)
 
-    def __init__(self, sock: _HasDescriptor) -> None:
-        self._fd = sock.fileno()
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
 
     def close(self) -> None:
         """The connection is done with the descriptor: nothing is read or written any more,

@@ -81,7 +81,7 @@ def test_the_audit_lines_come_before_the_answers_are_sent(audit: io.StringIO) ->
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.setblocking(False)
-        outbox = Outbox(SocketIO(ours))
+        outbox = Outbox(SocketIO(ours.fileno()))
         after.outboxes.post(outbox, 0, b"answer", [("allocate_producer_ids", 0.0)])
         assert seen == []  # held for offset 0
         after.applied(0, grant(0))

@@ -37,7 +37,7 @@ class Setup:
     sent: list[tuple[int, Timings]] = field(default_factory=list)
 
     def outbox(self) -> Outbox:
-        return Outbox(SocketIO(self.server.socket))
+        return Outbox(SocketIO(self.server.socket.fileno()))
 
     def append(self) -> int:
         """A record for the next commit; its offset."""

@@ -16,7 +16,7 @@ from tests.controller.server.conftest import TcpPair
 
 async def test_a_read_waits_for_data_and_ends_with_the_stream(tcp_pair: TcpPair) -> None:
     server, client = tcp_pair
-    io = SocketIO(server.socket)
+    io = SocketIO(server.socket.fileno())
     got: list[bytes] = []
 
     async def read() -> None:
@@ -44,7 +44,7 @@ async def test_a_write_larger_than_the_socket_buffers_waits_for_the_reader(
             received.extend(await client.receive_some(64 * 1024))
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(SocketIO(server.socket).send_all, data)
+        nursery.start_soon(SocketIO(server.socket.fileno()).send_all, data)
         await trio.testing.wait_all_tasks_blocked()  # the writer now waits for room
         nursery.start_soon(read_slowly)
     assert received == data
@@ -55,7 +55,7 @@ async def test_a_connection_reset_by_the_peer_is_broken(tcp_pair: TcpPair) -> No
     # SO_LINGER 0: close sends a reset instead of a FIN.
     client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     client.socket.close()
-    io = SocketIO(server.socket)
+    io = SocketIO(server.socket.fileno())
     with pytest.raises(trio.BrokenResourceError):
         await io.receive_some(1024)
     with pytest.raises(trio.BrokenResourceError):
@@ -65,7 +65,7 @@ async def test_a_connection_reset_by_the_peer_is_broken(tcp_pair: TcpPair) -> No
 
 async def test_a_waiting_read_ends_when_cancelled_or_closed(tcp_pair: TcpPair) -> None:
     server, _ = tcp_pair
-    io = SocketIO(server.socket)
+    io = SocketIO(server.socket.fileno())
     with trio.move_on_after(0.01) as scope:
         await io.receive_some(1024)
     assert scope.cancelled_caught
@@ -82,7 +82,7 @@ async def test_a_waiting_read_ends_when_cancelled_or_closed(tcp_pair: TcpPair) -
 
 async def test_nothing_is_read_or_written_after_close(tcp_pair: TcpPair) -> None:
     server, client = tcp_pair
-    io = SocketIO(server.socket)
+    io = SocketIO(server.socket.fileno())
     io.close()  # the socket itself stays open: only this object lets go of the number
     with pytest.raises(trio.ClosedResourceError):
         io.send_now(b"late")
