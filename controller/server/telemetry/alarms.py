@@ -80,11 +80,6 @@ class Alarm:
     def active(self) -> bool:
         return self._reason is not None
 
-    @property
-    def unlogged(self) -> int:
-        """Times sounded since the last line."""
-        return self._line.unlogged
-
     def sound(self, reason: str, **fields: Any) -> bool:
         """The condition is met (again): ``/readyz`` fails with ``reason``; logged at once
         when new or changed, else at most every ``interval_s``. True if a line was written."""
