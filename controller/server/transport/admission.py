@@ -62,7 +62,7 @@ async def bind_listeners(settings: Settings) -> list[BoundListener]:
     ``advertised_listener`` if set)."""
     bound = []
     for index, (protocol, address) in enumerate(settings.listener_list):
-        sockets = [_standard(listener) for listener in await open_listeners(address)]
+        sockets = [standard_socket(listener.socket) for listener in await open_listeners(address)]
         port = sockets[0].getsockname()[1]
         explicit = settings.advertised_listener if index == 0 else None
         host, advertised_port = advertised_address(address, port, explicit)
@@ -70,12 +70,12 @@ async def bind_listeners(settings: Settings) -> list[BoundListener]:
     return bound
 
 
-def _standard(listener: trio.SocketListener) -> socket.socket:
-    """The standard library's socket for a listener trio bound (trio resolved the address
-    and set the options); the trio object is done with it."""
-    sock = socket.socket(fileno=listener.socket.detach())
-    sock.setblocking(False)
-    return sock
+def standard_socket(sock: trio.socket.SocketType) -> socket.socket:
+    """The standard library's socket, non-blocking, for one trio made (a listener trio bound:
+    trio resolved the address and set the options); the trio object is done with it."""
+    standard = socket.socket(fileno=sock.detach())
+    standard.setblocking(False)
+    return standard
 
 
 def advertised_address(

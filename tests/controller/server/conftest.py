@@ -24,6 +24,7 @@ from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
+from pidctl.controller.server.transport.admission import standard_socket
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
@@ -165,9 +166,7 @@ class Served:
             port = self.listener.socket.getsockname()[1]
             client = await trio.open_tcp_stream("127.0.0.1", port)
             accepted = await self.listener.accept()
-            # As the admission has it: the standard library's socket, non-blocking.
-            sock = socket.socket(fileno=accepted.socket.detach())
-            sock.setblocking(False)
+            sock = standard_socket(accepted.socket)  # as the admission has it
             if setup is not None:
                 setup(sock)
             self.nursery.start_soon(self._serve_socket, sock, sasl)
