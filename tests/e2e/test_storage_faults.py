@@ -371,11 +371,15 @@ def test_max_connections_the_file_limit_cannot_carry_is_refused(tmp_path: Path) 
         ServerProcess(tmp_path / "d", "--max-connections", "1000", prefix=low).start()
 
 
-def _under_a_file_limit(data_dir: Path, limit: int, clients: int, metrics: int) -> ServerProcess:
+def _under_a_file_limit(
+    data_dir: Path, limit: int, clients: int, metrics: int
+) -> tuple[ServerProcess, int]:
     """A server under a real RLIMIT_NOFILE of ``limit``, with ``clients`` Kafka and
     ``metrics`` HTTP connections at most, and a snapshot (with its roll) due every 40
-    records: the log needs descriptors while the connections take theirs."""
-    return ServerProcess(
+    records: the log needs descriptors while the connections take theirs. With the
+    descriptors it may hold at most (its budget, as ``raise_file_limit`` counts it)."""
+    budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
+    server = ServerProcess(
         data_dir,
         "--max-connections",
         str(clients),
@@ -385,6 +389,7 @@ def _under_a_file_limit(data_dir: Path, limit: int, clients: int, metrics: int) 
         "40",
         prefix=["prlimit", f"--nofile={limit}:{limit}"],
     )
+    return server, budget
 
 
 class HttpFlood:
@@ -430,8 +435,7 @@ def test_metrics_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
     metrics_max_connections (the rest wait in the kernel's backlog), the server's
     descriptors stay within its budget, and every roll and snapshot is taken on time."""
     limit, clients, metrics = 200, 40, 8
-    budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
-    server = _under_a_file_limit(tmp_path / "d", limit, clients, metrics)
+    server, budget = _under_a_file_limit(tmp_path / "d", limit, clients, metrics)
     with server, SyncClient(server.bootstrap) as client:
         assert server.proc is not None
         pid = server.proc.pid
@@ -469,8 +473,7 @@ def test_refused_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
     accept (not in a task of its own, up to a batch of accepts later), so the server's
     descriptors stay within its budget and nothing of the log is postponed."""
     limit, clients, metrics = 200, 40, 4
-    budget = clients + metrics + RESERVED_FILE_DESCRIPTORS
-    server = _under_a_file_limit(tmp_path / "d", limit, clients, metrics)
+    server, budget = _under_a_file_limit(tmp_path / "d", limit, clients, metrics)
     with server, SyncClient(server.bootstrap) as client:
         assert server.proc is not None
         pid = server.proc.pid
