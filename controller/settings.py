@@ -42,10 +42,12 @@ from pidctl.controller.core.producer_ids import (
 from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
+    DEFAULT_PREALLOCATE_BYTES,
     DEFAULT_RETENTION_BYTES,
     DEFAULT_RETENTION_MS,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
+    MAX_PREALLOCATE_BYTES,
 )
 from pidctl.controller.log.space import DEFAULT_MIN_FREE_BYTES
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
@@ -147,6 +149,18 @@ def _integer(minimum: int | None) -> Parse:
 POSITIVE = _integer(1)
 NON_NEGATIVE = _integer(0)
 ANY_INTEGER = _integer(None)
+
+
+def _up_to(limit: int) -> Parse:
+    """A non-negative integer no larger than ``limit``."""
+
+    def parse(raw: Any) -> int:
+        value: int = NON_NEGATIVE(raw)
+        if value > limit:
+            raise ValueError(f"must be at most {limit}, got {value}")
+        return value
+
+    return parse
 
 
 def _float(raw: Any) -> float:
@@ -553,6 +567,16 @@ class Settings:
     # Kafka keeps its metadata log after snapshots up to metadata.max.retention.bytes
     # (100 MiB) and .ms (7 days); the same defaults keep weeks of grants here (a grant
     # record is ~100 bytes).
+    log_preallocate_bytes: int = _setting(
+        DEFAULT_PREALLOCATE_BYTES,
+        "zeros written ahead of the records in the active segment, this many at a time in a "
+        "worker thread once less than half is left, so that a commit's fdatasync overwrites "
+        "blocks already on disk and writes no metadata (on the development machine a "
+        "commit's sync took 1.4-1.5 times as long appending); readers stop at the zeros, "
+        "a clean stop and a start-up give them back; 0: append instead",
+        "bytes",
+        parse=_up_to(MAX_PREALLOCATE_BYTES),
+    )
     log_retention_bytes: int = _setting(
         DEFAULT_RETENTION_BYTES,
         "segments already covered by a snapshot are kept up to this total size, as the audit "

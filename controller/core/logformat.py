@@ -11,7 +11,11 @@ Every record is framed as (big-endian)::
     20  i64  timestamp, milliseconds since the Unix epoch
     28  ...  payload: compact JSON of the record's fields
 
-A segment file holds consecutive records and nothing else; its name is its first offset.
+A segment file holds consecutive records, then possibly zero bytes and nothing else: the
+space the writer preallocated for the records to come (``log_preallocate_bytes``), which a
+reader stops at. A record never starts with zero bytes (its length is at least the
+header's), so where the records end and the zeros begin is never in doubt. Its name is its
+first offset.
 """
 
 from __future__ import annotations
@@ -121,14 +125,16 @@ class SegmentScan:
     """What a segment's bytes hold.
 
     ``entries`` are the valid records in order; ``valid_bytes`` is where they end. When the
-    file continues past that, ``problem`` says why and ``torn`` whether it is a torn tail
-    (nothing valid follows: a write cut short by a crash) rather than corruption.
+    file continues past that with anything but zero bytes (``zero_bytes``: preallocated,
+    not a problem), ``problem`` says why and ``torn`` whether it is a torn tail (nothing
+    valid follows: a write cut short by a crash) rather than corruption.
     """
 
     entries: list[LogEntry]
     valid_bytes: int
     problem: str | None = None
     torn: bool = False
+    zero_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +146,14 @@ class SegmentEnd:
     valid_bytes: int
     problem: str | None = None
     torn: bool = False
+    zero_bytes: int = 0
 
 
 def scan_segment(data: bytes, base_offset: int) -> SegmentScan:
     """Parse a segment's bytes, checking checksums and that offsets count up from the base."""
     entries: list[LogEntry] = []
     end = walk_segment(data, base_offset, entries.append)
-    return SegmentScan(entries, end.valid_bytes, end.problem, end.torn)
+    return SegmentScan(entries, end.valid_bytes, end.problem, end.torn, end.zero_bytes)
 
 
 def walk_segment(
@@ -163,6 +170,8 @@ def walk_segment(
         try:
             entry, end = _parse_at(view, pos)
         except _Invalid as e:
+            if _all_zero(view[pos:]):
+                return SegmentEnd(expected - base_offset, pos, zero_bytes=size - pos)
             torn = not _valid_record_after(view, pos)
             return SegmentEnd(expected - base_offset, pos, f"at byte {pos}: {e}", torn)
         if entry.offset != expected:
@@ -172,6 +181,20 @@ def walk_segment(
         expected += 1
         pos = end
     return SegmentEnd(expected - base_offset, pos)
+
+
+def _all_zero(view: memoryview) -> bool:
+    """Whether every byte of ``view`` is zero (preallocated space), compared a chunk at a
+    time against zeros rather than byte by byte."""
+    chunk = len(_ZEROS)
+    for start in range(0, len(view), chunk):
+        part = view[start : start + chunk]
+        if part != _ZEROS[: len(part)]:
+            return False
+    return True
+
+
+_ZEROS = bytes(64 * 1024)
 
 
 def _valid_record_after(view: memoryview, pos: int) -> bool:

@@ -300,16 +300,32 @@ def write_all(path: Path, fd: int, data: bytes | bytearray | memoryview) -> int:
     return len(data)
 
 
-APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+def write_all_at(path: Path, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+    """:func:`write_all` at ``offset`` (``pwrite``): a segment's records go where the last
+    one ended, before the zeros preallocated for them (not with ``O_APPEND``, which would
+    put them after)."""
+    view = memoryview(data)
+    while view:
+        written = storage_call(path, "write", os.pwrite, fd, view, offset)
+        if written == 0:
+            error = OSError(errno.EIO, "write took no byte")
+            raise StorageFailed(path, "write", error)
+        view = view[written:]
+        offset += written
+    return len(data)
+
+
+#: How the log opens its segments: written at an offset (:func:`write_all_at`).
+SEGMENT_FLAGS = os.O_WRONLY | os.O_CREAT
 
 
 def create_segment(path: Path, dir_fd: int) -> int:
     """Create an empty segment atomically (a temporary file, synced, renamed, the directory
     synced through ``dir_fd``), so that a segment file either exists whole or not at all;
-    return it open for appending. Only the first step needs a new file descriptor: an
+    return it open for writing. Only the first step needs a new file descriptor: an
     EMFILE can only come before anything changed."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    flags = APPEND_FLAGS | os.O_TRUNC
+    flags = SEGMENT_FLAGS | os.O_TRUNC
     fd: int = storage_call(tmp, "open", os.open, tmp, flags, 0o644)
     try:
         storage_call(tmp, "fsync", os.fsync, fd)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import time
 from collections.abc import Callable
@@ -33,15 +34,15 @@ from pidctl.controller.core.logformat import (
     snapshot_name,
 )
 from pidctl.controller.log.datadir import (
-    APPEND_FLAGS,
     RESERVATION_FILE,
     RESERVATION_NEXT_FILE,
+    SEGMENT_FLAGS,
     StorageFailed,
     create_segment,
     encode_reservation,
     remove_file,
     storage_call,
-    write_all,
+    write_all_at,
     write_snapshot_file,
 )
 from pidctl.controller.log.disk_thread import DiskThread
@@ -78,6 +79,22 @@ DEFAULT_RETENTION_BYTES = 100 * 1024 * 1024
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
+#: Default for ``log_preallocate_bytes``: zeros written ahead of the records, a chunk at a
+#: time, in the active segment. A commit then overwrites blocks already on disk within the
+#: file's size, and its ``fdatasync`` writes the records and nothing else; appending, it
+#: also writes the inode (a new size) and, for a new block, the allocation's metadata,
+#: which on the development machine made a commit's sync 1.4-1.5 times as long.
+DEFAULT_PREALLOCATE_BYTES = 1024 * 1024
+
+
+#: The most ``log_preallocate_bytes`` can be: one ``pwritev`` of :data:`_ZERO_CHUNK` s.
+MAX_PREALLOCATE_BYTES = 64 * 1024 * 1024
+
+
+#: What preallocation writes, as many times as it takes.
+_ZERO_CHUNK = bytes(64 * 1024)
+
+
 #: Back-off while no file descriptor can be had for a reservation (commits wait meanwhile).
 RESERVATION_RETRY_MIN_S = 0.05
 
@@ -88,6 +105,10 @@ RESERVATION_RETRY_MAX_S = 1.0
 #: Errors that mean "no file descriptor now", not a failing disk: a roll or a snapshot
 #: that meets one is postponed, not fatal.
 _FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+
+
+#: Errors that mean "the disk is full": preallocation gives up, the records still go on.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 # Compiled (ops/compiled.py), and subclassed by what is not.
@@ -135,6 +156,7 @@ class MetadataLog:
         retention_bytes: int = DEFAULT_RETENTION_BYTES,
         retention_ms: int = DEFAULT_RETENTION_MS,
         inline_sync_max_s: float = DEFAULT_INLINE_SYNC_MAX_S,
+        preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         listener: CommitListener | None = None,
         reservation: int | None = None,
     ) -> None:
@@ -147,6 +169,7 @@ class MetadataLog:
         self.retention_bytes = retention_bytes
         self.retention_ms = retention_ms
         self._sync_place = SyncPlace(inline_sync_max_s)
+        self.preallocate_bytes = preallocate_bytes
         self.failed: StorageFailed | None = None
         self._snapshot_source = snapshot_source
         self._listener = listener or CommitListener()
@@ -176,6 +199,14 @@ class MetadataLog:
         # Kept here rather than asked of the file after every commit (the log is the only
         # writer of its active segment: the data dir is locked).
         self._size: int = storage_call(self._path, "fstat", os.fstat, self._fd).st_size
+        #: The active segment's size on disk: its records (``_size``), then the zeros
+        #: preallocated for the next ones (:meth:`_preallocate`).
+        self._allocated = self._size
+        #: Set while zeros are being written past ``_allocated`` (a commit that would reach
+        #: past it waits, so that the zeros never land on records).
+        self._preallocating: trio.Event | None = None
+        #: Preallocation met a full disk: not tried again in this segment.
+        self._preallocation_refused = False
         self._disk: DiskThread | None = None
         # Bytes of records since the newest snapshot (the segments from its offset on), and
         # its size: the next snapshot waits for as many (DEFAULT_SNAPSHOT_INTERVAL_RECORDS).
@@ -192,7 +223,7 @@ class MetadataLog:
     def _open_active_segment(self) -> tuple[Path, int]:
         if self._segments:
             path = self.data_dir / segment_name(self._segments[-1])
-            return path, storage_call(path, "open", os.open, path, APPEND_FLAGS, 0o644)
+            return path, storage_call(path, "open", os.open, path, SEGMENT_FLAGS, 0o644)
         path = self.data_dir / segment_name(self.end_offset)
         fd = create_segment(path, self._dir_fd)
         self._segments.append(self.end_offset)
@@ -253,10 +284,20 @@ class MetadataLog:
         finally:
             self._closed = True
             self._disk.close()
+            if self.failed is None and self._allocated > self._size:
+                self._release_preallocation()
             for fd in (self._fd, self._dir_fd, self._spare_fd):
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+
+    def _release_preallocation(self) -> None:
+        """A clean close: the active segment ends at its last record again, as recovery
+        would leave it (and as a copy of the data dir is best taken)."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as e:  # harmless: the zeros are read as the records' end
+            log.warning("preallocated space not given back", segment=str(self._path), error=str(e))
 
     def _fail(self, error: StorageFailed) -> None:
         if self.failed is None:
@@ -282,6 +323,9 @@ class MetadataLog:
             snapshot = self._snapshot_source()
         # (Nobody waits for this batch when nobody waits past what is durable already.)
         in_thread = self._sync_place.in_thread_for(awaited=self._awaited_end > self.durable_end)
+        if self._size + len(data) > self._allocated and self._preallocating is not None:
+            with trio.CancelScope(shield=True):  # the batch is taken: it must be written
+                await self._preallocating.wait()
         started = trio.current_time()
         disk = self._disk
         assert disk is not None
@@ -292,6 +336,7 @@ class MetadataLog:
             else:
                 size = self._write_and_sync(data)
             took = trio.current_time() - started
+            self._allocated = max(self._allocated, size)
             self._sync_place.after(took)
             self._after_batch(len(batch), len(data), took, in_thread, batch_end)
             lowered = self._reservation_wanted
@@ -300,14 +345,63 @@ class MetadataLog:
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
                 # (Rolls are rare: a worker thread of trio's, as the snapshots.)
-                if await trio.to_thread.run_sync(self._roll, batch_end):
+                if await self._roll_soon(batch_end):
                     self._snapshot_running = True
                     snapshots.start_soon(self._write_snapshot, batch_end, snapshot, covered)
             elif size >= self.segment_max_bytes:
-                await trio.to_thread.run_sync(self._roll, batch_end)
+                await self._roll_soon(batch_end)
+            elif snapshots is not None:
+                self._preallocate_soon(snapshots)
         except StorageFailed as e:
             self._fail(e)  # at once: /readyz fails before anything else happens
             raise
+
+    async def _roll_soon(self, base_offset: int) -> bool:
+        """:meth:`_roll` in a worker thread, once no zeros are being written to the segment
+        it ends."""
+        with trio.CancelScope(shield=True):
+            if self._preallocating is not None:
+                await self._preallocating.wait()
+            rolled: bool = await trio.to_thread.run_sync(self._roll, base_offset)
+        return rolled
+
+    def _preallocate_soon(self, nursery: trio.Nursery) -> None:
+        """After a commit: when less than half of ``preallocate_bytes`` is left ahead of the
+        records, write the next chunk of zeros, in a worker thread (one at a time)."""
+        # Never past where the segment rolls.
+        length = min(self.preallocate_bytes, self.segment_max_bytes - self._allocated)
+        if (
+            self._preallocating is not None
+            or self._preallocation_refused
+            or self._allocated - self._size >= self.preallocate_bytes // 2
+            or length < len(_ZERO_CHUNK)
+        ):
+            return
+        if self._sync_place.max_s == math.inf:
+            # Everything on the loop (tests under trio's mock clock, as in SyncPlace).
+            end = _write_zeros(self._path, self._allocated, length)
+            self._allocated = self._allocated if end is None else max(self._allocated, end)
+            self._preallocation_refused = end is None
+            return
+        self._preallocating = trio.Event()
+        nursery.start_soon(self._preallocate, self._path, self._allocated, length)
+
+    async def _preallocate(self, path: Path, start: int, length: int) -> None:
+        # Shielded: the writer waits for it to end before it rolls or closes the segment.
+        with trio.CancelScope(shield=True):
+            try:
+                end = await trio.to_thread.run_sync(_write_zeros, path, start, length)
+                if end is None:
+                    self._preallocation_refused = True
+                else:
+                    self._allocated = max(self._allocated, end)
+            except StorageFailed as e:
+                self._fail(e)
+                raise
+            finally:
+                done, self._preallocating = self._preallocating, None
+                if done is not None:
+                    done.set()
 
     async def _raise_reservation(self) -> None:
         """Make the reservation the pending records ask for durable before they are written.
@@ -409,7 +503,7 @@ class MetadataLog:
 
     def _write_and_sync(self, data: bytes) -> int:
         """Append ``data`` and make it durable; the segment's size after it."""
-        self._size += write_all(self._path, self._fd, data)
+        self._size += write_all_at(self._path, self._fd, data, self._size)
         storage_call(self._path, "fdatasync", os.fdatasync, self._fd)
         return self._size
 
@@ -428,9 +522,16 @@ class MetadataLog:
                 raise
             log.warning("segment roll postponed", segment=str(path), error=e.errno_name)
             return False
-        old, self._fd, self._path, self._size = self._fd, fd, path, 0
+        old, old_path, size, allocated = self._fd, self._path, self._size, self._allocated
+        self._fd, self._path, self._size, self._allocated = fd, path, 0, 0
+        self._preallocation_refused = False
         self._segments.append(base_offset)
-        os.close(old)
+        try:
+            if allocated > size:
+                # The zeros past its records go: a segment rolled from is its records.
+                storage_call(old_path, "ftruncate", os.ftruncate, old, size)
+        finally:
+            os.close(old)
         return True
 
     def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int | None:
@@ -481,3 +582,36 @@ class MetadataLog:
 
 def _file_size(path: Path) -> int:
     return int(storage_call(path, "stat", os.stat, path).st_size)
+
+
+def _write_zeros(path: Path, start: int, length: int) -> int | None:
+    """Write ``length`` bytes of zeros (whole chunks) at ``start`` (the segment's end),
+    synced; where they end, or None when the disk is full (records still fit where zeros
+    do not; the segment goes on without). Through a descriptor of its own: a write-back
+    error is then told to the commits' ``fdatasync`` as well as to this one (each open
+    file learns of it once), so no commit is acknowledged past it."""
+    chunks = [_ZERO_CHUNK] * (length // len(_ZERO_CHUNK))
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as e:
+        if e.errno in _FD_EXHAUSTED:
+            return start  # no descriptor now: tried again after the next commit
+        raise StorageFailed(path, "open", e) from e
+    try:
+        written = os.pwritev(fd, chunks, start)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in _DISK_FULL:
+            log.warning(
+                "preallocation refused",
+                note="the segment grows as it is written, until the next one",
+                segment=str(path),
+                error=errno.errorcode.get(e.errno, str(e.errno)),
+            )
+            return None
+        raise StorageFailed(path, "preallocate", e) from e
+    try:
+        storage_call(path, "fdatasync", os.fdatasync, fd)
+    finally:
+        os.close(fd)
+    return start + written

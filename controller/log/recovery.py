@@ -113,6 +113,8 @@ class _SegmentsWalked:
     torn_valid_bytes: int = 0
     torn_tail_bytes: int = 0
     torn_tail_problem: str | None = None
+    #: Segments ending in preallocated zero bytes, and where their records end.
+    zero_tails: list[tuple[Path, int]] = field(default_factory=list)
 
 
 def _covers_before(following: Path, offset: int) -> bool:
@@ -170,6 +172,8 @@ def _walk_segments(
             walked.torn_valid_bytes = end.valid_bytes
             walked.torn_tail_bytes = path.stat().st_size - end.valid_bytes
             walked.torn_tail_problem = end.problem
+        if end.zero_bytes:
+            walked.zero_tails.append((path, end.valid_bytes))
         segment_done(path, base, end)
         if walked.first_base is None:
             walked.first_base = base
@@ -375,7 +379,9 @@ def _replay_streaming(data_dir: Path) -> tuple[ControllerState, int, int, _Segme
 
 def recover(data_dir: Path) -> Recovery:
     """Start-up: read and check everything, rebuild the state, then (only if all is well)
-    truncate a torn tail and remove leftovers of an interrupted snapshot.
+    truncate a torn tail and remove leftovers of an interrupted snapshot. Preallocated zero
+    bytes after the records are given back too (the writer preallocates afresh), so the log
+    opens with every segment ending at its last record.
 
     Records are replayed as they are read (see :func:`_replay_streaming`), so what recovery
     leaves in memory is the state, not the history it was built from."""
@@ -398,6 +404,8 @@ def recover(data_dir: Path) -> Recovery:
             "above the reservation",
         )
         _truncate(walked.torn_segment, walked.torn_valid_bytes)
+    for path, records_end in walked.zero_tails:
+        _truncate(path, records_end)
     return Recovery(state, replayed, snapshot_offset, walked.torn_tail_bytes, reservation)
 
 

@@ -228,6 +228,7 @@ class PidctlServer:
             retention_bytes=settings.log_retention_bytes,
             retention_ms=settings.log_retention_ms,
             inline_sync_max_s=settings.log_inline_sync_max_ms / 1000,
+            preallocate_bytes=settings.log_preallocate_bytes,
             listener=self.after_commit,
             reservation=recovery.reservation,
         )

@@ -51,10 +51,12 @@ from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUp
 from pidctl.controller.log.recovery import read_log
 
 #: Injected faults: the system call, the errors it gets, and whether to aim at the active
-#: segment (write and fdatasync are also used for stderr and other files).
+#: segment (fdatasync is also used for other files). Records are written with pwrite64, the
+#: preallocated zeros with pwritev2 (os.pwritev; a full disk there only stops preallocation: not chosen).
 FAULTS = [
     ("fdatasync", ("EIO",), True),
-    ("write", ("EIO", "ENOSPC"), True),
+    ("pwrite64", ("EIO", "ENOSPC"), True),
+    ("pwritev2", ("EIO",), True),
     ("fsync", ("EIO", "ENOSPC"), False),  # rolls and snapshots
     ("rename", ("EIO",), False),  # rolls and snapshots
 ]

@@ -43,8 +43,11 @@ from tests.e2e.test_operations import http_status, scrape
 pytestmark = pytest.mark.slow
 
 
-def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[Acknowledged, int]:
-    """Start the server under ``prefix``, load it until it stops; its exit status."""
+def _fault_under_load(
+    data_dir: Path, prefix: list[str], *extra: str, operation: str | None = None
+) -> tuple[Acknowledged, int]:
+    """Start the server under ``prefix``, load it until it stops; its exit status. The
+    failure it reports is of ``operation``, if given."""
     server = ServerProcess(data_dir, *extra, prefix=prefix).start()
     acked = Acknowledged()
     load = GrantLoad(server.bootstrap, server.cluster_id(), acked).start()
@@ -57,6 +60,7 @@ def _fault_under_load(data_dir: Path, prefix: list[str], *extra: str) -> tuple[A
     failed = [e for e in server.events if e.get("event") == "storage_failed"]
     assert len(failed) == 1, server.stderr_lines[-5:]
     assert failed[0]["errno"] > 0 and failed[0]["operation"] and failed[0]["file"]
+    assert operation is None or failed[0]["operation"] == operation
     assert any("storage failed, stopping" in line for line in server.stderr_lines)
     _check_audit_trail(server, acked)
     return acked, status
@@ -115,10 +119,15 @@ def test_failed_fdatasync_stops_the_server_and_nothing_unsynced_was_acknowledged
     _restart_and_check(data_dir, acked)
 
 
+# Records are written with pwrite64 (where the last one ended, before the preallocated
+# zeros), the zeros with pwritev2 (os.pwritev): a fault aims at one or the other.
+
+
 def test_failed_write_leaves_no_hole(tmp_path: Path) -> None:
     data_dir = tmp_path / "d"
     segment = data_dir / segment_name(0)
-    acked, status = _fault_under_load(data_dir, strace_prefix("write", "ENOSPC", "30", segment))
+    fault = strace_prefix("pwrite64", "ENOSPC", "30", segment)
+    acked, status = _fault_under_load(data_dir, fault)
     assert status == StorageFailed.exit_code
     _restart_and_check(data_dir, acked)
 
@@ -128,9 +137,45 @@ def test_a_write_that_takes_no_byte_stops_the_server(tmp_path: Path) -> None:
     loop that writes for ever."""
     data_dir = tmp_path / "d"
     segment = data_dir / segment_name(0)
-    zero = strace_inject_prefix("write", "retval=0", "20", segment)
+    zero = strace_inject_prefix("pwrite64", "retval=0", "20", segment)
     acked, status = _fault_under_load(data_dir, zero)
     assert status == StorageFailed.exit_code
+    _restart_and_check(data_dir, acked)
+
+
+#: Small chunks of zeros, so that preallocation runs every few commits under load.
+SMALL_PREALLOCATION = ("--log-preallocate-bytes", "65536")
+
+
+def test_a_failed_preallocation_stops_the_server_as_a_failed_write_does(tmp_path: Path) -> None:
+    """Zeros that cannot be written (EIO) mean a failing disk: fail-stop, and every
+    acknowledged grant is on disk after the restart."""
+    data_dir = tmp_path / "d"
+    segment = data_dir / segment_name(0)
+    fault = strace_prefix("pwritev2", "EIO", "3", segment)
+    acked, status = _fault_under_load(
+        data_dir, fault, *SMALL_PREALLOCATION, operation="preallocate"
+    )
+    assert status == StorageFailed.exit_code
+    _restart_and_check(data_dir, acked)
+
+
+def test_a_full_disk_stops_preallocation_not_the_records(tmp_path: Path) -> None:
+    """ENOSPC for the zeros (every time): the segment grows as it is written, as without
+    preallocation, and grants go on."""
+    data_dir = tmp_path / "d"
+    segment = data_dir / segment_name(0)
+    full = strace_prefix("pwritev2", "ENOSPC", "1+", segment)
+    with ServerProcess(data_dir, *SMALL_PREALLOCATION, prefix=full) as server:
+        acked = Acknowledged()
+        load = GrantLoad(server.bootstrap, server.cluster_id(), acked).start()
+        try:
+            wait_until(lambda: acked.count > 300, "grants with preallocation refused")
+        finally:
+            load.stop()
+        refused = [e for e in server.events if e.get("event") == "preallocation refused"]
+        assert len(refused) == 1 and refused[0]["error"] == "ENOSPC"
+        assert server.proc is not None and server.proc.poll() is None
     _restart_and_check(data_dir, acked)
 
 
@@ -429,6 +474,14 @@ class HttpFlood:
                 sock.close()
 
 
+def _link(path: str) -> str:
+    """Where a descriptor of /proc points; "" if it closed meanwhile."""
+    try:
+        return os.readlink(path)
+    except FileNotFoundError:
+        return ""
+
+
 def test_metrics_connections_cannot_take_the_descriptors_the_log_needs(tmp_path: Path) -> None:
     """Hundreds of HTTP connections to the metrics port under a real low RLIMIT_NOFILE,
     while grants make rolls and snapshots due: the endpoint holds at most
@@ -443,11 +496,17 @@ def test_metrics_connections_cannot_take_the_descriptors_the_log_needs(tmp_path:
         def open_descriptors() -> int:
             return len(os.listdir(f"/proc/{pid}/fd"))
 
-        before = open_descriptors()
+        def open_sockets() -> int:  # (not the log's files, which come and go)
+            return sum(
+                _link(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+                for fd in os.listdir(f"/proc/{pid}/fd")
+            )
+
+        before = open_sockets()
         descriptors: list[int] = []
         with HttpFlood(server.metrics_port, 3 * limit) as flood:
             wait_until(lambda: flood.opened >= 3 * limit, "the flood's connections")
-            wait_until(lambda: open_descriptors() >= before + metrics, "the endpoint full")
+            wait_until(lambda: open_sockets() >= before + metrics, "the endpoint full")
             for _ in range(240):  # six snapshots due, each with its roll
                 assert client.request(requests.allocate(-1, -1)).error_code == 0
                 descriptors.append(open_descriptors())

@@ -442,3 +442,97 @@ async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
         tmp_path, state.next_offset, metalog.snapshot_offset, lambda: state.copy().to_snapshot
     )
     assert again.snapshot_size == sizes[1]
+
+
+# -- preallocation: zeros ahead of the records ---------------------------------------------
+
+CHUNK = 64 * 1024
+
+
+def _records_end(path: Path) -> int:
+    """Where a segment's records end (its zeros after them are not records)."""
+    from pidctl.controller.core.logformat import scan_segment
+
+    scan = scan_segment(path.read_bytes(), offset_of(path))
+    assert scan.problem is None
+    return scan.valid_bytes
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait (bounded) for something a worker thread does."""
+    with trio.fail_after(10):
+        while not condition():
+            await trio.sleep(0.001)
+
+
+async def test_records_go_before_the_zeros_preallocated_for_them_and_a_clean_close_gives_them_back(
+    tmp_path: Path,
+) -> None:
+    state = ControllerState()
+    metalog = MetadataLog(
+        tmp_path, 0, 0, lambda: state.copy().to_snapshot, preallocate_bytes=2 * CHUNK
+    )
+    segment = tmp_path / segment_name(0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in history(50):
+            state.replay(append(metalog, record), record)
+            await metalog.flush()
+        # The zeros come in a worker thread after a commit: at least one chunk ahead.
+        await _until(lambda: segment.stat().st_size >= _records_end(segment) + CHUNK)
+        live = read_log(tmp_path)  # a reader while the server runs stops at the zeros
+        assert live.torn_tail_bytes == 0 and live.end_offset == 52
+        nursery.cancel_scope.cancel()
+    assert segment.stat().st_size == _records_end(segment)  # given back by the clean close
+    assert recover(tmp_path).state == state
+
+
+async def test_a_batch_larger_than_the_zeros_ahead_is_written_whole(tmp_path: Path) -> None:
+    """Batches of 64 KiB and more while zeros of one chunk at a time are written after
+    them: a commit that would reach past the zeros waits for the chunk being written, so
+    the zeros never land on records."""
+    state = ControllerState()
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, preallocate_bytes=CHUNK)
+    ids = (f"tx-{i:05d}-" + "x" * 200 for i in itertools.count())
+    written: list[Record] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for _ in range(20):
+            for _ in range(300):  # about 80 kB in one batch
+                written.append(TransactionalIdUpdated(next(ids), 7, 0, -1, -1, 60_000, 0))
+                append(metalog, written[-1])
+            await metalog.flush()
+        nursery.cancel_scope.cancel()
+    contents = read_log(tmp_path)
+    assert contents.torn_tail_bytes == 0
+    assert [e.record for e in contents.entries()] == written
+
+
+async def test_zeros_stop_where_the_segment_rolls_and_a_roll_gives_them_back(
+    tmp_path: Path,
+) -> None:
+    state = ControllerState()
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        segment_max_bytes=3 * CHUNK,
+        preallocate_bytes=8 * CHUNK,
+    )
+    first = tmp_path / segment_name(0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        record = history(1)[0]
+        state.replay(append(metalog, record), record)
+        await metalog.flush()
+        await _until(lambda: first.stat().st_size > _records_end(first))
+        assert first.stat().st_size <= 3 * CHUNK  # not the 8 chunks asked for
+        grants = itertools.count()
+        while len(list(tmp_path.glob("*.log"))) < 2:
+            record = grant(next(grants))
+            state.replay(append(metalog, record), record)
+            await metalog.flush()
+        assert first.stat().st_size == _records_end(first)
+        nursery.cancel_scope.cancel()
+    assert recover(tmp_path).state == state

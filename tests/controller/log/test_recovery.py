@@ -50,11 +50,26 @@ def test_torn_tail_is_truncated_with_a_warning(tmp_path: Path) -> None:
     assert scan_segment(path.read_bytes(), 0).problem is None
 
 
-def test_zero_filled_tail_is_torn(tmp_path: Path) -> None:
+def test_a_zero_filled_tail_is_preallocated_space_given_back_without_a_warning(
+    tmp_path: Path,
+) -> None:
     path = write_segment(tmp_path, history(3))
-    path.write_bytes(path.read_bytes() + b"\0" * 4096)
-    recovery = recover(tmp_path)
-    assert recovery.truncated_bytes == 4096
+    records = path.read_bytes()
+    path.write_bytes(records + b"\0" * 4096)
+    with structlog.testing.capture_logs() as logs:
+        recovery = recover(tmp_path)
+    assert logs == [] and recovery.truncated_bytes == 0
+    assert recovery.state.next_producer_id == 3000
+    assert path.read_bytes() == records
+
+
+def test_zeros_followed_by_anything_else_are_a_torn_tail(tmp_path: Path) -> None:
+    path = write_segment(tmp_path, history(3))
+    path.write_bytes(path.read_bytes() + b"\0" * 4096 + b"\x01")
+    with structlog.testing.capture_logs() as logs:
+        recovery = recover(tmp_path)
+    assert [e["event"] for e in logs] == ["truncating torn tail"]
+    assert recovery.truncated_bytes == 4097
     assert recovery.state.next_producer_id == 3000
 
 
