@@ -52,7 +52,8 @@ from pidctl.controller.log.recovery import read_log
 
 #: Injected faults: the system call, the errors it gets, and whether to aim at the active
 #: segment (fdatasync is also used for other files). Records are written with pwrite64, the
-#: preallocated zeros with pwritev2 (os.pwritev; a full disk there only stops preallocation: not chosen).
+#: preallocated zeros with pwritev2 (os.pwritev; a full disk there only stops
+#: preallocation, so it is not chosen).
 FAULTS = [
     ("fdatasync", ("EIO",), True),
     ("pwrite64", ("EIO", "ENOSPC"), True),
