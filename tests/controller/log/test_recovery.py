@@ -73,6 +73,34 @@ def test_zeros_followed_by_anything_else_are_a_torn_tail(tmp_path: Path) -> None
     assert recovery.state.next_producer_id == 3000
 
 
+def test_zeroed_records_with_records_after_them_are_corruption_not_preallocated_space(
+    tmp_path: Path,
+) -> None:
+    """Only zeros through to the end of the file are preallocated: a zeroed stretch with an
+    intact record after it is damage to synced records, and start-up stops."""
+    path = write_segment(tmp_path, history(10))
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle - 200 : middle] = bytes(200)
+    path.write_bytes(bytes(data))
+    before = digest(tmp_path)
+    with pytest.raises(LogCorruption):
+        recover(tmp_path)
+    assert digest(tmp_path) == before
+
+
+def test_zeros_after_an_older_segments_records_are_given_back_too(tmp_path: Path) -> None:
+    """A crash after a roll can leave the zeros of the segment rolled from (its truncation
+    was not synced): they end its records, as in the last segment."""
+    first = write_segment(tmp_path, history(3))
+    records = first.read_bytes()
+    first.write_bytes(records + bytes(8192))
+    second = write_segment(tmp_path, [grant(3)], base=5)
+    recovery = recover(tmp_path)
+    assert recovery.state.next_producer_id == 4000
+    assert first.read_bytes() == records and second.stat().st_size > 0
+
+
 def test_corruption_in_the_middle_stops_and_touches_nothing(tmp_path: Path) -> None:
     path = write_segment(tmp_path, history(10))
     data = bytearray(path.read_bytes())
