@@ -142,7 +142,9 @@ class MetadataLog:
     new durable end.
 
     A commit's ``write`` and ``fdatasync`` run where :class:`SyncPlace` says, given
-    ``inline_sync_max_s`` (``sync_place.py`` says why)."""
+    ``inline_sync_max_s`` (``sync_place.py`` says why). Records go where the active
+    segment's file ends when the log opens: open it after :func:`recovery.recover`, which
+    gives back the zeros a crash left there."""
 
     def __init__(
         self,
