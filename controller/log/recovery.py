@@ -132,6 +132,7 @@ def _walk_segments(
     segment_done: Callable[[Path, int, SegmentEnd], object] = lambda *_: None,
     progress: Callable[[int, int], None] | None = None,
     skip_below: int = 0,
+    read_segment: Callable[[Path], contextlib.AbstractContextManager[memoryview]] | None = None,
 ) -> _SegmentsWalked:
     """Check every segment in order, mapped one at a time, calling ``visit`` with each valid
     record as it is read and ``segment_done`` after each segment: segments follow on from one
@@ -142,7 +143,10 @@ def _walk_segments(
     Segments wholly below ``skip_below`` (the next one starts at or below it) are not read:
     :func:`recover` passes the snapshot's offset, since the snapshot holds their effect and
     they are only kept as the audit trail (``log_retention_bytes``, up to 100 MiB by
-    default, whose reading would slow every start-up). ``pidctl log verify`` reads all."""
+    default, whose reading would slow every start-up). ``pidctl log verify`` reads all.
+
+    Each segment's bytes come from ``read_segment``: mapped by default (:func:`_mapped`),
+    which only start-up may do (see :func:`_copied`)."""
     walked = _SegmentsWalked()
     paths = sorted(data_dir.glob("*" + SEGMENT_SUFFIX), key=offset_of)
     while len(paths) > 1 and _covers_before(paths[1], skip_below):
@@ -162,7 +166,7 @@ def _walk_segments(
                 f"{path}: segment starts at offset {base}, expected {expected} "
                 "(a segment is missing or out of place)"
             )
-        with _mapped(path) as data:
+        with (read_segment or _mapped)(path) as data:
             end = walk_segment(data, base, visit)
         if end.problem is not None:
             is_last = all(p.stat().st_size == 0 for p in paths[index + 1 :])
@@ -268,11 +272,11 @@ def _read_log_once(data_dir: Path, progress: Callable[[int, int], None] | None) 
     entries: list[LogEntry] = []
 
     def segment_done(path: Path, base: int, end: SegmentEnd) -> None:
-        scan = SegmentScan(entries.copy(), end.valid_bytes, end.problem, end.torn)
+        scan = SegmentScan(entries.copy(), end.valid_bytes, end.problem, end.torn, end.zero_bytes)
         contents.segments.append(SegmentRead(path, base, scan))
         entries.clear()
 
-    walked = _walk_segments(data_dir, entries.append, segment_done, progress)
+    walked = _walk_segments(data_dir, entries.append, segment_done, progress, read_segment=_copied)
     contents.stray_segments = walked.stray_segments
     contents.torn_tail_bytes = walked.torn_tail_bytes
     contents.torn_tail_problem = walked.torn_tail_problem
@@ -317,7 +321,8 @@ class Recovery:
 def _mapped(path: Path) -> Iterator[memoryview]:
     """A file's bytes mapped read-only: they stay in the page cache and leave this process
     when unmapped, rather than being copied onto the heap (where a big buffer is freed but
-    not always given back)."""
+    not always given back). Only for files nobody shortens meanwhile: snapshots, and
+    segments at start-up, under the data dir's lock (a live reader uses :func:`_copied`)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             yield memoryview(b"")
@@ -332,6 +337,15 @@ def _mapped(path: Path) -> Iterator[memoryview]:
         with contextlib.suppress(BufferError):
             view.release()
             mapping.close()
+
+
+@contextlib.contextmanager
+def _copied(path: Path) -> Iterator[memoryview]:
+    """A file's bytes read into memory, for a reader beside a running server: the server
+    cuts a segment's preallocated zeros off (at a roll, at a clean stop) while it may be
+    read, and a mapping's pages past the file's new end fault (SIGBUS kills the reader). A
+    copy is only shorter for it; the zeros cut are never records."""
+    yield memoryview(path.read_bytes())
 
 
 def _restore_snapshot(path: Path) -> tuple[int, ControllerState]:

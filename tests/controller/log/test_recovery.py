@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import struct
+import subprocess
+import sys
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -99,6 +101,46 @@ def test_zeros_after_an_older_segments_records_are_given_back_too(tmp_path: Path
     recovery = recover(tmp_path)
     assert recovery.state.next_producer_id == 4000
     assert first.read_bytes() == records and second.stat().st_size > 0
+
+
+_CUT_WHILE_READING = """
+import os, sys, threading, time
+from pathlib import Path
+from pidctl.controller.log.recovery import read_log
+segment, records_end = Path(sys.argv[1]), int(sys.argv[2])
+stop = time.monotonic() + float(sys.argv[3])
+def cut_and_grow():  # a server's rolls and clean stops, as fast as they can come
+    fd = os.open(segment, os.O_WRONLY)
+    while time.monotonic() < stop:
+        os.ftruncate(fd, records_end)
+        os.pwrite(fd, bytes(1 << 20), records_end)
+cutter = threading.Thread(target=cut_and_grow)
+cutter.start()
+reads = 0
+while time.monotonic() < stop:
+    assert read_log(segment.parent).end_offset == 12
+    reads += 1
+cutter.join()
+print(reads)
+"""
+
+
+def test_a_live_read_survives_zeros_cut_off_while_it_reads(tmp_path: Path) -> None:
+    """A reader beside a running server (log verify, log dump) meets segments whose zeros
+    the server cuts off at a roll or a clean stop. Mapped, a page past the file's new end
+    kills the reader with SIGBUS; read, it is only a shorter copy. Two seconds of a
+    segment cut and grown again under a reader in a loop, in a process of its own."""
+    path = write_segment(tmp_path, history(10))
+    records_end = path.stat().st_size
+    path.write_bytes(path.read_bytes() + bytes(1 << 20))
+    done = subprocess.run(
+        [sys.executable, "-c", _CUT_WHILE_READING, str(path), str(records_end), "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert int(done.stdout) > 10  # reads, each of a segment being cut
 
 
 def test_corruption_in_the_middle_stops_and_touches_nothing(tmp_path: Path) -> None:
