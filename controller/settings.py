@@ -48,6 +48,7 @@ from pidctl.controller.log.metalog import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
     MAX_PREALLOCATE_BYTES,
+    MIN_PREALLOCATE_BYTES,
 )
 from pidctl.controller.log.space import DEFAULT_MIN_FREE_BYTES
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
@@ -151,13 +152,13 @@ NON_NEGATIVE = _integer(0)
 ANY_INTEGER = _integer(None)
 
 
-def _up_to(limit: int) -> Parse:
-    """A non-negative integer no larger than ``limit``."""
+def _zero_or_between(low: int, high: int) -> Parse:
+    """0 (off), or an integer from ``low`` to ``high``."""
 
     def parse(raw: Any) -> int:
         value: int = NON_NEGATIVE(raw)
-        if value > limit:
-            raise ValueError(f"must be at most {limit}, got {value}")
+        if value != 0 and not low <= value <= high:
+            raise ValueError(f"must be 0 or from {low} to {high}, got {value}")
         return value
 
     return parse
@@ -573,9 +574,10 @@ class Settings:
         "worker thread once less than half is left, so that a commit's fdatasync overwrites "
         "blocks already on disk and writes no metadata (on the development machine a "
         "commit's sync took 1.4-1.5 times as long appending); readers stop at the zeros, "
-        "a clean stop and a start-up give them back; 0: append instead",
+        "a clean stop and a start-up give them back; whole 64 KiB chunks (rounded down), at "
+        "least one; 0: append instead",
         "bytes",
-        parse=_up_to(MAX_PREALLOCATE_BYTES),
+        parse=_zero_or_between(MIN_PREALLOCATE_BYTES, MAX_PREALLOCATE_BYTES),
     )
     log_retention_bytes: int = _setting(
         DEFAULT_RETENTION_BYTES,

@@ -49,6 +49,10 @@ HEADER_BYTES = _PREFIX.size + _HEADER.size
 #: refusing it bounds what a scan allocates.
 MAX_RECORD_BYTES = 1024 * 1024
 
+#: The most one commit writes (the log's writer splits larger batches; one entry fits): the
+#: reach of a write that a power cut left partly on disk (:func:`walk_segment`).
+MAX_COMMIT_BYTES = _PREFIX.size + MAX_RECORD_BYTES
+
 
 @dataclass(frozen=True, slots=True)
 class LogEntry:
@@ -172,7 +176,7 @@ def walk_segment(
         except _Invalid as e:
             if _all_zero(view[pos:]):
                 return SegmentEnd(expected - base_offset, pos, zero_bytes=size - pos)
-            torn = not _valid_record_after(view, pos)
+            torn = _only_the_last_write_after(view, pos, expected)
             return SegmentEnd(expected - base_offset, pos, f"at byte {pos}: {e}", torn)
         if entry.offset != expected:
             problem = f"at byte {pos}: offset {entry.offset} where {expected} was expected"
@@ -197,24 +201,54 @@ def _all_zero(view: memoryview) -> bool:
 _ZEROS = bytes(64 * 1024)
 
 
-def _valid_record_after(view: memoryview, pos: int) -> bool:
-    """Whether any intact record starts after ``pos``.
+def _only_the_last_write_after(view: memoryview, pos: int, expected: int) -> bool:
+    """Whether what follows ``pos`` (where a record does not parse, and not only zeros) can
+    be what one commit cut short left: a torn tail, rather than damage to synced records.
 
-    A crash mid-write leaves a prefix of the last record (or zeros) at the end of the file;
-    it can never be followed by an intact record. If one follows, the damage is corruption
-    and truncating would throw away acknowledged data.
-    """
-    last_start = len(view) - HEADER_BYTES
-    for candidate in range(pos + 1, last_start + 1):
-        # Cheap filter before the checksum: the format version byte must match.
-        if view[candidate + _PREFIX.size] != FRAME_FORMAT_VERSION:
-            continue
+    A crash mid-write leaves part of the last commit's bytes: a prefix of them (a process
+    killed mid-write), or, over preallocated zeros, any of its pages and not others (a power
+    cut: the disk writes a commit's pages in no set order, and nothing but the sync that
+    did not finish would have ordered them). So intact records may follow, but only that
+    commit's: within :data:`MAX_COMMIT_BYTES` of ``pos``, with offsets past ``expected``,
+    rising, and after a sector of zeros (one the cut left unwritten). An intact record
+    anywhere else is corruption, and truncating would throw away acknowledged data."""
+    data = bytes(view)  # (for find: a candidate starts where the version byte matches)
+    last_start = len(data) - HEADER_BYTES
+    reach = pos + MAX_COMMIT_BYTES
+    previous = expected
+    candidate = pos + 1
+    while candidate <= last_start:
+        version_at = data.find(_VERSION_BYTE, candidate + _PREFIX.size)
+        if version_at < 0 or version_at - _PREFIX.size > last_start:
+            return True
+        candidate = version_at - _PREFIX.size
         try:
-            _parse_at(view, candidate)
+            entry, end = _parse_at(data, candidate)
         except _Invalid:
+            candidate += 1
             continue
-        return True
-    return False
+        if candidate >= reach or entry.offset <= previous:
+            return False
+        if previous == expected and not _zero_sector_within(data, pos, candidate):
+            return False  # what lies before it is damage, not a sector never written
+        previous, candidate = entry.offset, end
+    return True
+
+
+def _zero_sector_within(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` holds a whole aligned sector of zeros: what a power cut
+    leaves of a commit's sector never written, over preallocated zeros. A flipped bit or a
+    damaged record leaves no such thing."""
+    first = -(-start // _SECTOR) * _SECTOR
+    return any(
+        data[at : at + _SECTOR] == _ZERO_SECTOR for at in range(first, end - _SECTOR + 1, _SECTOR)
+    )
+
+
+#: The unit a disk writes whole or not at all (the smallest there is).
+_SECTOR = 512
+_ZERO_SECTOR = bytes(_SECTOR)
+_VERSION_BYTE = bytes([FRAME_FORMAT_VERSION])
 
 
 # -- names and views shared by the log, its tools and the Spark reader ------------------

@@ -25,6 +25,7 @@ import structlog
 import trio
 
 from pidctl.controller.core.logformat import (
+    MAX_COMMIT_BYTES,
     SEGMENT_SUFFIX,
     SNAPSHOT_SUFFIX,
     LogCorruption,
@@ -91,8 +92,10 @@ DEFAULT_PREALLOCATE_BYTES = 1024 * 1024
 MAX_PREALLOCATE_BYTES = 64 * 1024 * 1024
 
 
-#: What preallocation writes, as many times as it takes.
+#: What preallocation writes, as many times as it takes (``log_preallocate_bytes`` is
+#: rounded down to whole chunks, and is at least one).
 _ZERO_CHUNK = bytes(64 * 1024)
+MIN_PREALLOCATE_BYTES = len(_ZERO_CHUNK)
 
 
 #: Back-off while no file descriptor can be had for a reservation (commits wait meanwhile).
@@ -308,9 +311,10 @@ class MetadataLog:
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
         await self._raise_reservation()
-        batch, self._pending = self._pending, []
-        self._pending_event = trio.Event()
-        batch_end = self.end_offset
+        batch, self._pending = _at_most_one_commit(self._pending)
+        if not self._pending:
+            self._pending_event = trio.Event()
+        batch_end = self.end_offset - len(self._pending)
         data = b"".join(batch)
         self._bytes_since_snapshot += len(data)
         covered = self._bytes_since_snapshot  # through batch_end
@@ -318,6 +322,7 @@ class MetadataLog:
         due = (
             batch_end - self.snapshot_offset >= self.snapshot_interval_records
             and covered >= self.snapshot_size
+            and batch_end == self.end_offset  # (the state holds no record past it)
         )
         if due and snapshots is not None and not self._snapshot_running:
             # Captured now, while state and log agree on batch_end (no await since the last
@@ -582,6 +587,18 @@ class MetadataLog:
                 break
 
 
+def _at_most_one_commit(pending: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """The entries the next commit writes, and those left for the one after: no more than
+    :data:`MAX_COMMIT_BYTES` (an entry fits alone), so that a power cut mid-commit leaves
+    intact records no further than recovery looks for them (``logformat.walk_segment``)."""
+    total = 0
+    for index, entry in enumerate(pending):
+        total += len(entry)
+        if total > MAX_COMMIT_BYTES and index > 0:
+            return pending[:index], pending[index:]
+    return pending, []
+
+
 def _file_size(path: Path) -> int:
     return int(storage_call(path, "stat", os.stat, path).st_size)
 
@@ -612,6 +629,9 @@ def _write_zeros(path: Path, start: int, length: int) -> int | None:
             )
             return None
         raise StorageFailed(path, "preallocate", e) from e
+    if written == 0:  # never, for a regular file: a failure, as a record write taking none
+        os.close(fd)
+        raise StorageFailed(path, "preallocate", OSError(errno.EIO, "write took no byte"))
     try:
         storage_call(path, "fdatasync", os.fdatasync, fd)
     finally:

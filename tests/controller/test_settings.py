@@ -113,3 +113,19 @@ def test_config_show_of_the_defaults_loads_back() -> None:
     assert "# listeners = (unset)  # default" in lines
     assert 'log_format = "auto"  # default' in lines
     assert settings == Settings()
+
+
+@pytest.mark.parametrize("value", ["0", "65536", "1048576", "67108864"])
+def test_log_preallocate_bytes_takes_zero_or_whole_chunks_up_to_64_mib(value: str) -> None:
+    settings, _ = load_settings_with_sources({}, {"PIDCTL_LOG_PREALLOCATE_BYTES": value})
+    assert settings.log_preallocate_bytes == int(value)
+
+
+@pytest.mark.parametrize("value", ["1", "65535", "67108865", "-1"])
+def test_log_preallocate_bytes_refuses_what_would_preallocate_nothing_or_too_much(
+    value: str,
+) -> None:
+    """Below one 64 KiB chunk, preallocation would silently do nothing; above 64 MiB, one
+    write of zeros would hold the disk too long."""
+    with pytest.raises(SettingsError, match="log_preallocate_bytes"):
+        load_settings_with_sources({}, {"PIDCTL_LOG_PREALLOCATE_BYTES": value})

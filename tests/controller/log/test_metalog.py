@@ -536,3 +536,30 @@ async def test_zeros_stop_where_the_segment_rolls_and_a_roll_gives_them_back(
         assert first.stat().st_size == _records_end(first)
         nursery.cancel_scope.cancel()
     assert recover(tmp_path).state == state
+
+
+async def test_a_commit_writes_at_most_max_commit_bytes(tmp_path: Path) -> None:
+    """Records appended together past MAX_COMMIT_BYTES are committed in several writes,
+    each within it (one record fits alone): recovery looks no further for what a power cut
+    left of one commit."""
+    from pidctl.controller.core.logformat import MAX_COMMIT_BYTES
+
+    sizes: list[int] = []
+
+    class Sizes(CommitListener):
+        def batch_written(self, records: int, size: int, seconds: float, in_thread: bool) -> None:
+            sizes.append(size)
+
+    state = ControllerState()
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=Sizes())
+    written = [
+        TransactionalIdUpdated(f"{i}-" + "x" * 400_000, 7, 0, -1, -1, 60_000, 0) for i in range(6)
+    ]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in written:
+            append(metalog, record)
+        await metalog.flush()
+        nursery.cancel_scope.cancel()
+    assert len(sizes) >= 3 and max(sizes) <= MAX_COMMIT_BYTES, sizes
+    assert [e.record for e in read_log(tmp_path).entries()] == written

@@ -15,7 +15,9 @@ import pytest
 import structlog
 
 from pidctl.controller.core.logformat import (
+    MAX_COMMIT_BYTES,
     LogCorruption,
+    encode_entry,
     scan_segment,
     snapshot_name,
 )
@@ -89,6 +91,70 @@ def test_zeroed_records_with_records_after_them_are_corruption_not_preallocated_
     with pytest.raises(LogCorruption):
         recover(tmp_path)
     assert digest(tmp_path) == before
+
+
+def _cut_commit(tmp_path: Path, gap_at: int = 0, gap: int = 512) -> tuple[Path, int]:
+    """A segment of 5 records synced, then a commit of 40 more over preallocated zeros,
+    of which a power cut left one stretch of ``gap`` bytes unwritten (zeros, 512-aligned,
+    ``gap_at`` sectors into the commit's first whole sector); where the synced records end."""
+    records = history(43)
+    path = write_segment(tmp_path, records[:5])
+    synced = path.read_bytes()
+    commit = b"".join(encode_entry(5 + i, 1000, r) for i, r in enumerate(records[5:]))
+    data = bytearray(synced + commit + bytes(1 << 16))
+    first = -(-len(synced) // 512) * 512 + gap_at * 512
+    data[first : first + gap] = bytes(gap)
+    path.write_bytes(bytes(data))
+    return path, len(synced)
+
+
+def test_a_commit_a_power_cut_left_partly_written_is_a_torn_tail(tmp_path: Path) -> None:
+    """Over preallocated zeros the disk writes a commit's sectors in no set order: a cut
+    can leave one unwritten between written ones, so intact records of that commit follow
+    the gap. Never acknowledged (its sync did not finish): truncated, with a warning."""
+    path, synced = _cut_commit(tmp_path)
+    gap = -(-synced // 512) * 512
+    before_gap = scan_segment(path.read_bytes()[:gap], 0)  # the commit's records wholly before it
+    with structlog.testing.capture_logs() as logs:
+        recovery = recover(tmp_path)
+    assert [e["event"] for e in logs] == ["truncating torn tail"]
+    assert recovery.records_replayed == len(before_gap.entries) < 45
+    assert path.stat().st_size == before_gap.valid_bytes
+
+
+def test_intact_records_after_damage_without_an_unwritten_sector_are_corruption(
+    tmp_path: Path,
+) -> None:
+    """The same records with a few bytes damaged instead of a sector left at zeros: no
+    power cut leaves that, and start-up stops."""
+    path, _ = _cut_commit(tmp_path, gap=0)
+    data = bytearray(path.read_bytes())
+    data[len(data) - (1 << 16) - 3000] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(LogCorruption):
+        recover(tmp_path)
+
+
+def test_records_beyond_one_commits_reach_after_a_gap_are_corruption(tmp_path: Path) -> None:
+    """A gap of zeros followed by intact records further than one commit can reach
+    (MAX_COMMIT_BYTES): no single cut write explains them."""
+    records = history(8)
+    path = write_segment(tmp_path, records[:5])
+    later = b"".join(encode_entry(5 + i, 1000, r) for i, r in enumerate(records[5:]))
+    path.write_bytes(path.read_bytes() + bytes(MAX_COMMIT_BYTES + 4096) + later + bytes(4096))
+    with pytest.raises(LogCorruption):
+        recover(tmp_path)
+
+
+def test_an_older_record_after_a_gap_is_corruption(tmp_path: Path) -> None:
+    """Intact records after the gap must come after the ones before it."""
+    records = history(8)
+    path = write_segment(tmp_path, records)
+    data = path.read_bytes()
+    stale = encode_entry(3, 1000, records[3])  # an offset already in the log
+    path.write_bytes(data + bytes(1024) + stale + bytes(4096))
+    with pytest.raises(LogCorruption):
+        recover(tmp_path)
 
 
 def test_zeros_after_an_older_segments_records_are_given_back_too(tmp_path: Path) -> None:
