@@ -281,6 +281,8 @@ class MetadataLog:
                 try:
                     while True:
                         await self._pending_event.wait()
+                        if self.failed is not None:  # nothing more is written: the failure
+                            await trio.sleep_forever()  # ends this nursery meanwhile
                         await self._commit_batch(snapshots)
                 finally:
                     with trio.CancelScope(shield=True):
@@ -308,6 +310,17 @@ class MetadataLog:
         if self.failed is None:
             self.failed = error
             self._listener.storage_failed(error)
+
+    def _first_failure(self, error: StorageFailed) -> bool:
+        """Whether ``error`` is the log's first failure (now told, and to be raised). A later
+        one, in another task (a snapshot's, the zeros', the writer's) while the first is
+        still on its way out, is only logged: one failure, one exit status (74), not a group
+        of them that ends the process as a bug would."""
+        if self.failed is None:
+            self._fail(error)
+            return True
+        log.warning("storage failed again", error=str(error))
+        return False
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
         await self._raise_reservation()
@@ -360,8 +373,8 @@ class MetadataLog:
             elif snapshots is not None:
                 self._preallocate_soon(snapshots)
         except StorageFailed as e:
-            self._fail(e)  # at once: /readyz fails before anything else happens
-            raise
+            if self._first_failure(e):  # at once: /readyz fails before anything else happens
+                raise
 
     async def _roll_soon(self, base_offset: int) -> bool:
         """:meth:`_roll` in a worker thread, once no zeros are being written to the segment
@@ -403,8 +416,8 @@ class MetadataLog:
                 else:
                     self._allocated = max(self._allocated, end)
             except StorageFailed as e:
-                self._fail(e)
-                raise
+                if self._first_failure(e):
+                    raise
             finally:
                 done, self._preallocating = self._preallocating, None
                 if done is not None:
@@ -416,6 +429,8 @@ class MetadataLog:
         tries again."""
         delay = RESERVATION_RETRY_MIN_S
         while True:
+            if self.failed is not None:  # failed meanwhile: the failure ends the writer
+                await trio.sleep_forever()
             wanted = self._reservation_wanted
             if wanted is None or (self.reserved is not None and wanted <= self.reserved):
                 return
@@ -436,8 +451,9 @@ class MetadataLog:
             else:
                 done = self._write_reservation(value)
         except StorageFailed as e:
-            self._fail(e)
-            raise
+            if self._first_failure(e):
+                raise
+            return False  # (the writer stops at its next wait, cancelled by the failure)
         if done:
             self.reserved = value
         return done
@@ -503,8 +519,8 @@ class MetadataLog:
                     self.snapshot_size = size
                     self._listener.snapshot_written(size)
             except StorageFailed as e:
-                self._fail(e)
-                raise
+                if self._first_failure(e):
+                    raise
             finally:
                 self._snapshot_running = False
 
