@@ -287,12 +287,20 @@ def remove_file(path: Path) -> None:
         raise StorageFailed(path, "unlink", e) from e
 
 
-def write_all(path: Path, fd: int, data: bytes | bytearray | memoryview) -> int:
-    """Write all of ``data``; its length. A write that takes no byte (never, for a regular
+def write_all(
+    path: Path, fd: int, data: bytes | bytearray | memoryview, offset: int | None = None
+) -> int:
+    """Write all of ``data`` (at ``offset`` with ``pwrite``, if given: a segment's records
+    go where the last one ended, before the zeros preallocated for them, where ``O_APPEND``
+    would put them after); its length. A write that takes no byte (never, for a regular
     file) is a failure rather than a loop for ever."""
     view = memoryview(data)
     while view:
-        written = storage_call(path, "write", os.write, fd, view)
+        if offset is None:
+            written = storage_call(path, "write", os.write, fd, view)
+        else:
+            written = storage_call(path, "write", os.pwrite, fd, view, offset)
+            offset += written
         if written == 0:
             error = OSError(errno.EIO, "write took no byte")
             raise StorageFailed(path, "write", error)
@@ -300,22 +308,7 @@ def write_all(path: Path, fd: int, data: bytes | bytearray | memoryview) -> int:
     return len(data)
 
 
-def write_all_at(path: Path, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
-    """:func:`write_all` at ``offset`` (``pwrite``): a segment's records go where the last
-    one ended, before the zeros preallocated for them (not with ``O_APPEND``, which would
-    put them after)."""
-    view = memoryview(data)
-    while view:
-        written = storage_call(path, "write", os.pwrite, fd, view, offset)
-        if written == 0:
-            error = OSError(errno.EIO, "write took no byte")
-            raise StorageFailed(path, "write", error)
-        view = view[written:]
-        offset += written
-    return len(data)
-
-
-#: How the log opens its segments: written at an offset (:func:`write_all_at`).
+#: How the log opens its segments: written at an offset (:func:`write_all`'s ``offset``).
 SEGMENT_FLAGS = os.O_WRONLY | os.O_CREAT
 
 

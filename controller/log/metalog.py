@@ -43,7 +43,7 @@ from pidctl.controller.log.datadir import (
     encode_reservation,
     remove_file,
     storage_call,
-    write_all_at,
+    write_all,
     write_snapshot_file,
 )
 from pidctl.controller.log.disk_thread import DiskThread
@@ -526,7 +526,7 @@ class MetadataLog:
 
     def _write_and_sync(self, data: bytes) -> int:
         """Append ``data`` and make it durable; the segment's size after it."""
-        self._size += write_all_at(self._path, self._fd, data, self._size)
+        self._size += write_all(self._path, self._fd, data, self._size)
         storage_call(self._path, "fdatasync", os.fdatasync, self._fd)
         return self._size
 
