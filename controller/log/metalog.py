@@ -625,31 +625,28 @@ def _write_zeros(path: Path, start: int, length: int) -> int | None:
     do not; the segment goes on without). Through a descriptor of its own: a write-back
     error is then told to the commits' ``fdatasync`` as well as to this one (each open
     file learns of it once), so no commit is acknowledged past it."""
-    chunks = [_ZERO_CHUNK] * (length // len(_ZERO_CHUNK))
     try:
-        fd = os.open(path, os.O_WRONLY)
-    except OSError as e:
-        if e.errno in _FD_EXHAUSTED:
-            return start  # no descriptor now: tried again after the next commit
-        raise StorageFailed(path, "open", e) from e
+        fd: int = storage_call(path, "open", os.open, path, os.O_WRONLY)
+    except StorageFailed as e:
+        if e.errno not in _FD_EXHAUSTED:
+            raise
+        return start  # no descriptor now: tried again after the next commit
     try:
-        written = os.pwritev(fd, chunks, start)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in _DISK_FULL:
-            log.warning(
-                "preallocation refused",
-                note="the segment grows as it is written, until the next one",
-                segment=str(path),
-                error=errno.errorcode.get(e.errno, str(e.errno)),
-            )
-            return None
-        raise StorageFailed(path, "preallocate", e) from e
-    if written == 0:  # never, for a regular file: a failure, as a record write taking none
-        os.close(fd)
-        raise StorageFailed(path, "preallocate", OSError(errno.EIO, "write took no byte"))
-    try:
+        chunks = [_ZERO_CHUNK] * (length // len(_ZERO_CHUNK))
+        written: int = storage_call(path, "preallocate", os.pwritev, fd, chunks, start)
+        if written == 0:  # never, for a regular file: a failure, as a record write taking none
+            raise StorageFailed(path, "preallocate", OSError(errno.EIO, "write took no byte"))
         storage_call(path, "fdatasync", os.fdatasync, fd)
+    except StorageFailed as e:
+        if e.errno not in _DISK_FULL or e.operation != "preallocate":
+            raise
+        log.warning(
+            "preallocation refused",
+            note="the segment grows as it is written, until the next one",
+            segment=str(path),
+            error=e.errno_name,
+        )
+        return None
     finally:
         os.close(fd)
     return start + written
