@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import time
 from collections.abc import Callable
@@ -397,8 +396,8 @@ class MetadataLog:
             or length < len(_ZERO_CHUNK)
         ):
             return
-        if self._sync_place.max_s == math.inf:
-            # Everything on the loop (tests under trio's mock clock, as in SyncPlace).
+        if not self._sync_place.in_thread_for(awaited=False):  # nobody waits for the zeros
+            # On the loop only where SyncPlace keeps everything there (trio's mock clock).
             end = _write_zeros(self._path, self._allocated, length)
             self._allocated = self._allocated if end is None else max(self._allocated, end)
             self._preallocation_refused = end is None
