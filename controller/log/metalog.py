@@ -305,18 +305,14 @@ class MetadataLog:
         except OSError as e:  # harmless: the zeros are read as the records' end
             log.warning("preallocated space not given back", segment=str(self._path), error=str(e))
 
-    def _fail(self, error: StorageFailed) -> None:
+    def _first_failure(self, error: StorageFailed) -> bool:
+        """Whether ``error`` is the log's first failure (now told to the listener, and to be
+        raised). A later one, in another task (a snapshot's, the zeros', the writer's) while
+        the first is still on its way out, is only logged: one failure, one exit status
+        (74), not a group of them that ends the process as a bug would."""
         if self.failed is None:
             self.failed = error
             self._listener.storage_failed(error)
-
-    def _first_failure(self, error: StorageFailed) -> bool:
-        """Whether ``error`` is the log's first failure (now told, and to be raised). A later
-        one, in another task (a snapshot's, the zeros', the writer's) while the first is
-        still on its way out, is only logged: one failure, one exit status (74), not a group
-        of them that ends the process as a bug would."""
-        if self.failed is None:
-            self._fail(error)
             return True
         log.warning("storage failed again", error=str(error))
         return False
