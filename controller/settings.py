@@ -565,9 +565,6 @@ class Settings:
         "bytes",
         parse=NON_NEGATIVE,
     )
-    # Kafka keeps its metadata log after snapshots up to metadata.max.retention.bytes
-    # (100 MiB) and .ms (7 days); the same defaults keep weeks of grants here (a grant
-    # record is ~100 bytes).
     log_preallocate_bytes: int = _setting(
         DEFAULT_PREALLOCATE_BYTES,
         "zeros written ahead of the records in the active segment, this many at a time in a "
@@ -579,6 +576,9 @@ class Settings:
         "bytes",
         parse=_zero_or_between(MIN_PREALLOCATE_BYTES, MAX_PREALLOCATE_BYTES),
     )
+    # Kafka keeps its metadata log after snapshots up to metadata.max.retention.bytes
+    # (100 MiB) and .ms (7 days); the same defaults keep weeks of grants here (a grant
+    # record is ~100 bytes).
     log_retention_bytes: int = _setting(
         DEFAULT_RETENTION_BYTES,
         "segments already covered by a snapshot are kept up to this total size, as the audit "
