@@ -18,6 +18,7 @@ from pidctl.controller.core.logformat import (
     LogCorruption,
     encode_entry,
     offset_of,
+    scan_segment,
     segment_name,
 )
 from pidctl.controller.core.records import (
@@ -34,6 +35,7 @@ from pidctl.controller.log.datadir import (
 )
 from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.recovery import read_log, recover
+from tests.controller.server.conftest import until
 
 
 class Listener(CommitListener):
@@ -451,18 +453,9 @@ CHUNK = 64 * 1024
 
 def _records_end(path: Path) -> int:
     """Where a segment's records end (its zeros after them are not records)."""
-    from pidctl.controller.core.logformat import scan_segment
-
     scan = scan_segment(path.read_bytes(), offset_of(path))
     assert scan.problem is None
     return scan.valid_bytes
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    """Wait (bounded) for something a worker thread does."""
-    with trio.fail_after(10):
-        while not condition():
-            await trio.sleep(0.001)
 
 
 async def test_records_go_before_the_zeros_preallocated_for_them_and_a_clean_close_gives_them_back(
@@ -479,7 +472,7 @@ async def test_records_go_before_the_zeros_preallocated_for_them_and_a_clean_clo
             state.replay(append(metalog, record), record)
             await metalog.flush()
         # The zeros come in a worker thread after a commit: at least one chunk ahead.
-        await _until(lambda: segment.stat().st_size >= _records_end(segment) + CHUNK)
+        await until(lambda: segment.stat().st_size >= _records_end(segment) + CHUNK)
         live = read_log(tmp_path)  # a reader while the server runs stops at the zeros
         assert live.torn_tail_bytes == 0 and live.end_offset == 52
         nursery.cancel_scope.cancel()
@@ -526,7 +519,7 @@ async def test_zeros_stop_where_the_segment_rolls_and_a_roll_gives_them_back(
         record = history(1)[0]
         state.replay(append(metalog, record), record)
         await metalog.flush()
-        await _until(lambda: first.stat().st_size > _records_end(first))
+        await until(lambda: first.stat().st_size > _records_end(first))
         assert first.stat().st_size <= 3 * CHUNK  # not the 8 chunks asked for
         grants = itertools.count()
         while len(list(tmp_path.glob("*.log"))) < 2:
