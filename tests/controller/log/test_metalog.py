@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from pidctl.controller.core.logformat import (
+    MAX_COMMIT_BYTES,
     LogCorruption,
     encode_entry,
     offset_of,
@@ -535,8 +536,6 @@ async def test_a_commit_writes_at_most_max_commit_bytes(tmp_path: Path) -> None:
     """Records appended together past MAX_COMMIT_BYTES are committed in several writes,
     each within it (one record fits alone): recovery looks no further for what a power cut
     left of one commit."""
-    from pidctl.controller.core.logformat import MAX_COMMIT_BYTES
-
     sizes: list[int] = []
 
     class Sizes(CommitListener):
