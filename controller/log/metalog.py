@@ -421,7 +421,9 @@ class MetadataLog:
     async def _raise_reservation(self) -> None:
         """Make the reservation the pending records ask for durable before they are written.
         With no file descriptor for it (EMFILE, and none opened ahead), the commit waits and
-        tries again."""
+        tries again. Records appended while a reservation is written (in the log's thread)
+        may ask for a higher one: it returns only when the file holds what every pending
+        record asks for, and the commit takes them with no wait in between."""
         delay = RESERVATION_RETRY_MIN_S
         while True:
             if self.failed is not None:  # failed meanwhile: the failure ends the writer
@@ -430,7 +432,8 @@ class MetadataLog:
             if wanted is None or (self.reserved is not None and wanted <= self.reserved):
                 return
             if await self._reserve(wanted, self._sync_place.in_thread):
-                return
+                delay = RESERVATION_RETRY_MIN_S
+                continue  # (see whether what came meanwhile asks for more)
             log.warning("reservation postponed; commits wait", retry_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, RESERVATION_RETRY_MAX_S)

@@ -381,6 +381,47 @@ async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path
     assert recover(tmp_path).reservation == 3000
 
 
+async def test_records_appended_while_a_reservation_is_written_wait_for_theirs(
+    tmp_path: Path,
+) -> None:
+    """Commits in the log's thread: while the file takes one reservation, grants keep
+    coming with the reservations past it that they need. None of them may be written
+    before the file holds theirs (a batch took them all after one reservation, on a busy
+    machine: the file 4,635, the log's grants up to 4,829)."""
+    ends: dict[int, int] = {}  # a grant's offset: where its block ends
+    broken: list[tuple[int | None, int]] = []
+
+    def committed(durable_end: int) -> None:
+        needed = max((end for offset, end in ends.items() if offset < durable_end), default=0)
+        reserved = read_reservation(tmp_path)
+        if needed > (reserved or 0):
+            broken.append((reserved, needed))
+
+    state = ControllerState()
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        inline_sync_max_s=0,  # every commit and reservation in the thread
+        listener=Listener(committed=committed),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in history(0):
+            state.replay(append(metalog, record), record)
+        for n in range(300):
+            reserve, block = ProducerIdsReserved((n + 1) * 1000), grant(n)
+            state.replay(append(metalog, reserve), reserve)
+            state.replay(offset := append(metalog, block), block)
+            ends[offset] = block.next_producer_id
+            await trio.sleep(0)  # the writer runs on, the next pair comes meanwhile
+        await metalog.flush()
+        nursery.cancel_scope.cancel()
+    assert broken == []
+    assert read_reservation(tmp_path) == 300_000
+
+
 async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
     tmp_path: Path,
 ) -> None:
