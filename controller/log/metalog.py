@@ -447,7 +447,10 @@ class MetadataLog:
             needed = self._reservation_needed
             if needed <= (self.reserved or 0):
                 return
-            wanted = max(needed, self._reservation_wanted or 0)
+            # (More than the records ask for when start-up raises the floor to the log's
+            # reservation, ahead of the file: that is now the one the file keeps, or the
+            # commit would lower it back as a clean stop does.)
+            wanted = self._reservation_wanted = max(needed, self._reservation_wanted or 0)
             if await self._reserve(wanted, self._sync_place.in_thread):
                 delay = RESERVATION_RETRY_MIN_S
                 continue  # (see whether what came meanwhile asks for more)

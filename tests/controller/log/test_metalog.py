@@ -26,15 +26,14 @@ from pidctl.controller.core.producer_ids import reservation_needed
 from pidctl.controller.core.records import (
     BrokerRegistered,
     ClusterCreated,
+    ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsReserved,
     Record,
     TransactionalIdUpdated,
 )
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.datadir import (
-    read_reservation,
-)
+from pidctl.controller.log.datadir import read_reservation, write_reservation_file
 from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.recovery import read_log, recover
 from tests.controller.server.conftest import until
@@ -399,6 +398,31 @@ async def test_a_reservation_goes_to_its_file_before_any_grant_needs_it(tmp_path
         await until(lambda: read_reservation(tmp_path) == 6000)  # with no grant needing it
         nursery.cancel_scope.cancel()
     assert recover(tmp_path).state.producer_ids.reserved == 6000
+
+
+async def test_a_floor_raised_to_the_logs_reservation_ahead_of_the_file_stays_in_it(
+    tmp_path: Path,
+) -> None:
+    """After a crash the log's reservation (written ahead) may be above the file's: start-up
+    raises the floor to it with no reservation record (the log already holds it). The file
+    takes the floor before the record is written, and keeps it: the commit's check for a
+    clean stop's lowering once took the file's old value for the one asked for, and put it
+    back (a restart then refused the data dir: the file below what the log granted)."""
+    state = ControllerState()
+    for record in reserving_history():  # the log reserves up to 6000
+        state.replay(state.next_offset, record)
+    write_reservation_file(tmp_path, 3000)  # the file did not get 6000 before the crash
+    metalog = MetadataLog(
+        tmp_path, state.next_offset, 0, lambda: state.copy().to_snapshot, reservation=3000
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for record in state.producer_ids.resume(read_reservation(tmp_path)).records:
+            assert isinstance(record, ProducerIdFloorRaised)  # the log's 6000, no reservation
+            state.replay(append(metalog, record), record)
+        await metalog.flush()
+        nursery.cancel_scope.cancel()
+    assert read_reservation(tmp_path) == 6000
 
 
 async def test_records_appended_while_a_reservation_is_written_wait_for_theirs(
