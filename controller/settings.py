@@ -327,8 +327,7 @@ class Settings:
     producer_id_reservation: int = _setting(
         DEFAULT_RESERVATION_SIZE,
         "PIDs reserved ahead of the grants in the data dir's reservation file (one small "
-        "atomic write per reservation, taken at half way and written ahead in a worker "
-        "thread); a start-up after a crash skips up to this many, "
+        "atomic write per reservation); a start-up after a crash skips up to this many, "
         "since the log's tail may have lost grants below it (docs/log-format.md)",
         "producer ids",
         parse=POSITIVE,

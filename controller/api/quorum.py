@@ -18,7 +18,6 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPIRY_BATCH
 from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
-from pidctl.controller.core.producer_ids import reservation_needed
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
@@ -30,10 +29,8 @@ T = TypeVar("T")
 class RecordSink(Protocol):
     """Where records go to become durable (the metadata log)."""
 
-    def append_entry(self, entry: bytes, reservation_needed: int = 0) -> int:
-        """Buffer one encoded entry (:func:`encode_entry`); return its offset. It is written
-        only once the reservation file holds ``reservation_needed`` or more
-        (:func:`~pidctl.controller.core.producer_ids.reservation_needed`)."""
+    def append_entry(self, entry: bytes) -> int:
+        """Buffer one encoded entry (:func:`encode_entry`); return its offset."""
         ...
 
 
@@ -80,7 +77,7 @@ class QuorumController:
             for entry, record in zip(entries, records, strict=True):
                 offset = state.next_offset
                 state.replay(offset, record)
-                appended = sink.append_entry(entry, reservation_needed(record))
+                appended = sink.append_entry(entry)
                 if appended != offset:
                     raise AssertionError(f"log offset {appended} != state offset {offset}")
                 for observe in self.observers:

@@ -32,8 +32,7 @@ from pidctl.controller.core.result import ControllerResult, answer
 DEFAULT_LEASE_SIZE = 1_000_000
 #: Default for ``producer_id_reservation``: PIDs reserved ahead of the grants (100 blocks).
 #: A start-up after a crash skips at most this many (what the log's tail may have granted);
-#: each reservation costs one small atomic file write (~0.5 ms here, in a worker thread
-#: ahead of need), one per 50 blocks (taken at half way).
+#: each reservation costs one small atomic file write (~0.5 ms here), one per 100 blocks.
 #: Well below the default lease, so that a restarted controller continues inside its lease.
 DEFAULT_RESERVATION_SIZE = 100_000
 DEFAULT_PREFETCH_RATIO = 0.5
@@ -45,15 +44,6 @@ JOB_BROKER_ID = JOB_BROKER_EPOCH = -1
 LEASE_EXHAUSTED = ErrorCode.request_timed_out
 #: ErrorCode.none, looked up once (a member read through its enum class costs ~120 ns).
 _NO_ERROR = ErrorCode.none
-
-
-def reservation_needed(record: Record) -> int:
-    """What the data dir's reservation file must hold before ``record`` is written: the
-    end of a grant or of a raised floor, so that nothing on disk ever lies past the file
-    (``docs/log-format.md``, "Reservations"); 0 for every other record."""
-    if isinstance(record, (ProducerIdsGranted, ProducerIdFloorRaised)):
-        return record.next_producer_id
-    return 0
 
 
 class ProducerIdSpaceExhausted(Exception):
@@ -166,19 +156,13 @@ class ProducerIdControlManager:
         return ControllerResult((*self._reserve_for(first + BLOCK_SIZE), record), block)
 
     def _reserve_for(self, end: int) -> tuple[Record, ...]:
-        """The reservation to log before a grant up to ``end``: none while at least half of
-        the last one is left above ``end``; else the next, ``reservation_size`` beyond
-        ``end`` but not past the range (or the lease) ``end`` lies in, so that a restart
-        after a crash still has room there.
-
-        Taken at half way, not when a grant passes the last one, so that the log can write
-        it to its reservation file while the grants still lie below the file's value: the
-        log holds a commit back only for a grant past the file (:func:`reservation_needed`),
-        and that then is rare."""
-        if self.reserved - end >= self.reservation_size - self.reservation_size // 2:
+        """The reservation a grant (or floor) up to ``end`` needs first: none while ``end``
+        is within the last one; else the next, ``reservation_size`` beyond ``end`` but not
+        past the range (or the lease) ``end`` lies in, so that a restart after a crash still
+        has room there."""
+        if end <= self.reserved:
             return ()
-        ahead = max(end, min(end + self.reservation_size, self._room(end)))
-        return (ProducerIdsReserved(ahead),) if ahead > self.reserved else ()
+        return (ProducerIdsReserved(max(end, min(end + self.reservation_size, self._room(end)))),)
 
     def _room(self, end: int) -> int:
         """Where the PIDs that may follow ``end`` end: the range's end, or with leases the

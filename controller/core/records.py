@@ -156,9 +156,8 @@ class JobAllocationExpired:
 class ProducerIdsReserved:
     """No PID at or above ``next_producer_id`` is granted until the next reservation.
 
-    Decided with the grant that leaves less than half of the previous reservation above it
-    (or a raised floor past it), and made durable twice: here, and in the data dir's
-    reservation file, which always holds at least what any grant on disk needs. Start-up
+    Decided before any grant (or raised floor) that passes the previous reservation, and
+    made durable twice: in the data dir's reservation file first, then here. Start-up
     grants from the highest reservation, above anything a lost or damaged tail of the log
     could have granted (``docs/log-format.md``). A clean shutdown lowers it to the
     high-water mark, so that a graceful restart skips nothing."""

@@ -38,9 +38,8 @@ from pidctl.controller.core.state import ControllerState
 LOCK_FILE = ".lock"
 
 
-#: The reservation file: no PID at or above the value it holds was granted. Replaced
-#: atomically, and always before a grant that passes it is written (see
-#: :class:`ProducerIdsReserved`).
+#: The reservation file: no PID at or above the value it holds was granted. Written
+#: atomically before any grant that passes it (see :class:`ProducerIdsReserved`).
 RESERVATION_FILE = "producer-ids.reserved"
 
 

@@ -184,14 +184,10 @@ class MetadataLog:
         self._awaited_end = end_offset
         self._closed = False
         self._snapshot_running = False
-        #: The reservation file's value on disk, the one the records appended ask for, and
-        #: the least the file must hold before the records appended are written (see
-        #: :meth:`append_entry`).
+        #: The reservation file's value on disk, and the one the records appended ask for
+        #: (see :meth:`append_entry`).
         self.reserved = reservation
         self._reservation_wanted = reservation
-        self._reservation_needed = 0
-        #: Set while a reservation is written ahead of need (:meth:`_reserve_ahead_soon`).
-        self._reserving: trio.Event | None = None
         # Held for the log's life: directory syncs never need a new descriptor.
         self._dir_fd: int = storage_call(
             data_dir, "open", os.open, data_dir, os.O_RDONLY | os.O_DIRECTORY
@@ -237,22 +233,17 @@ class MetadataLog:
         self._segments.append(self.end_offset)
         return path, fd
 
-    def append_entry(self, entry: bytes, reservation_needed: int = 0) -> int:
-        """Buffer an entry encoded for the next offset (:func:`encode_entry`), to be written
-        once the reservation file holds ``reservation_needed`` (a grant's end: no grant past
-        the file is ever written).
+    def append_entry(self, entry: bytes) -> int:
+        """Buffer an entry encoded for the next offset (:func:`encode_entry`).
 
-        A reservation (:class:`ProducerIdsReserved`) also goes to the reservation file: when
-        it raises the reservation, as soon as it can, in a worker thread after the commit
-        that holds it (and before any commit whose records need it); when it lowers it (a
-        clean shutdown), after that commit."""
+        A reservation (:class:`ProducerIdsReserved`) also goes to the reservation file:
+        before the commit that holds it when it raises the reservation (so no grant past the
+        file is ever written), after that commit when it lowers it (a clean shutdown)."""
         if self._closed or self.failed is not None:
             raise RuntimeError("metadata log is closed")
         reservation = reservation_of(entry)
         if reservation is not None:
             self._reservation_wanted = reservation
-        if reservation_needed > self._reservation_needed:
-            self._reservation_needed = reservation_needed
         offset = self.end_offset
         self._pending.append(entry)
         self.end_offset = offset + 1
@@ -366,8 +357,6 @@ class MetadataLog:
             lowered = self._reservation_wanted
             if lowered is not None and self.reserved is not None and lowered < self.reserved:
                 await self._reserve(lowered, in_thread=True)
-            if snapshots is not None:
-                self._reserve_ahead_soon(snapshots)
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
                 # (Rolls are rare: a worker thread of trio's, as the snapshots.)
@@ -430,27 +419,18 @@ class MetadataLog:
                     done.set()
 
     async def _raise_reservation(self) -> None:
-        """Make the reservation file hold what the pending records need before they are
-        written: once the reservation being written ahead (if any) is on disk, write the
-        highest one asked for if the file still falls short. With no file descriptor for
-        it (EMFILE, and none opened ahead), the commit waits and tries again. Records
-        appended while a reservation is written (in the log's thread) may need a higher
-        one: it returns only when the file holds what every pending record needs, and the
-        commit takes them with no wait in between."""
+        """Make the reservation the pending records ask for durable before they are written.
+        With no file descriptor for it (EMFILE, and none opened ahead), the commit waits and
+        tries again. Records appended while a reservation is written (in the log's thread)
+        may ask for a higher one: it returns only when the file holds what every pending
+        record asks for, and the commit takes them with no wait in between."""
         delay = RESERVATION_RETRY_MIN_S
         while True:
             if self.failed is not None:  # failed meanwhile: the failure ends the writer
                 await trio.sleep_forever()
-            if self._reserving is not None:  # (it may hold what is needed)
-                await self._reserving.wait()
-                continue
-            needed = self._reservation_needed
-            if needed <= (self.reserved or 0):
+            wanted = self._reservation_wanted
+            if wanted is None or (self.reserved is not None and wanted <= self.reserved):
                 return
-            # (More than the records ask for when start-up raises the floor to the log's
-            # reservation, ahead of the file: that is now the one the file keeps, or the
-            # commit would lower it back as a clean stop does.)
-            wanted = self._reservation_wanted = max(needed, self._reservation_wanted or 0)
             if await self._reserve(wanted, self._sync_place.in_thread):
                 delay = RESERVATION_RETRY_MIN_S
                 continue  # (see whether what came meanwhile asks for more)
@@ -459,11 +439,8 @@ class MetadataLog:
             delay = min(delay * 2, RESERVATION_RETRY_MAX_S)
 
     async def _reserve(self, value: int, in_thread: bool) -> bool:
-        """Write ``value`` to the reservation file (see :meth:`_write_reservation`), after
-        the reservation being written ahead (one writer of the file at a time); False if
-        postponed."""
-        while self._reserving is not None:
-            await self._reserving.wait()
+        """Write ``value`` to the reservation file (see :meth:`_write_reservation`); False
+        if postponed."""
         disk = self._disk
         assert disk is not None
         try:
@@ -478,38 +455,6 @@ class MetadataLog:
         if done:
             self.reserved = value
         return done
-
-    def _reserve_ahead_soon(self, nursery: trio.Nursery) -> None:
-        """After a commit: write the reservation the records ask for (a grant past half of
-        the last one brought the next) to the file in a worker thread, so that it is there
-        before a grant needs it and no commit waits for it. Only with the descriptor opened
-        ahead (else the commit that needs it tries, and waits); never under trio's mock
-        clock (:meth:`SyncPlace.in_thread_for`): there the commit that needs it writes it."""
-        wanted = self._reservation_wanted
-        if (
-            self._reserving is not None
-            or wanted is None
-            or wanted <= (self.reserved or 0)
-            or self._spare_fd is None
-            or not self._sync_place.in_thread_for(awaited=False)
-        ):
-            return
-        self._reserving = trio.Event()
-        nursery.start_soon(self._reserve_ahead, wanted)
-
-    async def _reserve_ahead(self, value: int) -> None:
-        # Shielded: commits and the close wait for it (one writer of the file at a time).
-        with trio.CancelScope(shield=True):
-            try:
-                if await trio.to_thread.run_sync(self._write_reservation, value):
-                    self.reserved = value
-            except StorageFailed as e:
-                if self._first_failure(e):
-                    raise
-            finally:
-                done, self._reserving = self._reserving, None
-                if done is not None:
-                    done.set()
 
     def _write_reservation(self, value: int) -> bool:
         """Replace the reservation file atomically through the descriptor opened ahead

@@ -58,19 +58,15 @@ FAULTS = [
     ("fdatasync", ("EIO",), True),
     ("pwrite64", ("EIO", "ENOSPC"), True),
     ("pwritev2", ("EIO",), True),
-    ("fsync", ("EIO", "ENOSPC"), False),  # rolls, snapshots and reservations
-    ("rename", ("EIO",), False),  # rolls, snapshots and reservations
+    ("fsync", ("EIO", "ENOSPC"), False),  # rolls and snapshots
+    ("rename", ("EIO",), False),  # rolls and snapshots
 ]
-#: Small segments, frequent snapshots and small reservations (4 blocks: one written ahead,
-#: in a worker thread, every other grant), so that rolls, snapshots and reservations are
-#: often under way.
+#: Small segments and frequent snapshots, so that rolls and snapshots are often under way.
 SETTINGS = (
     "--segment-max-bytes",
     "20000",
     "--snapshot-interval-records",
     "300",
-    "--producer-id-reservation",
-    "4000",
     "--log-retention-bytes",
     "100000000",
 )

@@ -216,23 +216,6 @@ def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
     _restart_and_check(data_dir, acked)
 
 
-def test_a_reservation_written_ahead_that_fails_stops_the_server(tmp_path: Path) -> None:
-    """Reservations of 20 blocks: the first grant's is written before it; from then on each
-    is taken at half way and written ahead in a worker thread (unless the load outruns it).
-    The third rename (the second written ahead, some 20 grants in) fails: the server stops
-    with 74, and a restart loses nothing."""
-    data_dir = tmp_path / "d"
-    acked, status = _fault_under_load(
-        data_dir,
-        strace_prefix("rename", "EIO", "3"),
-        "--producer-id-reservation",
-        "20000",
-        operation="rename",
-    )
-    assert status == StorageFailed.exit_code
-    _restart_and_check(data_dir, acked)
-
-
 def test_a_record_replay_could_not_read_is_refused_and_nothing_written(
     server: ServerProcess,
 ) -> None:

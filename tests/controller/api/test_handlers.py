@@ -31,7 +31,7 @@ class MemoryLog:
     def __init__(self) -> None:
         self.entries: list[bytes] = []
 
-    def append_entry(self, entry: bytes, reservation_needed: int = 0) -> int:
+    def append_entry(self, entry: bytes) -> int:
         self.entries.append(entry)
         return len(self.entries) - 1
 

@@ -19,13 +19,10 @@ class MemoryLog:
 
     def __init__(self) -> None:
         self.entries: list[tuple[int, Record]] = []
-        #: What each entry said the reservation file must hold before it is written.
-        self.needed: list[int] = []
 
-    def append_entry(self, entry: bytes, reservation_needed: int = 0) -> int:
+    def append_entry(self, entry: bytes) -> int:
         (decoded,) = scan_segment(entry, len(self.entries)).entries
         self.entries.append((decoded.offset, decoded.record))
-        self.needed.append(reservation_needed)
         return decoded.offset
 
 
@@ -52,18 +49,6 @@ def test_records_are_replayed_appended_and_observed_in_order() -> None:
     assert log.entries[2:] == seen == [(2, records[0]), (3, records[1])]
     assert set(quorum.state.transactions.transactional_ids) == {"a", "b"}
     assert quorum.state.next_offset == 4
-
-
-def test_each_record_goes_to_the_log_with_the_reservation_it_needs() -> None:
-    """A grant is written only once the reservation file holds its end; others need none."""
-    quorum, log = _quorum()
-    grant = quorum.state.producer_ids.allocate_for_controller(1)
-    quorum.apply(grant, NOW)
-    assert log.needed[0] == 0  # the cluster's creation
-    assert log.needed[1] == 1000  # the test's grant of 0-999
-    assert log.needed[2:] == [0, 2000]  # a reservation, then the grant of 1000-1999
-    quorum.apply(ControllerResult((_updated("a", 1),), None), NOW)
-    assert log.needed[-1] == 0
 
 
 def test_a_result_without_records_waits_for_everything_decided_before() -> None:

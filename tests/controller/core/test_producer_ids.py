@@ -5,12 +5,7 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
-from pidctl.controller.core.producer_ids import (
-    DEFAULT_RESERVATION_SIZE,
-    Block,
-    ProducerIdRange,
-    reservation_needed,
-)
+from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, Block, ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdFloorRaised,
     ProducerIdsGranted,
@@ -119,23 +114,14 @@ def test_a_grant_past_the_reservation_reserves_first_and_ahead() -> None:
     assert isinstance(first.records[0], ProducerIdsReserved)  # before the grant
     assert _reservations(state, first) == [6000]
     apply(state, first)
-    for _ in range(2):  # up to 3000: at least half of the reservation left above the grant
+    for _ in range(5):  # 1000..6000: inside the reservation
         result = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
         assert _reservations(state, result) == []
         apply(state, result)
-    # Up to 4000, with less than half left: the next one, taken before it is needed (the
-    # log writes it to its file while the grants still lie below the last one).
-    fourth = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
-    assert _reservations(state, fourth) == [9000]
-    apply(state, fourth)
-    assert state.producer_ids.reserved == 9000
-
-
-def test_a_grant_needs_the_file_to_hold_its_end_and_other_records_nothing() -> None:
-    assert reservation_needed(ProducerIdsGranted(7, 1, 3000, 4000)) == 4000
-    assert reservation_needed(ProducerIdFloorRaised(9000, "import-zk")) == 9000
-    assert reservation_needed(ProducerIdsReserved(9000)) == 0
-    assert reservation_needed(ProducerIdsLeased(0, 4000, "etcd://x/p")) == 0
+    seventh = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
+    assert _reservations(state, seventh) == [12_000]
+    apply(state, seventh)
+    assert state.producer_ids.reserved == 12_000
 
 
 def test_the_reservation_stops_at_the_end_of_the_range_or_the_lease() -> None:

@@ -58,7 +58,7 @@ class ListSink:
     def __init__(self) -> None:
         self.entries: list[tuple[int, Record]] = []
 
-    def append_entry(self, entry: bytes, reservation_needed: int = 0) -> int:
+    def append_entry(self, entry: bytes) -> int:
         scan = scan_segment(entry, len(self.entries))
         (decoded,) = scan.entries
         self.entries.append((decoded.offset, decoded.record))

@@ -22,18 +22,18 @@ from pidctl.controller.core.logformat import (
     scan_segment,
     segment_name,
 )
-from pidctl.controller.core.producer_ids import reservation_needed
 from pidctl.controller.core.records import (
     BrokerRegistered,
     ClusterCreated,
-    ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsReserved,
     Record,
     TransactionalIdUpdated,
 )
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.datadir import read_reservation, write_reservation_file
+from pidctl.controller.log.datadir import (
+    read_reservation,
+)
 from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.recovery import read_log, recover
 from tests.controller.server.conftest import until
@@ -59,11 +59,8 @@ class Listener(CommitListener):
 
 
 def append(metalog: MetadataLog, record: Record) -> int:
-    """Buffer one record as :meth:`QuorumController.apply` does (encoded for the next offset,
-    with the reservation it needs)."""
-    return metalog.append_entry(
-        encode_entry(metalog.end_offset, 0, record), reservation_needed(record)
-    )
+    """Buffer one record as :meth:`QuorumController.apply` does (encoded for the next offset)."""
+    return metalog.append_entry(encode_entry(metalog.end_offset, 0, record))
 
 
 def grant(n: int) -> ProducerIdsGranted:
@@ -354,75 +351,34 @@ def reserving_history() -> list[Record]:
 
 async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path: Path) -> None:
     seen: list[tuple[int | None, int]] = []
-    needs: dict[int, int] = {}  # a record's offset: what the file must hold before it
     state = ControllerState()
 
     def committed(durable_end: int) -> None:
-        needed = max((n for offset, n in needs.items() if offset < durable_end), default=0)
-        seen.append((read_reservation(tmp_path), needed))
+        seen.append((read_reservation(tmp_path), durable_end))
 
     listener = Listener(committed=committed)
     metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in reserving_history():
-            state.replay(offset := append(metalog, record), record)
-            needs[offset] = reservation_needed(record)
+            state.replay(append(metalog, record), record)
             await metalog.flush()  # one commit each
         release = ProducerIdsReserved(3000)  # a clean stop lowers it to the mark
         state.replay(append(metalog, release), release)
         await metalog.flush()
         nursery.cancel_scope.cancel()
-    # Each commit: the file already held what its records and those before needed.
-    assert [needed for _, needed in seen[:7]] == [0, 0, 0, 1000, 2000, 2000, 3000]
-    assert all((reserved or 0) >= needed for reserved, needed in seen)
+    # Each commit: the file already held the reservation its records needed.
+    assert seen[:7] == [
+        (None, 1),
+        (None, 2),
+        (3000, 3),
+        (3000, 4),
+        (3000, 5),
+        (6000, 6),
+        (6000, 7),
+    ]
     assert read_reservation(tmp_path) == 3000  # lowered after the release was durable
     assert recover(tmp_path).reservation == 3000
-
-
-async def test_a_reservation_goes_to_its_file_before_any_grant_needs_it(tmp_path: Path) -> None:
-    """Raised early (the grant past half of the last one brings the next), a reservation is
-    written to the file in a worker thread after the commit that logs it: no commit has to
-    wait for it, and a crash meanwhile finds it in the log (start-up takes the higher)."""
-    state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(metalog.run)
-        for record in reserving_history()[:5]:  # up to the grant of 1000-1999
-            state.replay(append(metalog, record), record)
-        await metalog.flush()
-        assert read_reservation(tmp_path) == 3000  # the grants needed it: written first
-        ahead = ProducerIdsReserved(6000)
-        state.replay(append(metalog, ahead), ahead)
-        await metalog.flush()
-        await until(lambda: read_reservation(tmp_path) == 6000)  # with no grant needing it
-        nursery.cancel_scope.cancel()
-    assert recover(tmp_path).state.producer_ids.reserved == 6000
-
-
-async def test_a_floor_raised_to_the_logs_reservation_ahead_of_the_file_stays_in_it(
-    tmp_path: Path,
-) -> None:
-    """After a crash the log's reservation (written ahead) may be above the file's: start-up
-    raises the floor to it with no reservation record (the log already holds it). The file
-    takes the floor before the record is written, and keeps it: the commit's check for a
-    clean stop's lowering once took the file's old value for the one asked for, and put it
-    back (a restart then refused the data dir: the file below what the log granted)."""
-    state = ControllerState()
-    for record in reserving_history():  # the log reserves up to 6000
-        state.replay(state.next_offset, record)
-    write_reservation_file(tmp_path, 3000)  # the file did not get 6000 before the crash
-    metalog = MetadataLog(
-        tmp_path, state.next_offset, 0, lambda: state.copy().to_snapshot, reservation=3000
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(metalog.run)
-        for record in state.producer_ids.resume(read_reservation(tmp_path)).records:
-            assert isinstance(record, ProducerIdFloorRaised)  # the log's 6000, no reservation
-            state.replay(append(metalog, record), record)
-        await metalog.flush()
-        nursery.cancel_scope.cancel()
-    assert read_reservation(tmp_path) == 6000
 
 
 async def test_records_appended_while_a_reservation_is_written_wait_for_theirs(
