@@ -58,15 +58,19 @@ FAULTS = [
     ("fdatasync", ("EIO",), True),
     ("pwrite64", ("EIO", "ENOSPC"), True),
     ("pwritev2", ("EIO",), True),
-    ("fsync", ("EIO", "ENOSPC"), False),  # rolls and snapshots
-    ("rename", ("EIO",), False),  # rolls and snapshots
+    ("fsync", ("EIO", "ENOSPC"), False),  # rolls, snapshots and reservations
+    ("rename", ("EIO",), False),  # rolls, snapshots and reservations
 ]
-#: Small segments and frequent snapshots, so that rolls and snapshots are often under way.
+#: Small segments, frequent snapshots and small reservations (4 blocks: a reservation file
+#: written every fourth grant), so that rolls, snapshots and reservations are often under
+#: way when a kill or a fault comes.
 SETTINGS = (
     "--segment-max-bytes",
     "20000",
     "--snapshot-interval-records",
     "300",
+    "--producer-id-reservation",
+    "4000",
     "--log-retention-bytes",
     "100000000",
 )

@@ -216,6 +216,22 @@ def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
     _restart_and_check(data_dir, acked)
 
 
+def test_a_failed_reservation_stops_the_server_and_loses_nothing(tmp_path: Path) -> None:
+    """Reservations of 20 blocks: the third one's rename fails (some 40 grants in, the
+    grant that needs it held back until it is on disk): the server stops with 74, and a
+    restart loses nothing."""
+    data_dir = tmp_path / "d"
+    acked, status = _fault_under_load(
+        data_dir,
+        strace_prefix("rename", "EIO", "3"),
+        "--producer-id-reservation",
+        "20000",
+        operation="rename",
+    )
+    assert status == StorageFailed.exit_code
+    _restart_and_check(data_dir, acked)
+
+
 def test_a_record_replay_could_not_read_is_refused_and_nothing_written(
     server: ServerProcess,
 ) -> None:
