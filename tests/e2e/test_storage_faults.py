@@ -31,7 +31,7 @@ from ops.testing.serverproc import (
 from pidctl.client import SyncClient
 from pidctl.controller.core.logformat import segment_name
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
-from pidctl.controller.log.datadir import StorageFailed
+from pidctl.controller.log.datadir import RESERVATION_NEXT_FILE, StorageFailed
 from pidctl.controller.log.recovery import read_log
 from pidctl.controller.log.sync_place import QUICK_SYNCS_BEFORE_THE_LOOP
 from pidctl.controller.server.app import RESERVED_FILE_DESCRIPTORS
@@ -217,13 +217,14 @@ def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
 
 
 def test_a_failed_reservation_stops_the_server_and_loses_nothing(tmp_path: Path) -> None:
-    """Reservations of 20 blocks: the third one's rename fails (some 40 grants in, the
-    grant that needs it held back until it is on disk): the server stops with 74, and a
-    restart loses nothing."""
+    """Reservations of 20 blocks: the rename of the third one fails (some 40 grants in,
+    the grant that needs it held back until it is on disk; counted per thread, so the
+    third of the loop's or of the log's thread, and each one after it): the server stops
+    with 74, and a restart loses nothing."""
     data_dir = tmp_path / "d"
     acked, status = _fault_under_load(
         data_dir,
-        strace_prefix("rename", "EIO", "3"),
+        strace_prefix("rename", "EIO", "3+", data_dir / RESERVATION_NEXT_FILE),
         "--producer-id-reservation",
         "20000",
         operation="rename",
