@@ -302,10 +302,15 @@ def write_all(
             written = storage_call(path, "write", os.pwrite, fd, view, offset)
             offset += written
         if written == 0:
-            error = OSError(errno.EIO, "write took no byte")
-            raise StorageFailed(path, "write", error)
+            raise took_no_byte(path, "write")
         view = view[written:]
     return len(data)
+
+
+def took_no_byte(path: Path, operation: str) -> StorageFailed:
+    """The failure (EIO) of a write that took no byte: never, for a regular file, so
+    something is wrong, and looping on it would never end."""
+    return StorageFailed(path, operation, OSError(errno.EIO, "write took no byte"))
 
 
 #: How the log opens its segments: written at an offset (:func:`write_all`'s ``offset``).

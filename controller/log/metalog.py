@@ -42,6 +42,7 @@ from pidctl.controller.log.datadir import (
     encode_reservation,
     remove_file,
     storage_call,
+    took_no_byte,
     write_all,
     write_snapshot_file,
 )
@@ -466,10 +467,7 @@ class MetadataLog:
         assert fd is not None
         spare = self.data_dir / RESERVATION_NEXT_FILE
         try:
-            data = encode_reservation(value)
-            written = storage_call(spare, "write", os.pwrite, fd, data, 0)
-            if written != len(data):
-                raise StorageFailed(spare, "write", OSError(errno.EIO, "short write"))
+            write_all(spare, fd, encode_reservation(value), 0)
             storage_call(spare, "fsync", os.fsync, fd)
         finally:
             os.close(fd)
@@ -632,8 +630,8 @@ def _write_zeros(path: Path, start: int, length: int) -> int | None:
     try:
         chunks = [_ZERO_CHUNK] * (length // len(_ZERO_CHUNK))
         written: int = storage_call(path, "preallocate", os.pwritev, fd, chunks, start)
-        if written == 0:  # never, for a regular file: a failure, as a record write taking none
-            raise StorageFailed(path, "preallocate", OSError(errno.EIO, "write took no byte"))
+        if written == 0:  # as a record write taking none
+            raise took_no_byte(path, "preallocate")
         storage_call(path, "fdatasync", os.fdatasync, fd)
     except StorageFailed as e:
         if e.errno not in _DISK_FULL or e.operation != "preallocate":
