@@ -435,6 +435,8 @@ class MetadataLog:
             if await self._reserve(wanted, self._sync_place.in_thread):
                 delay = RESERVATION_RETRY_MIN_S
                 continue  # (see whether what came meanwhile asks for more)
+            if self.failed is not None:  # not postponed: the log failed meanwhile
+                continue
             log.warning("reservation postponed; commits wait", retry_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, RESERVATION_RETRY_MAX_S)
