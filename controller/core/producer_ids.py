@@ -34,7 +34,7 @@ DEFAULT_LEASE_SIZE = 1_000_000
 #: A start-up after a crash skips at most this many (what the log's tail may have granted);
 #: each reservation costs one small atomic file write (two fsyncs and a rename, ~0.5-1 ms
 #: here) that the commit holding it waits for, with every request in it: at 100 blocks that
-#: held durable AllocateProducerIds 13-20 % below what it reaches at 500 (2^63 PIDs leave
+#: held durable AllocateProducerIds 13-33 % below what it reaches at 500 (2^63 PIDs leave
 #: room for a crash's skip). Half the default lease, so that a restarted controller
 #: continues inside its lease.
 DEFAULT_RESERVATION_SIZE = 500_000
