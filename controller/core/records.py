@@ -3,6 +3,13 @@
 Each record type is a frozen dataclass with a stable numeric type id (:data:`RECORD_TYPES`).
 Its payload on disk is compact JSON of its fields (see ``docs/log-format.md``); adding an
 optional field is a compatible change, anything else bumps the record's version.
+
+The two records written on every request (a grant, a transactional id's update) are made
+immutable by ``Final`` fields and built by an ``__init__`` of their own instead: compiled, a
+frozen dataclass keeps the dataclasses module's ``__init__``, interpreted, which sets each
+field through ``object.__setattr__`` (11,000 instructions for a grant, 7 % of a durable
+AllocateProducerIds'; 500 compiled). mypy refuses any assignment to them, and compiled they
+are read-only at run time as well; equality, hashing and ``repr`` are the dataclass's.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import operator
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pidctl.controller.core.json_encoding import object_encoder
 
@@ -51,7 +58,7 @@ class BrokerUnregistered:
     broker_epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: see the module's doc
 class ProducerIdsGranted:
     """A block ``[first_producer_id, next_producer_id)`` was granted.
 
@@ -62,13 +69,31 @@ class ProducerIdsGranted:
     ``principal``/``client_id`` say over which connection it was asked for.
     """
 
-    broker_id: int
-    broker_epoch: int
-    first_producer_id: int
-    next_producer_id: int
-    principal: str | None = None
-    client_id: str | None = None
-    holder: str = "broker"
+    broker_id: Final[int]
+    broker_epoch: Final[int]
+    first_producer_id: Final[int]
+    next_producer_id: Final[int]
+    principal: Final[str | None]
+    client_id: Final[str | None]
+    holder: Final[str]
+
+    def __init__(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        first_producer_id: int,
+        next_producer_id: int,
+        principal: str | None = None,
+        client_id: str | None = None,
+        holder: str = "broker",
+    ) -> None:
+        self.broker_id = broker_id
+        self.broker_epoch = broker_epoch
+        self.first_producer_id = first_producer_id
+        self.next_producer_id = next_producer_id
+        self.principal = principal
+        self.client_id = client_id
+        self.holder = holder
 
     @property
     def last_producer_id(self) -> int:
@@ -76,18 +101,36 @@ class ProducerIdsGranted:
         return self.next_producer_id - 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: see the module's doc
 class TransactionalIdUpdated:
     """A transactional id's producer id and epoch after InitProducerId (Kafka's
     TransactionMetadata, minus the transaction state pidctl does not keep)."""
 
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    previous_producer_id: int
-    last_producer_epoch: int
-    timeout_ms: int
-    updated_ms: int
+    transactional_id: Final[str]
+    producer_id: Final[int]
+    producer_epoch: Final[int]
+    previous_producer_id: Final[int]
+    last_producer_epoch: Final[int]
+    timeout_ms: Final[int]
+    updated_ms: Final[int]
+
+    def __init__(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        previous_producer_id: int,
+        last_producer_epoch: int,
+        timeout_ms: int,
+        updated_ms: int,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.previous_producer_id = previous_producer_id
+        self.last_producer_epoch = last_producer_epoch
+        self.timeout_ms = timeout_ms
+        self.updated_ms = updated_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,10 +261,14 @@ _Values = Callable[[Any], tuple[Any, ...]]
 
 def _kind(annotation: object) -> str:
     """A field's type as :func:`object_encoder` names it. Interpreted, the annotation's text
-    (``"int"``, ``"str | None"``: annotations are not evaluated here); compiled, the class
-    mypyc leaves of it (``int``, ``str``; ``type`` for a union, ``tuple``), whose name is
-    the same for the simple types, and which the generic encoder takes for the others."""
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    (``"int"``, ``"str | None"``: annotations are not evaluated here), less a ``Final[...]``
+    around it; compiled, the class mypyc leaves of it (``int``, ``str``; ``type`` for a
+    union, ``tuple``; no ``Final``), whose name is the same for the simple types, and which
+    the generic encoder takes for the others."""
+    if isinstance(annotation, type):
+        return annotation.__name__
+    text = str(annotation)
+    return text[len("Final[") : -1] if text.startswith("Final[") else text
 
 
 def _payload_encoder(cls: type[Record]) -> tuple[_Values, Callable[[tuple[Any, ...]], str]]:

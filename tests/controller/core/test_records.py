@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,3 +80,20 @@ def test_payload_keeps_the_declaration_order_of_the_fields() -> None:
     assert json.loads(encode_payload(registered))["listeners"] == ["PLAINTEXT://h:9092"]
     updated = TransactionalIdUpdated("tx-é", 1, 0, -1, -1, 60000, 0)
     assert b"tx-\\u00e9" in encode_payload(updated)  # ASCII only, as json.dumps
+
+
+def test_no_record_can_change_once_made() -> None:
+    # A frozen dataclass, or (the records made on every request: records.py says why) one
+    # whose every field is Final: mypy refuses any assignment, and compiled so does the class.
+    annotations = _annotations()
+    for cls in RECORD_TYPES.values():
+        final = all(kind.startswith("Final[") for kind in annotations[cls.__name__].values())
+        frozen = getattr(cls, "__dataclass_params__").frozen  # noqa: B009 (not in its type)
+        assert frozen or final, cls.__name__
+    granted = ProducerIdsGranted(3, 7, 1000, 2000)
+    assert granted == ProducerIdsGranted(3, 7, 1000, 2000)
+    assert hash(granted) == hash(ProducerIdsGranted(3, 7, 1000, 2000))
+    assert dataclasses.replace(granted, broker_id=4).broker_id == 4
+    if not (records.__file__ or "").endswith(".py"):  # the compiled build
+        with pytest.raises(AttributeError):
+            granted.broker_id = 4  # type: ignore[misc]
