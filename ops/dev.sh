@@ -125,13 +125,21 @@ case "$command" in
         ensure_debian_packages
         ensure_venv "[test]"
         cd "$root"
+        # The suite runs pidctl compiled, as the image ships it (ops/compiled.py: built into
+        # build/ on first use and again after a source changed, two to four minutes, most of
+        # it one C compiler on one core): built beside the jars' fetch, the lint and the type
+        # check, which use the other. (Should those fail, the build still ends, and is
+        # reused next time.)
+        build_log="$(mktemp)"
+        "$venv/bin/python" -m ops.compiled >"$build_log" &
+        build_pid=$!
         fetch_jars
         "$venv/bin/ruff" check .
         "$venv/bin/ruff" format --check .
         type_check
-        # The suite runs pidctl compiled, as the image ships it (ops/compiled.py: built into
-        # build/ on first use and again after a source changed, two minutes on two cores).
-        compiled="$("$venv/bin/python" -m ops.compiled)"
+        wait "$build_pid" || { rm -f "$build_log"; exit 1; }
+        compiled="$(cat "$build_log")"
+        rm -f "$build_log"
         export PYTHONPATH="$compiled${PYTHONPATH:+:$PYTHONPATH}" TEST_BUILD=compiled
         status=0
         # Two workers: the suite waits on servers, JVMs and databases some of the time (a
