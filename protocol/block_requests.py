@@ -12,7 +12,8 @@ check that both read every request alike.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Final
 
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.headers import REQUEST_HEADER_START, client_id_of
@@ -24,13 +25,22 @@ _API_KEY_LOW_BYTE = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
 _BODY = struct.Struct(">BiqB")
 
 
-class BlockRequested(NamedTuple):
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final, as InitRequested
+class BlockRequested:
     """An AllocateProducerIds v0 request, read without kio."""
 
-    correlation_id: int
-    client_id: str | None
-    broker_id: int
-    broker_epoch: int
+    correlation_id: Final[int]
+    client_id: Final[str | None]
+    broker_id: Final[int]
+    broker_epoch: Final[int]
+
+    def __init__(
+        self, correlation_id: int, client_id: str | None, broker_id: int, broker_epoch: int
+    ) -> None:
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.broker_id = broker_id
+        self.broker_epoch = broker_epoch
 
 
 def read_block_request(frame: bytes) -> BlockRequested | None:

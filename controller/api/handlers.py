@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
@@ -89,16 +89,31 @@ _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
 
 
-class InitAnswer(NamedTuple):
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+class InitAnswer:
     """An InitProducerId's answer: the error, the producer id and epoch (-1, -1 with an
     error), the offset to be durable before it is sent, and the producer ids it created (1
     for a new PID, for the quota on them; else 0)."""
 
-    error: ErrorCode
-    producer_id: int = -1
-    producer_epoch: int = -1
-    durable_offset: int = NO_WAIT
-    created: int = 0
+    error: Final[ErrorCode]
+    producer_id: Final[int]
+    producer_epoch: Final[int]
+    durable_offset: Final[int]
+    created: Final[int]
+
+    def __init__(
+        self,
+        error: ErrorCode,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        durable_offset: int = NO_WAIT,
+        created: int = 0,
+    ) -> None:
+        self.error = error
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.durable_offset = durable_offset
+        self.created = created
 
 
 _TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)

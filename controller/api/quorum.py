@@ -14,7 +14,8 @@ loop, so nothing needs a lock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TypeVar
 
 from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPIRY_BATCH
 from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
@@ -34,11 +35,16 @@ class RecordSink(Protocol):
         ...
 
 
-class Now(NamedTuple):
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+class Now:
     """Wall-clock time for records, monotonic time for sessions; both in milliseconds."""
 
-    wall_ms: int
-    mono_ms: int
+    wall_ms: Final[int]
+    mono_ms: Final[int]
+
+    def __init__(self, wall_ms: int, mono_ms: int) -> None:
+        self.wall_ms = wall_ms
+        self.mono_ms = mono_ms
 
 
 class QuorumController:

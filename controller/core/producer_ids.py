@@ -13,7 +13,7 @@ left, so a lease round trip never stands between a broker and its block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
@@ -80,13 +80,18 @@ class Lease:
     end: int
 
 
-class Block(NamedTuple):
-    """AllocateProducerIds' answer: ``ProducerIdStart`` and ``ProducerIdLen`` (0, 0 on error).
-    A named tuple, as the request path's other values (one per AllocateProducerIds)."""
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+class Block:
+    """AllocateProducerIds' answer: ``ProducerIdStart`` and ``ProducerIdLen`` (0, 0 on error)."""
 
-    error: ErrorCode = ErrorCode.none
-    first: int = 0
-    length: int = 0
+    error: Final[ErrorCode]
+    first: Final[int]
+    length: Final[int]
+
+    def __init__(self, error: ErrorCode = ErrorCode.none, first: int = 0, length: int = 0) -> None:
+        self.error = error
+        self.first = first
+        self.length = length
 
 
 @dataclass(slots=True)

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Generic, NamedTuple, TypeVar
+from typing import Final, Generic, TypeVar
 
 from pidctl.controller.core.records import Record
 
 T = TypeVar("T")
 
 
-class ControllerResult(NamedTuple, Generic[T]):
+# A plain class built by its own __init__, not a NamedTuple: one is made per request
+# (records.py says why); and not a dataclass, which compiled cannot be generic.
+class ControllerResult(Generic[T]):
     """Records to make durable, and the response to give once they are.
 
     A manager returns it and never appends: the controller replays the records onto the
     managers and hands them to the log, all or none.
     """
 
-    records: tuple[Record, ...]
-    response: T
+    def __init__(self, records: tuple[Record, ...], response: T) -> None:
+        self.records: Final = records
+        self.response: Final = response
 
 
 def answer(response: T) -> ControllerResult[T]:

@@ -277,9 +277,10 @@ class TransactionControlManager:
     def init_idempotent(self) -> ControllerResult[ProducerIdAndEpoch]:
         """A fresh PID with epoch 0; nothing persisted but a pool refill's grant. Never
         15/16 when no PID is ready (kafka-python would look for a coordinator): 14."""
-        refill, taken = self.init_idempotent_run(1)
+        run = self.init_idempotent_run(1)
+        taken = run.response
         response = ProducerIdAndEpoch(_NO_ERROR, taken[0], 0) if taken else _NO_PID
-        return ControllerResult(refill, response)
+        return ControllerResult(run.records, response)
 
     def init_idempotent_run(self, most: int) -> ControllerResult[range]:
         """A run of idempotent InitProducerIds decided at once: the first one's pool refill

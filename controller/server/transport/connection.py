@@ -481,7 +481,7 @@ class ConnectionServer:
         """Decide and answer an InitProducerId read by ``struct`` (not an idempotent run's),
         as :meth:`_go_on` does the requests kio reads: one request."""
         version = request.api_version
-        error, producer_id, epoch, offset, created = self.controller.init_producer_id(
+        answer = self.controller.init_producer_id(
             version,
             request.transactional_id,
             request.timeout_ms,
@@ -490,11 +490,14 @@ class ConnectionServer:
             decided_at,
             info,
         )
+        error = answer.error
         self._tally(_INIT_PRODUCER_ID, version, error, 1)
-        if created:
-            self._new_producer_ids(info.principal, created)  # counted (no quota here)
-        data = init_producer_id_answer(version, request.correlation_id, error, producer_id, epoch)
-        answers.add(data, offset, _INIT_PRODUCER_ID, received)
+        if answer.created:
+            self._new_producer_ids(info.principal, answer.created)  # counted (no quota here)
+        data = init_producer_id_answer(
+            version, request.correlation_id, error, answer.producer_id, answer.producer_epoch
+        )
+        answers.add(data, answer.durable_offset, _INIT_PRODUCER_ID, received)
         return 1
 
     def _answer_block(
@@ -611,17 +614,20 @@ class ConnectionServer:
             self.metrics.errors.labels(api, str(version), name).inc(count)
 
 
-@dataclass(slots=True)
+# _Round and _Answers are plain classes, not dataclasses: one of each is made per round, and
+# compiled, a dataclass keeps the dataclasses module's __init__, interpreted (2,000
+# instructions each, where this one compiled takes a few hundred; records.py says more).
 class _Round:
     """What deciding the requests received so far gave, and why it stopped early."""
 
-    answers: _Answers
-    closed: ConnectionClosed | None = None
-    throttle: float = 0.0
-    #: Entries decided so far (a request without an array counts 1): the round's budget.
-    work: int = 0
-    #: A SASL request, for the connection's task to answer (the exchange awaits).
-    sasl: Request | None = None
+    def __init__(self, answers: _Answers) -> None:
+        self.answers = answers
+        self.closed: ConnectionClosed | None = None
+        self.throttle = 0.0
+        #: Entries decided so far (a request without an array counts 1): the round's budget.
+        self.work = 0
+        #: A SASL request, for the connection's task to answer (the exchange awaits).
+        self.sasl: Request | None = None
 
     @property
     def needs_task(self) -> bool:
@@ -629,13 +635,13 @@ class _Round:
         return self.closed is not None or self.throttle > 0 or self.sasl is not None
 
 
-@dataclass(slots=True)
 class _Answers:
     """Encoded answers of one round, and the log offset they wait for."""
 
-    data: list[bytes] = field(default_factory=list)
-    durable_offset: int = NO_WAIT
-    timings: list[tuple[str, float]] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.durable_offset = NO_WAIT
+        self.timings: list[tuple[str, float]] = []
 
     def add(self, data: bytes, durable_offset: int, api: str, received: float) -> None:
         self.data.append(data)
