@@ -54,6 +54,15 @@ _KINDS = {
     "str": st.text(max_size=12),
     "str | None": st.one_of(st.none(), st.text(max_size=12)),
     "tuple[str, ...]": st.lists(st.text(max_size=4), max_size=3),
+    # What a union is compiled (records.py's _kind): any value, converted by its type.
+    "type": st.one_of(
+        st.none(),
+        st.text(max_size=6),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.booleans(),
+        st.floats(allow_nan=False),
+        st.lists(st.integers(), max_size=2),
+    ),
 }
 
 
