@@ -131,15 +131,15 @@ case "$command" in
         # check, which use the other. (Should those fail, the build still ends, and is
         # reused next time.)
         build_log="$(mktemp)"
+        trap 'rm -f "$build_log"' EXIT  # however this ends (a failed lint included)
         "$venv/bin/python" -m ops.compiled >"$build_log" &
         build_pid=$!
         fetch_jars
         "$venv/bin/ruff" check .
         "$venv/bin/ruff" format --check .
         type_check
-        wait "$build_pid" || { rm -f "$build_log"; exit 1; }
+        wait "$build_pid"
         compiled="$(cat "$build_log")"
-        rm -f "$build_log"
         export PYTHONPATH="$compiled${PYTHONPATH:+:$PYTHONPATH}" TEST_BUILD=compiled
         status=0
         # Two workers: the suite waits on servers, JVMs and databases some of the time (a
