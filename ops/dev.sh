@@ -72,6 +72,17 @@ ensure_debian_packages() {
     fi
 }
 
+# What test, bench and fetch need: the Debian packages and the venv's test install, at once.
+# Neither needs the other (pip builds no C: pyspark is its only source package, and pure
+# Python), and on a fresh machine each is a minute or more of downloads. Should pip fail, the
+# run stops there and apt-get ends on its own.
+ensure_test_machine() {
+    ensure_debian_packages &
+    local debian=$!
+    ensure_venv "[test]"
+    wait "$debian"
+}
+
 # mypy checks the code under the names it is installed as (pidctl.*), through a tree of links
 # in the venv; ops/bench, ops/testing and tests run from the checkout under their own names.
 type_check() {
@@ -122,14 +133,13 @@ case "$command" in
         exec "$venv/bin/pidctl" serve "${first_use[@]}" "$@"
         ;;
     test)
-        ensure_debian_packages
-        ensure_venv "[test]"
+        ensure_test_machine
         cd "$root"
         # The suite runs pidctl compiled, as the image ships it (ops/compiled.py: built into
-        # build/ on first use and again after a source changed, two to four minutes, most of
-        # it one C compiler on one core): built beside the jars' fetch, the lint and the type
-        # check, which use the other. (Should those fail, the build still ends, and is
-        # reused next time.)
+        # build/ on first use and again after a source changed, about two minutes, nearly all
+        # of it two C compiles): built beside the jars' fetch, the lint, the type check and,
+        # for the whole suite, the interpreted pass, which wait on the network or need a core
+        # less. (Should those fail, the build still ends, and is reused next time.)
         build_log="$(mktemp)"
         trap 'rm -f "$build_log"' EXIT  # however this ends (a failed lint included)
         "$venv/bin/python" -m ops.compiled >"$build_log" &
@@ -138,35 +148,33 @@ case "$command" in
         "$venv/bin/ruff" check .
         "$venv/bin/ruff" format --check .
         type_check
+        status=0
+        if [[ $# -eq 0 ]]; then
+            # `ops/dev.sh serve` and a pip-installed pidctl run the compiled modules
+            # interpreted: their unit tests run that way too (a minute in one process, beside
+            # the build), with the test that checks which build was imported. A failure here
+            # still lets the compiled suite run: one run shows both.
+            TEST_WORKERS=0 TEST_BUILD=interpreted run_pytest \
+                tests/controller tests/protocol tests/ops/test_compiled.py || status=$?
+        fi
         wait "$build_pid"
         compiled="$(cat "$build_log")"
         export PYTHONPATH="$compiled${PYTHONPATH:+:$PYTHONPATH}" TEST_BUILD=compiled
-        status=0
         # Two workers: the suite waits on servers, JVMs and databases some of the time (a
         # third made the Spark modules twice as slow: their JVMs need the cores), and it must
         # pass on a busy machine. A module runs on one worker (loadscope): its fixtures (a
         # Spark cluster, a Kafka broker) start once, not once per worker.
         run_pytest "$@" || status=$?
-        if [[ $status -eq 0 && $# -eq 0 ]]; then
-            # The whole suite passed compiled. `ops/dev.sh serve` and a pip-installed pidctl
-            # run the same modules interpreted: their unit tests run once more that way (20 s),
-            # with the test that checks which build was imported.
-            interpreted_path="${PYTHONPATH#"$compiled"}"
-            PYTHONPATH="${interpreted_path#:}" TEST_BUILD=interpreted run_pytest \
-                tests/controller tests/protocol tests/ops/test_compiled.py || status=$?
-        fi
         exit "$status"
         ;;
     bench)
-        ensure_debian_packages
-        ensure_venv "[test]"
+        ensure_test_machine
         cd "$root"
         fetch_jars
         exec "$venv/bin/python" -m ops.bench.suite "$@"
         ;;
     fetch)
-        ensure_debian_packages
-        ensure_venv "[test]"
+        ensure_test_machine
         cd "$root"
         fetch_jars
         ;;
