@@ -50,7 +50,7 @@ RUN pip install . \
     && mkdir -p /data \
     && chown pidctl:pidctl /data
 # The compiled modules beside their sources, which Python imports instead (and at the top
-# the runtime they share).
+# the two libraries of their groups, which they load).
 COPY --from=compiled /compiled/ /usr/local/lib/python3.11/site-packages/
 
 # The settings a container needs; everything else keeps its embedded default and can be

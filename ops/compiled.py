@@ -15,9 +15,10 @@ the tests (``ops/dev.sh test``), the benchmarks and the Docker image, so what is
 measured is what ships.
 
 Without ``--into`` the tree is built under ``build/compiled-<hash>/`` (ignored by git), the
-hash taken over every shipped source file, the module list, mypyc's version and the
+hash taken over every shipped source file, the groups' modules, mypyc's version and the
 interpreter: an unchanged checkout reuses it, a changed one is built again (two minutes
-on two cores; the oldest trees are removed, :data:`KEEP_EARLIER` earlier ones kept).
+on two cores, :data:`GROUPS` says why; the oldest trees are removed, :data:`KEEP_EARLIER`
+earlier ones kept).
 ``--into DIR`` builds into DIR (the Docker image's build stage). It needs a
 C compiler and the mypy the ``compile`` extra pins (the ``test`` extra installs it).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -50,15 +52,24 @@ PACKAGES = {
 #: The folders whose modules are compiled: everything a request goes through, from the
 #: socket to the log and back. The command line, settings, the fleet, SASL and the client
 #: libraries run at start-up or rarely, and stay interpreted.
-COMPILED = (
-    "protocol",
-    "controller/core",
-    "controller/api",
-    "controller/log",
-    "controller/server",
-    "controller/server/transport",
-    "controller/server/telemetry",
-)
+#:
+#: They are compiled in two groups, each one C file and one shared library, by two C
+#: compilers at once: the single file of one group took four minutes of one core, nearly
+#: all of the build, and two halves take two on two cores. A call from one group into the
+#: other goes through a table and is never inlined; the split (the decisions, the log and
+#: the metrics; the wire and the server around them) cost a transactional InitProducerId
+#: 0.6 % more instructions (the compiled code's share 8.8 % -> 9.4 %), well inside the
+#: spread of instructions per request (docs/bench-request-path.md).
+GROUPS = {
+    "pidctl_state": ("controller/core", "controller/log", "controller/server/telemetry"),
+    "pidctl_wire": (
+        "protocol",
+        "controller/api",
+        "controller/server",
+        "controller/server/transport",
+    ),
+}
+COMPILED = tuple(folder for folders in GROUPS.values() for folder in folders)
 
 #: Modules of those folders mypyc cannot compile correctly (mypy 2.4), interpreted:
 #: - telemetry/logs.py: one assignment to several names in a class body (structlog's
@@ -70,15 +81,19 @@ class BuildFailed(RuntimeError):
     """mypyc refused the sources (what it said is the message)."""
 
 
-def compiled_sources() -> list[str]:
-    """The checkout's paths of the modules compiled, relative to the root."""
+def _group_sources(folders: tuple[str, ...]) -> list[str]:
     paths = []
-    for folder in COMPILED:
+    for folder in folders:
         for path in sorted((ROOT / folder).glob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
             if relative not in INTERPRETED:
                 paths.append(relative)
     return paths
+
+
+def compiled_sources() -> list[str]:
+    """The checkout's paths of the modules compiled, relative to the root."""
+    return _group_sources(COMPILED)
 
 
 def _shipped_files() -> list[Path]:
@@ -95,7 +110,8 @@ def _digest() -> str:
 
     h = hashlib.sha256()
     h.update(f"{mypy.version.__version__} {sys.version} {sysconfig.get_platform()}\n".encode())
-    h.update(" ".join(compiled_sources()).encode())
+    for name, folders in GROUPS.items():
+        h.update(f"{name}: {' '.join(_group_sources(folders))}\n".encode())
     for path in _shipped_files():
         h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
@@ -118,17 +134,38 @@ def source_file(module: ModuleType) -> Path:
     return file.with_name(file.name.split(".")[0] + ".py")
 
 
+#: What ``python -m mypyc`` runs (a setup script over ``mypycify``), with the groups and
+#: ``build_ext --parallel``, which compiles the groups' extensions at once.
+_SETUP = """
+import json, sys
+from mypyc.build import mypycify
+from setuptools import setup
+
+paths, groups = json.loads(sys.argv[1])
+setup(
+    name="pidctl-compiled",
+    ext_modules=mypycify(paths, separate=[(sources, name) for sources, name in groups]),
+    script_args=["build_ext", "--inplace", "--parallel", sys.argv[2]],
+)
+"""
+
+
 def build(into: Path) -> None:
     """Copy the shipped packages into ``into/pidctl`` and compile :data:`COMPILED` there."""
     for path in _shipped_files():
         target = into / _tree_name(path.relative_to(ROOT).as_posix())
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    sources = [_tree_name(path) for path in compiled_sources()]
-    # mypyc builds in the tree: each extension beside its module, the runtime they share
-    # at the top (where the tree's directory on sys.path finds it).
+    groups = [
+        ([_tree_name(path) for path in _group_sources(folders)], name)
+        for name, folders in GROUPS.items()
+    ]
+    paths = ["--config-file", str(ROOT / "pyproject.toml")]
+    paths += [source for sources, _ in groups for source in sources]
+    # mypyc builds in the tree: each extension beside its module, the groups' libraries at
+    # the top (where the tree's directory on sys.path finds them).
     result = subprocess.run(
-        [sys.executable, "-m", "mypyc", "--config-file", str(ROOT / "pyproject.toml"), *sources],
+        [sys.executable, "-c", _SETUP, json.dumps([paths, groups]), str(len(groups))],
         cwd=into,
         env={**os.environ, "MYPYPATH": str(into)},
         capture_output=True,

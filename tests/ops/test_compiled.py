@@ -7,6 +7,7 @@ import ast
 import collections
 import importlib
 import importlib.machinery
+import importlib.util
 import os
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def test_the_suite_imports_the_build_it_runs() -> None:
         assert is_extension == expect_compiled, f"{module.__name__}: {file}"
     for path in compiled.INTERPRETED:
         assert (importlib.import_module(_module_name(path)).__file__ or "").endswith(".py")
+    # The groups' shared libraries, which the extension modules load, are at the tree's top.
+    for group in compiled.GROUPS:
+        found = importlib.util.find_spec(f"{group}__mypyc") is not None
+        assert found == expect_compiled, group
+
+
+def test_every_compiled_folder_is_in_one_group() -> None:
+    """A module in two groups would be two modules compiled apart; one in none would not be
+    compiled at all."""
+    assert len(compiled.COMPILED) == len(set(compiled.COMPILED))
+    grouped = [compiled._group_sources(folders) for folders in compiled.GROUPS.values()]
+    assert all(len(sources) > 10 for sources in grouped)  # halves, not a module apart
 
 
 def test_an_exception_name_has_one_type_per_function() -> None:
