@@ -526,7 +526,7 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
     rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
     with (
         kafka_with(run, dict(scenario.settings)) as node,
-        ServerProcess(run.tmp / scenario.key) as server,
+        ServerProcess(run.tmp / scenario.key, events_after_start=False) as server,
         scenario.prepare(node),
     ):
         assert server.proc is not None
@@ -682,7 +682,9 @@ def row_storm(run: suite.Run) -> None:
             **warmed,
             threads_us_per_producer=threads,
         )
-    with ServerProcess(run.tmp / "kafka-storm", *suite.STORM_LIMITS) as server:
+    with ServerProcess(
+        run.tmp / "kafka-storm", *suite.STORM_LIMITS, events_after_start=False
+    ) as server:
         assert server.proc is not None
         cloadgen.run(server.bootstrap, cloadgen.idempotent(), seconds=_step(run))
         mine = cloadgen.run(server.bootstrap, load, pids=[server.proc.pid], **options)
@@ -838,7 +840,7 @@ def row_syncs(run: suite.Run) -> None:
     node = shared_node(run)
     ready_for_transactions(node)
     transactional = cloadgen.transactional()
-    with ServerProcess(run.tmp / "kafka-syncs") as server:
+    with ServerProcess(run.tmp / "kafka-syncs", events_after_start=False) as server:
         assert server.proc is not None
         pidctl_pid = server.proc.pid
         found = {

@@ -293,7 +293,10 @@ def _curves(
     row is client-bound: printed, not counted."""
     points: dict[str, list[dict[str, Any]]] = {"pidctl": [], "ceiling": []}
     rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    with ceiling_process() as (ceiling, ceiling_pid), ServerProcess(run.tmp / key) as server:
+    with (
+        ceiling_process() as (ceiling, ceiling_pid),
+        ServerProcess(run.tmp / key, events_after_start=False) as server,
+    ):
         assert server.proc is not None
         server_pid = server.proc.pid
         base_load = cloadgen.scenario_load(ceiling, ceiling_scenario, register=False).unchecked()
@@ -391,7 +394,7 @@ def row_storm(run: Run) -> None:
     options: dict[str, Any] = {"connections": producers, "storm": True, "spread": 1.0}
     with ceiling_process() as (ceiling, pid):
         base = cloadgen.run(ceiling, load.unchecked(), pids=[pid], **options)
-    with ServerProcess(run.tmp / "storm", *STORM_LIMITS) as server:
+    with ServerProcess(run.tmp / "storm", *STORM_LIMITS, events_after_start=False) as server:
         assert server.proc is not None
         mine = cloadgen.run(server.bootstrap, load, pids=[server.proc.pid], **options)
     base_cpu, mine_cpu = base["servers"][0]["cpu_s"], mine["servers"][0]["cpu_s"]

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from ops.bench.common import ceiling_process
-from ops.testing.serverproc import WITHOUT_HYPOTHESIS, ServerProcess, without_hypothesis
+from ops.testing.serverproc import (
+    WITHOUT_HYPOTHESIS,
+    ServerProcess,
+    wait_until,
+    without_hypothesis,
+)
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
 
 #: What a pidctl server imports (kio, which imports hypothesis where it can), then what it
 #: would suffer from hypothesis: trio's scheduler made deterministic by hypothesis's plugin.
@@ -66,3 +73,24 @@ def test_the_benchmarks_servers_start_without_hypothesis(
     with ServerProcess(tmp_path / "data") as server:
         assert server.proc is not None
         assert _started_with(server.proc.pid)[0] == str(WITHOUT_HYPOTHESIS)
+
+
+def test_a_measured_servers_log_is_read_unparsed_after_it_listens(tmp_path: Path) -> None:
+    """A benchmark's server (``events_after_start=False``) keeps only the start-up's events,
+    and its log is still read: a grant's audit line each, far more than a pipe holds
+    (64 KiB), and the server answers every grant, never blocked on a full pipe."""
+    grants = 2000
+    with ServerProcess(tmp_path / "d", events_after_start=False) as server:
+        started = len(server.events)
+        assert server.event("listening")
+        with SyncClient(server.bootstrap) as client:
+            for _ in range(grants):
+                assert client.request(requests.allocate(-1, -1)).error_code == 0
+        assert len(server.events) == started  # nothing parsed or kept after the start
+    logged = ServerProcess(tmp_path / "kept")
+    with logged, SyncClient(logged.bootstrap) as client:
+        assert client.request(requests.allocate(-1, -1)).error_code == 0
+        wait_until(
+            lambda: any(e.get("event") == "producer ids granted" for e in logged.events),
+            "the default keeps the grant's audit line",
+        )
