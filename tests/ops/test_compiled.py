@@ -40,8 +40,8 @@ def test_the_suite_imports_the_build_it_runs() -> None:
 
 
 def test_every_compiled_folder_is_in_one_group() -> None:
-    """A module in two groups would be two modules compiled apart; one in none would not be
-    compiled at all."""
+    """A folder in two groups would be compiled twice, into two libraries (what is compiled
+    is the groups' folders, :data:`compiled.COMPILED` only lists them)."""
     assert len(compiled.COMPILED) == len(set(compiled.COMPILED))
     grouped = [compiled._group_sources(folders) for folders in compiled.GROUPS.values()]
     assert all(len(sources) > 10 for sources in grouped)  # halves, not a module apart
