@@ -178,6 +178,11 @@ class MetadataLog:
         self.failed: StorageFailed | None = None
         self._snapshot_source = snapshot_source
         self._listener = listener or CommitListener()
+        #: Called just before a commit takes the pending records (not while shutting down):
+        #: the server's readable connections are served then, without waiting, so that
+        #: requests already received join this commit rather than wait a whole sync for the
+        #: next (:meth:`Poller.serve_ready`).
+        self.gather: Callable[[], object] | None = None
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
@@ -319,6 +324,8 @@ class MetadataLog:
         return False
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
+        if snapshots is not None and self.gather is not None:
+            self.gather()
         await self._raise_reservation()
         batch, self._pending = _at_most_one_commit(self._pending)
         if not self._pending:

@@ -272,6 +272,8 @@ class PidctlServer:
             log_requests=settings.log_level == "debug",
         )
         self.after_commit.outboxes = connections.outboxes
+        if connections.poller is not None:  # requests already received join each commit
+            metalog.gather = connections.poller.serve_ready
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(quorum)

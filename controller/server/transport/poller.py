@@ -85,22 +85,10 @@ class Poller:
         """Call the round of every parked connection that is readable, until cancelled; then
         wake every parked connection and close the epoll set."""
         epoll = self._epoll
-        per_pass = self._events_per_pass
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
-                for fd, _ in epoll.poll(0, per_pass):
-                    parked = self._parked.get(fd)
-                    if parked is None or parked.woken.is_set():
-                        continue  # unparked in this pass (a round may end another's)
-                    try:
-                        stay = parked.round()
-                    except Exception as e:  # for the connection's task, which owns it
-                        parked.error = e
-                        stay = False
-                    if not stay:
-                        self._unpark(fd, parked)
-                        parked.woken.set()
+                self.serve_ready()
         finally:
             self._closed = True
             for fd, parked in list(self._parked.items()):
@@ -108,6 +96,28 @@ class Poller:
                 parked.woken.set()
             trio.lowlevel.notify_closing(epoll.fileno())
             epoll.close()
+
+    def serve_ready(self) -> int:
+        """One pass, without waiting: call the round of every parked connection readable
+        now (at most ``events_per_pass``); how many were. Also called by the log's writer
+        just before a commit, so that requests already received join it
+        (``MetadataLog.gather``)."""
+        if self._closed:
+            return 0
+        ready = self._epoll.poll(0, self._events_per_pass)
+        for fd, _ in ready:
+            parked = self._parked.get(fd)
+            if parked is None or parked.woken.is_set():
+                continue  # unparked in this pass (a round may end another's)
+            try:
+                stay = parked.round()
+            except Exception as e:  # for the connection's task, which owns it
+                parked.error = e
+                stay = False
+            if not stay:
+                self._unpark(fd, parked)
+                parked.woken.set()
+        return len(ready)
 
     def _unpark(self, fd: int, parked: _Parked) -> None:
         if self._parked.get(fd) is parked:

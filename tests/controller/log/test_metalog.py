@@ -240,6 +240,36 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     assert recover(tmp_path).state == state
 
 
+async def test_what_gather_appends_joins_the_commit_about_to_be_made(tmp_path: Path) -> None:
+    """The server's readable connections are served just before a commit (``gather``): the
+    records their requests append are written by that commit, not by one sync later."""
+    batches: list[int] = []
+    state = ControllerState()
+    listener = Listener(batch=lambda n, *_: batches.append(n))
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    records = iter(history(5))  # seven records
+    gathered: list[int] = []
+
+    def gather() -> None:  # as if a request had come meanwhile: two more records
+        for record in itertools.islice(records, 2):
+            offset = append(metalog, record)
+            state.replay(offset, record)
+            gathered.append(offset)
+
+    metalog.gather = gather
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for _ in range(3):
+            record = next(records)
+            offset = append(metalog, record)
+            state.replay(offset, record)
+            await metalog.wait_durable(offset)
+        nursery.cancel_scope.cancel()
+    assert gathered == [1, 2, 4, 5]  # (the third commit's gather found none left)
+    assert batches == [3, 3, 1]
+    assert recover(tmp_path).state == state
+
+
 async def test_snapshot_removes_covered_segments_and_recovery_uses_it(tmp_path: Path) -> None:
     written = await run_log(tmp_path, history(100), snapshot_interval_records=25)
     names = sorted(p.name for p in tmp_path.iterdir())

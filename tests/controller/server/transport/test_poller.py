@@ -144,6 +144,42 @@ async def test_a_round_that_raises_raises_in_its_task_and_others_go_on(
     other_theirs.close()
 
 
+async def test_a_pass_without_waiting_serves_what_is_readable_now() -> None:
+    """``serve_ready``, as the log's writer calls it before a commit: the rounds of the
+    connections readable at that moment, none of the others, and no wait; nothing once the
+    poller has stopped."""
+    poller = Poller()
+    pairs = [socket.socketpair() for _ in range(3)]
+    got: list[list[bytes]] = [[] for _ in pairs]
+    running = trio.CancelScope()
+
+    async def run() -> None:
+        with running:
+            await poller.run()
+
+    async with trio.open_nursery() as nursery:
+        for index, (ours, _) in enumerate(pairs):
+            round = _reader(ours.fileno(), got[index], b"end")
+            nursery.start_soon(poller.park, ours.fileno(), round)
+        await trio.testing.wait_all_tasks_blocked()  # parked, and the poller not running
+        assert poller.serve_ready() == 0
+        pairs[0][1].send(b"one")
+        pairs[2][1].send(b"end")
+        assert poller.serve_ready() == 2
+        assert got == [[b"one"], [], [b"end"]]
+        assert len(poller) == 2  # the round that read "end" woke its task
+        assert poller.serve_ready() == 0  # read already: not served twice
+        nursery.start_soon(run)
+        await trio.testing.wait_all_tasks_blocked()
+        running.cancel()
+    assert poller.closed
+    pairs[1][1].send(b"late")
+    assert poller.serve_ready() == 0 and got[1] == []
+    for ours, theirs in pairs:
+        ours.close()
+        theirs.close()
+
+
 async def test_a_poller_that_stops_wakes_everyone_parked(tcp_pair: TcpPair) -> None:
     server, _ = tcp_pair
     poller = Poller()
