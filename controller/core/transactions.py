@@ -14,7 +14,7 @@ import operator
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
@@ -33,19 +33,48 @@ from pidctl.controller.core.records import Record, TransactionalIdExpired, Trans
 from pidctl.controller.core.result import ControllerResult, answer
 
 
-class TransactionalIdState(NamedTuple):
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final, as records.py's
+class TransactionalIdState:
     """What pidctl keeps per transactional id (all of it in the log and in snapshots).
 
-    A named tuple, as the request path's other values: one is made from its packed row on
-    every InitProducerId of a transactional id, and a frozen dataclass cost ~6k
-    instructions more to make."""
+    One is made from its packed row on every InitProducerId of a transactional id: a class
+    with ``Final`` fields and an ``__init__`` of its own, as the request path's other values
+    (compiled, a NamedTuple's ``__new__`` and a frozen dataclass's ``__init__`` stay
+    interpreted)."""
 
-    producer_id: int
-    producer_epoch: int
-    previous_producer_id: int
-    last_producer_epoch: int
-    timeout_ms: int
-    updated_ms: int
+    producer_id: Final[int]
+    producer_epoch: Final[int]
+    previous_producer_id: Final[int]
+    last_producer_epoch: Final[int]
+    timeout_ms: Final[int]
+    updated_ms: Final[int]
+
+    def __init__(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        previous_producer_id: int,
+        last_producer_epoch: int,
+        timeout_ms: int,
+        updated_ms: int,
+    ) -> None:
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.previous_producer_id = previous_producer_id
+        self.last_producer_epoch = last_producer_epoch
+        self.timeout_ms = timeout_ms
+        self.updated_ms = updated_ms
+
+    def fields(self) -> StateFields:
+        """The fields, in their order (what :meth:`TransactionalIdTable.put` stores)."""
+        return (
+            self.producer_id,
+            self.producer_epoch,
+            self.previous_producer_id,
+            self.last_producer_epoch,
+            self.timeout_ms,
+            self.updated_ms,
+        )
 
 
 #: One transactional id's state, packed: producer id, epoch, previous producer id, last epoch,
@@ -73,7 +102,7 @@ def _pack(fields: StateFields) -> bytes:
     )
 
 
-#: A state's fields, in :class:`TransactionalIdState`'s order (a state is one).
+#: A state's fields, in :class:`TransactionalIdState`'s order.
 StateFields = tuple[int, int, int, int, int, int]
 #: A :class:`TransactionalIdUpdated` record's :data:`StateFields`.
 _fields: Callable[[TransactionalIdUpdated], StateFields] = operator.attrgetter(
@@ -131,12 +160,12 @@ class TransactionalIdTable:
 
     def __setitem__(self, transactional_id: str, state: TransactionalIdState) -> None:
         """Store ``state``; ValueError if a field does not fit its packed width."""
-        self.put(transactional_id, state)
+        self.put(transactional_id, state.fields())
 
     def put(self, transactional_id: str, fields: StateFields) -> None:
-        """Store the state of these fields: a :class:`TransactionalIdState`, or the same
-        fields of a record without making one (what replay does per record). ValueError if
-        a field does not fit its packed width."""
+        """Store the state of these fields (a record's, without making a
+        :class:`TransactionalIdState`: what replay does per record). ValueError if a field
+        does not fit its packed width."""
         try:
             row = _pack(fields)
         except struct.error as e:
@@ -233,12 +262,23 @@ class TransactionalIdTable:
         return cls(rows)
 
 
-class ProducerIdAndEpoch(NamedTuple):
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (see above)
+class ProducerIdAndEpoch:
     """InitProducerId's answer (-1, -1 with an error)."""
 
-    error: ErrorCode = ErrorCode.none
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = NO_PRODUCER_EPOCH
+    error: Final[ErrorCode]
+    producer_id: Final[int]
+    producer_epoch: Final[int]
+
+    def __init__(
+        self,
+        error: ErrorCode = ErrorCode.none,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+    ) -> None:
+        self.error = error
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
 
 
 def parse_expected(producer_id: int, producer_epoch: int) -> tuple[int, int] | ErrorCode | None:
