@@ -251,9 +251,11 @@ class MetadataLog:
         if reservation is not None:
             self._reservation_wanted = reservation
         offset = self.end_offset
-        self._pending.append(entry)
+        pending = self._pending
+        if not pending:  # (the event is set while anything is pending: see _commit_batch)
+            self._pending_event.set()
+        pending.append(entry)
         self.end_offset = offset + 1
-        self._pending_event.set()
         return offset
 
     def awaited(self, offset: int) -> None:
