@@ -38,8 +38,15 @@ class ClusterCreated:
 
 
 def new_cluster_id() -> str:
-    # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding (22 chars).
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A new cluster id as Kafka's ``Uuid.randomUuid()`` makes one: a random (version 4)
+    UUID in URL-safe base64 without padding, 22 characters, drawn again while it holds a
+    ``-`` (KAFKA-20072; before it, Kafka refused only a leading one): such an id reads as an
+    option on a command line (``pidctl register --cluster-id -Xy...`` is refused). Kafka's
+    reserved UUIDs (0 and 1) have no version bits, so a version 4 UUID is never one."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if "-" not in cluster_id:
+            return cluster_id
 
 
 @dataclass(frozen=True, slots=True)
