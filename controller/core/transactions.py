@@ -65,17 +65,6 @@ class TransactionalIdState:
         self.timeout_ms = timeout_ms
         self.updated_ms = updated_ms
 
-    def fields(self) -> StateFields:
-        """The fields, in their order (what :meth:`TransactionalIdTable.put` stores)."""
-        return (
-            self.producer_id,
-            self.producer_epoch,
-            self.previous_producer_id,
-            self.last_producer_epoch,
-            self.timeout_ms,
-            self.updated_ms,
-        )
-
 
 #: One transactional id's state, packed: producer id, epoch, previous producer id, last epoch,
 #: timeout, and the last update's milliseconds in 48 bits (high 16, low 32). One bytes object
@@ -104,14 +93,17 @@ def _pack(fields: StateFields) -> bytes:
 
 #: A state's fields, in :class:`TransactionalIdState`'s order.
 StateFields = tuple[int, int, int, int, int, int]
-#: A :class:`TransactionalIdUpdated` record's :data:`StateFields`.
-_fields: Callable[[TransactionalIdUpdated], StateFields] = operator.attrgetter(
-    "producer_id",
-    "producer_epoch",
-    "previous_producer_id",
-    "last_producer_epoch",
-    "timeout_ms",
-    "updated_ms",
+#: The :data:`StateFields` of a :class:`TransactionalIdState`, or of a
+#: :class:`TransactionalIdUpdated` record (the same attributes), without making a state.
+state_fields: Callable[[TransactionalIdState | TransactionalIdUpdated], StateFields] = (
+    operator.attrgetter(
+        "producer_id",
+        "producer_epoch",
+        "previous_producer_id",
+        "last_producer_epoch",
+        "timeout_ms",
+        "updated_ms",
+    )
 )
 
 
@@ -160,7 +152,7 @@ class TransactionalIdTable:
 
     def __setitem__(self, transactional_id: str, state: TransactionalIdState) -> None:
         """Store ``state``; ValueError if a field does not fit its packed width."""
-        self.put(transactional_id, state.fields())
+        self.put(transactional_id, state_fields(state))
 
     def put(self, transactional_id: str, fields: StateFields) -> None:
         """Store the state of these fields (a record's, without making a
@@ -430,7 +422,7 @@ class TransactionControlManager:
                     raise InvariantViolation(f"offset {offset}: invalid epoch")
                 try:
                     # The record's fields straight into the row (no state object between).
-                    self.transactional_ids.put(record.transactional_id, _fields(record))
+                    self.transactional_ids.put(record.transactional_id, state_fields(record))
                 except ValueError as e:  # a field too wide for its row: stored nothing
                     raise InvariantViolation(f"offset {offset}: {e}") from e
             case TransactionalIdExpired():

@@ -28,6 +28,7 @@ from pidctl.controller.core.records import (
     TransactionalIdUpdated,
 )
 from pidctl.controller.core.state import ControllerState
+from pidctl.controller.core.transactions import state_fields
 from pidctl.controller.log.datadir import (
     RESERVATION_FILE,
     write_snapshot_file,
@@ -305,7 +306,7 @@ def test_snapshot_in_the_first_format_still_loads(tmp_path: Path) -> None:
     fields = {k: v for k, v in state.to_snapshot().items() if not isinstance(v, bytearray)}
     del fields["transactional_id_count"]
     fields["transactional_ids"] = [
-        [tid, *t.fields()] for tid, t in state.transactions.transactional_ids.items()
+        [tid, *state_fields(t)] for tid, t in state.transactions.transactional_ids.items()
     ]
     body = json.dumps({"offset": state.next_offset, "state": fields}).encode()
     header = struct.pack(">8sIQ", b"PIDSNAP1", zlib.crc32(body), len(body))
