@@ -123,18 +123,18 @@ def test_chart(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--kills", "4", "--faults", "3", "--flips", "3", "--regressions", "1"]
+    argv = ["--kills", "2", "--faults", "2", "--flips", "2", "--regressions", "1"]
     assert faults.main([*argv, "--episode", "7", "--seed", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
     # A flip cycle is a SIGKILL too, then a bit of the newest record flipped; a kill just
     # after a roll leaves no whole record in the active segment, and the flip is tried again.
     flips = result["bits_flipped"] + result["flips_not_reached"]
-    assert result["kills"] == 4 + flips
-    assert result["bits_flipped"] >= 1 and flips >= 3
+    assert result["kills"] == 2 + flips
+    assert result["bits_flipped"] >= 1 and flips >= 2
     assert result["grants_checked"] >= result["grants_acknowledged"] > 0
     # A fault not reached in time is tried again (at most as often as faults were asked for).
     assert result["faults_injected"] >= 1
-    assert result["faults_injected"] + result["faults_not_reached"] >= 3
+    assert result["faults_injected"] + result["faults_not_reached"] >= 2
     assert result["counter_regressions"] == 1  # two controllers on one etcd, checked apart
 
 
