@@ -121,21 +121,27 @@ def test_chart(tmp_path: Path) -> None:
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+#: The small campaign's cycles: SIGKILLs, I/O faults, bit flips, counter regressions.
+KILLS, FAULTS, FLIPS, REGRESSIONS = 2, 2, 2, 1
+
+
 @pytest.mark.slow
 def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--kills", "2", "--faults", "2", "--flips", "2", "--regressions", "1"]
+    argv = ["--kills", str(KILLS), "--faults", str(FAULTS), "--flips", str(FLIPS)]
+    argv += ["--regressions", str(REGRESSIONS)]
     assert faults.main([*argv, "--episode", "7", "--seed", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
     # A flip cycle is a SIGKILL too, then a bit of the newest record flipped; a kill just
     # after a roll leaves no whole record in the active segment, and the flip is tried again.
     flips = result["bits_flipped"] + result["flips_not_reached"]
-    assert result["kills"] == 2 + flips
-    assert result["bits_flipped"] >= 1 and flips >= 2
+    assert result["kills"] == KILLS + flips
+    assert result["bits_flipped"] >= 1 and flips >= FLIPS
     assert result["grants_checked"] >= result["grants_acknowledged"] > 0
     # A fault not reached in time is tried again (at most as often as faults were asked for).
     assert result["faults_injected"] >= 1
-    assert result["faults_injected"] + result["faults_not_reached"] >= 2
-    assert result["counter_regressions"] == 1  # two controllers on one etcd, checked apart
+    assert result["faults_injected"] + result["faults_not_reached"] >= FAULTS
+    # Two controllers on one etcd, checked apart.
+    assert result["counter_regressions"] == REGRESSIONS
 
 
 def test_profile_summary_of_py_spy_raw_stacks() -> None:
