@@ -360,7 +360,15 @@ def measured(
     ``metrics_url`` (pidctl's), its group commits'."""
     before = thread_cpu_s(pid) if threads else {}
     commits = commit_totals(metrics_url) if metrics_url else {}
-    r = suite.probed_load(bootstrap, pid, load, connections=16, in_flight=1, seconds=seconds)
+    after: dict[str, Any] = {}
+
+    def measured() -> None:  # (before the probe's window)
+        after["threads"] = thread_cpu_s(pid) if threads else {}
+        after["commits"] = commit_totals(metrics_url) if metrics_url else {}
+
+    r = suite.probed_load(
+        bootstrap, pid, load, measured, connections=16, in_flight=1, seconds=seconds
+    )
     server = r["servers"][0]
     side = {
         "per_second": r["per_second"],
@@ -382,9 +390,9 @@ def measured(
     side["others_cores"] = max(0.0, others)
     side["contended"] = side["others_cores"] >= CONTENDED_CORES
     if threads:
-        side["threads_us_per_request"] = breakdown(pid, before, thread_cpu_s(pid), r["requests"])
+        side["threads_us_per_request"] = breakdown(pid, before, after["threads"], r["requests"])
     if metrics_url:
-        side.update(commit_figures(commits, commit_totals(metrics_url)))
+        side.update(commit_figures(commits, after["commits"]))
     return side
 
 

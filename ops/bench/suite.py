@@ -246,17 +246,33 @@ def _latencies(r: dict[str, Any]) -> dict[str, Any]:
     return {key: r[key] for key in _LATENCY_KEYS}
 
 
+#: The stall probe's own window, right after each measured one, with the same load.
+PROBE_SECONDS = 1.0
+
+
 def probed_load(
-    bootstrap: str, server_pid: int, load: cloadgen.Load, **options: Any
+    bootstrap: str,
+    server_pid: int,
+    load: cloadgen.Load,
+    measured: Callable[[], object] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """The compiled load generator (:func:`cloadgen.run`) with the stall probe running beside
-    it (``ops/bench/stalls.py``): the machine's stops, which hold every request in flight,
-    are reported with the latencies; and the server's CPU time over the measured window, per
-    request (its efficiency, steadier than a rate on a machine whose speed varies from hour
-    to hour) and as a share of one core (whether it was the limit), with the load
-    generator's own share and the other work on the machine meanwhile (``others_cores``)."""
+    """The compiled load generator (:func:`cloadgen.run`), then the same load for
+    :data:`PROBE_SECONDS` more with the stall probe running beside it
+    (``ops/bench/stalls.py``): the machine's stops, which hold every request in flight, are
+    reported with the latencies. The latencies and the rate are the first window's: the
+    probe, a process waking a thousand times a second on the same two cores, raised the
+    durable row's p99 by 0.3-0.4 ms beside it (alternated rounds, docs/bench-request-path.md).
+    Also the server's CPU time over the measured window, per request (its efficiency,
+    steadier than a rate on a machine whose speed varies from hour to hour) and as a share
+    of one core (whether it was the limit), with the load generator's own share and the
+    other work on the machine meanwhile (``others_cores``). ``measured`` is called between
+    the two windows (a caller's own counters of the measured one)."""
+    result = cloadgen.run(bootstrap, load, pids=[server_pid], **options)
+    if measured is not None:
+        measured()
     with stall_probe() as stalls:
-        result = cloadgen.run(bootstrap, load, pids=[server_pid], **options)
+        cloadgen.run(bootstrap, load, pids=[server_pid], **{**options, "seconds": PROBE_SECONDS})
     result.update(stalls.summary())
     server = result["servers"][0]
     result["server_cpu_us_per_request"] = server["cpu_s"] * 1e6 / max(1, result["requests"])
