@@ -225,6 +225,7 @@ class PidctlServer:
             lambda: quorum.snapshot(),  # (the quorum controller, made below over this log)
             segment_max_bytes=settings.segment_max_bytes,
             snapshot_interval_records=settings.snapshot_interval_records,
+            snapshot_min_interval_s=settings.snapshot_min_interval_ms / 1000,
             retention_bytes=settings.log_retention_bytes,
             retention_ms=settings.log_retention_ms,
             inline_sync_max_s=settings.log_inline_sync_max_ms / 1000,

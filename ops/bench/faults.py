@@ -45,7 +45,7 @@ from typing import Any
 from ops.bench.common import add_build_argument, first_overlap, use_build
 from ops.testing.coordination import EtcdProcess
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from ops.testing.serverproc import ServerProcess, strace_prefix, wait_until
+from ops.testing.serverproc import FREQUENT_SNAPSHOTS, ServerProcess, strace_prefix, wait_until
 from pidctl.controller.core.logformat import SEGMENT_SUFFIX
 from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
 from pidctl.controller.log.recovery import read_log
@@ -69,6 +69,7 @@ SETTINGS = (
     "20000",
     "--snapshot-interval-records",
     "300",
+    *FREQUENT_SNAPSHOTS,
     "--producer-id-reservation",
     "4000",
     "--log-retention-bytes",

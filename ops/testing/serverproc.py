@@ -35,6 +35,11 @@ def without_hypothesis(env: Mapping[str, str]) -> dict[str, str]:
 #: a condition that holds returns at once.
 WAIT_TIMEOUT_S = 60.0
 
+#: A server's settings for snapshots as often as its ``--snapshot-interval-records`` says,
+#: however fast the records come (for tests that need many snapshots, not the default's
+#: one in ``snapshot_min_interval_ms``).
+FREQUENT_SNAPSHOTS = ("--snapshot-min-interval-ms", "0")
+
 
 def wait_until(
     condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S, poll: float = 0.05

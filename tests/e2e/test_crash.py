@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench.common import first_overlap
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import FREQUENT_SNAPSHOTS, ServerProcess
 from pidctl.client import SyncClient
 from tests import wire
 
@@ -77,7 +77,9 @@ def test_sigkill_under_load_never_loses_an_acknowledged_block(
 ) -> None:
     rng = random.Random(20261122)
     data_dir = tmp_path / "data"
-    server = ServerProcess(data_dir, "--snapshot-interval-records", snapshot_interval)
+    server = ServerProcess(
+        data_dir, "--snapshot-interval-records", snapshot_interval, *FREQUENT_SNAPSHOTS
+    )
     server.start()
     cluster = wire.cluster_id_of(data_dir)
     incarnations = {b: uuid.uuid4() for b in range(1, BROKERS + 1)}

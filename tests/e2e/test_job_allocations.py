@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import FREQUENT_SNAPSHOTS, ServerProcess, wait_until
 from pidctl.client import SyncClient
 from pidctl.controller.core.jobs import JobKey
 from pidctl.protocol import requests
@@ -29,6 +29,7 @@ def test_a_rerun_gets_the_same_blocks_across_a_crash(tmp_path: Path) -> None:
     reservation = 10_000
     settings = (
         *("--first-producer-id", str(2**62), "--snapshot-interval-records", "3"),
+        *FREQUENT_SNAPSHOTS,
         *("--producer-id-reservation", str(reservation)),
     )
     with ServerProcess(data, *settings) as server:

@@ -22,6 +22,7 @@ import pytest
 
 from ops.testing.grants import Acknowledged, GrantLoad
 from ops.testing.serverproc import (
+    FREQUENT_SNAPSHOTS,
     ServerProcess,
     format_data_dir,
     strace_inject_prefix,
@@ -47,7 +48,7 @@ def _pidctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 #: Rolls and snapshots all the time, and nothing kept below a snapshot: what makes a live
 #: read race with the server.
-CHURN = ("--snapshot-interval-records", "20", "--segment-max-bytes", "3000")
+CHURN = ("--snapshot-interval-records", "20", *FREQUENT_SNAPSHOTS, "--segment-max-bytes", "3000")
 DELETE_COVERED = ("--log-retention-bytes", "0")
 #: Each of `log verify` and `log dump`, run this often while the server churns (each run
 #: reads the whole data dir, through a few of the server's rolls and snapshots).
@@ -118,7 +119,9 @@ def test_eio_on_the_stat_of_a_new_snapshot_stops_with_storage_failed(tmp_path: P
     # Every stat of each file a first snapshot may be written as (whatever call libc makes).
     candidates = [data_dir / snapshot_name(offset) for offset in range(15, 90)]
     fail_stat = strace_inject_prefix("newfstatat,statx,stat,lstat", "error=EIO", None, candidates)
-    server = ServerProcess(data_dir, "--snapshot-interval-records", "20", prefix=fail_stat)
+    server = ServerProcess(
+        data_dir, "--snapshot-interval-records", "20", *FREQUENT_SNAPSHOTS, prefix=fail_stat
+    )
     server.start()
     try:
         with SyncClient(server.bootstrap) as client:

@@ -20,6 +20,7 @@ import pytest
 
 from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
 from ops.testing.serverproc import (
+    FREQUENT_SNAPSHOTS,
     ServerProcess,
     connect_without_waiting,
     format_data_dir,
@@ -210,6 +211,7 @@ def test_a_failed_snapshot_leaves_a_startable_directory(tmp_path: Path) -> None:
         strace_prefix("rename", "EIO", "3"),
         "--snapshot-interval-records",
         "200",
+        *FREQUENT_SNAPSHOTS,
         *ONE_RESERVATION,
     )
     assert status == StorageFailed.exit_code
@@ -449,6 +451,7 @@ def _under_a_file_limit(
         str(metrics),
         "--snapshot-interval-records",
         "40",
+        *FREQUENT_SNAPSHOTS,
         prefix=["prlimit", f"--nofile={limit}:{limit}"],
     )
     return server, budget
@@ -593,7 +596,12 @@ def test_running_out_of_file_descriptors_postpones_a_roll_and_keeps_serving(
     tmp_path: Path,
 ) -> None:
     server = ServerProcess(
-        tmp_path / "d", "--segment-max-bytes", "2000", "--snapshot-interval-records", "50"
+        tmp_path / "d",
+        "--segment-max-bytes",
+        "2000",
+        "--snapshot-interval-records",
+        "50",
+        *FREQUENT_SNAPSHOTS,
     )
     with server, SyncClient(server.bootstrap) as client:
         assert server.proc is not None

@@ -283,6 +283,46 @@ async def test_snapshot_removes_covered_segments_and_recovery_uses_it(tmp_path: 
     assert recovery.records_replayed == written.next_offset - snapshot_offset
 
 
+@pytest.mark.parametrize(("min_interval_s", "expected"), [(0.0, 3), (3600.0, 1)])
+async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records_come(
+    tmp_path: Path, min_interval_s: float, expected: int
+) -> None:
+    """``snapshot_min_interval_ms``: 100 records in ten commits, a snapshot due every 25 of
+    them, written as often as that with no minimum (at 30, 60 and 90), once in an hour's minimum (the first
+    does not wait); start-up then replays what the one snapshot does not hold."""
+    state = ControllerState()
+    sizes: list[int] = []
+
+    class Snapshots(CommitListener):
+        def snapshot_written(self, size: int) -> None:
+            sizes.append(size)
+
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().to_snapshot,
+        snapshot_interval_records=25,
+        snapshot_min_interval_s=min_interval_s,
+        listener=Snapshots(),
+    )
+    records = history(98)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        for start in range(0, len(records), 10):
+            for record in records[start : start + 10]:
+                state.replay(append(metalog, record), record)
+            await metalog.flush()
+            with trio.fail_after(30):  # (a snapshot due is written before the next one)
+                while metalog._snapshot_running:
+                    await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    assert len(sizes) == expected
+    recovery = recover(tmp_path)
+    assert recovery.state == state
+    assert recovery.records_replayed == 100 - recovery.snapshot_offset
+
+
 async def test_retention_keeps_covered_segments_for_the_audit_trail(tmp_path: Path) -> None:
     await run_log(tmp_path, history(100), snapshot_interval_records=25, retention_bytes=10**9)
     contents = read_log(tmp_path)
