@@ -404,15 +404,36 @@ def row_transactional(run: Run) -> None:
 
 def row_storm(run: Run) -> None:
     """The start-up storm against the ceiling with the same client; ratio = time until the
-    last producer is served, pidctl's over the ceiling's (lower is better)."""
+    last producer is served, pidctl's over the ceiling's (lower is better). With
+    ``--rounds N``, N pairs, in turn which goes first (one pair moved by a third from one run
+    to the next, as the machine's speed drifted between its two halves), and the pair with
+    the median ratio is the row's figure."""
     producers = run.args.storm
     load = cloadgen.storm_load()
     options: dict[str, Any] = {"connections": producers, "storm": True, "spread": 1.0}
-    with ceiling_process() as (ceiling, pid):
-        base = cloadgen.run(ceiling, load.unchecked(), pids=[pid], **options)
-    with ServerProcess(run.tmp / "storm", *STORM_LIMITS, events_after_start=False) as server:
-        assert server.proc is not None
-        mine = cloadgen.run(server.bootstrap, load, pids=[server.proc.pid], **options)
+
+    def ceiling() -> dict[str, Any]:
+        with ceiling_process() as (bootstrap, pid):
+            return cloadgen.run(bootstrap, load.unchecked(), pids=[pid], **options)
+
+    def pidctl(index: int) -> dict[str, Any]:
+        data_dir = run.tmp / f"storm-{index}"
+        with ServerProcess(data_dir, *STORM_LIMITS, events_after_start=False) as server:
+            assert server.proc is not None
+            return cloadgen.run(server.bootstrap, load, pids=[server.proc.pid], **options)
+
+    def ratio(pair: tuple[dict[str, Any], dict[str, Any]]) -> float:
+        return float(pair[1]["last_served_s"] / pair[0]["last_served_s"])
+
+    pairs = []
+    for index in range(run.args.rounds):
+        if index % 2 == 0:
+            base = ceiling()
+            pairs.append((base, pidctl(index)))
+        else:
+            mine = pidctl(index)
+            pairs.append((ceiling(), mine))
+    base, mine = sorted(pairs, key=ratio)[len(pairs) // 2]
     base_cpu, mine_cpu = base["servers"][0]["cpu_s"], mine["servers"][0]["cpu_s"]
     run.row(
         "ceiling",
@@ -433,7 +454,8 @@ def row_storm(run: Run) -> None:
         server_cpu_s=mine_cpu,
         loadgen_cpu_s=mine["client_cpu_s"],
         cpu_ratio=mine_cpu / max(base_cpu, 0.01),
-        ratio=mine["last_served_s"] / base["last_served_s"],
+        ratio=ratio((base, mine)),
+        rounds=" ".join(f"{ratio(pair):.2f}" for pair in pairs),
         baseline="minimal trio server, same client (time ratio: lower is better)",
         curve={"pidctl": mine["curve"], "ceiling": base["curve"]},
     )
@@ -687,7 +709,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--rounds",
         type=int,
         default=1,
-        help="throughput rows: measure the row's own point this many times (median ratio)",
+        help="throughput rows and the storm: measure the row's own point this many times, "
+        "alternately with its baseline (median ratio)",
     )
     parser.add_argument(
         "--only",

@@ -79,8 +79,10 @@ def test_suite_short_mode_reports_every_ratio_row(tmp_path: Path) -> None:
     assert memory["peak_bytes_per_id"] >= memory["bytes_per_id"] > 0
     for name in suite.RATIO_ROWS[:5]:
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
-    assert by_group["storm"]["served"] == 200
-    assert by_group["storm"]["server_cpu_s"] > 0
+    storm = by_group["storm"]
+    assert storm["served"] == 200 and storm["server_cpu_s"] > 0
+    storm_rounds = sorted(float(r) for r in storm["rounds"].split())  # 3 alternated pairs
+    assert len(storm_rounds) == 3 and round(storm["ratio"], 2) == storm_rounds[1]
     fixed_answers = [r for r in written["rows"] if r["name"].startswith("fixed ")]
     assert len(fixed_answers) == 4
     for name, ceiling in zip(suite.RATIO_ROWS[:4], fixed_answers, strict=True):

@@ -288,8 +288,9 @@ async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records
     tmp_path: Path, min_interval_s: float, expected: int
 ) -> None:
     """``snapshot_min_interval_ms``: 100 records in ten commits, a snapshot due every 25 of
-    them, written as often as that with no minimum (at 30, 60 and 90), once in an hour's minimum (the first
-    does not wait); start-up then replays what the one snapshot does not hold."""
+    them, written as often as that with no minimum (at 30, 60 and 90), once in an hour's
+    minimum (the first does not wait); start-up then replays what the one snapshot does not
+    hold."""
     state = ControllerState()
     sizes: list[int] = []
 
