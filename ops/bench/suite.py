@@ -246,7 +246,8 @@ def _latencies(r: dict[str, Any]) -> dict[str, Any]:
     return {key: r[key] for key in _LATENCY_KEYS}
 
 
-#: The stall probe's own window, right after each measured one, with the same load.
+#: The stall probe's own window, right after each measured one, with the same load (no
+#: longer than the measured one: ``--short``).
 PROBE_SECONDS = 1.0
 
 
@@ -272,7 +273,8 @@ def probed_load(
     if measured is not None:
         measured()
     with stall_probe() as stalls:
-        cloadgen.run(bootstrap, load, pids=[server_pid], **{**options, "seconds": PROBE_SECONDS})
+        seconds = min(PROBE_SECONDS, options.get("seconds", PROBE_SECONDS))
+        cloadgen.run(bootstrap, load, pids=[server_pid], **{**options, "seconds": seconds})
     result.update(stalls.summary())
     server = result["servers"][0]
     result["server_cpu_us_per_request"] = server["cpu_s"] * 1e6 / max(1, result["requests"])
