@@ -46,8 +46,9 @@ class Listener(CommitListener):
         self,
         batch: Callable[[int, float, bool], object] | None = None,
         committed: Callable[[int], object] | None = None,
+        snapshot: Callable[[int], object] | None = None,
     ) -> None:
-        self._batch, self._committed = batch, committed
+        self._batch, self._committed, self._snapshot = batch, committed, snapshot
 
     def batch_written(self, records: int, size: int, seconds: float, in_thread: bool) -> None:
         if self._batch is not None:
@@ -56,6 +57,10 @@ class Listener(CommitListener):
     def committed(self, durable_end: int) -> None:
         if self._committed is not None:
             self._committed(durable_end)
+
+    def snapshot_written(self, size: int) -> None:
+        if self._snapshot is not None:
+            self._snapshot(size)
 
 
 def append(metalog: MetadataLog, record: Record) -> int:
@@ -293,11 +298,6 @@ async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records
     hold."""
     state = ControllerState()
     sizes: list[int] = []
-
-    class Snapshots(CommitListener):
-        def snapshot_written(self, size: int) -> None:
-            sizes.append(size)
-
     metalog = MetadataLog(
         tmp_path,
         0,
@@ -305,7 +305,7 @@ async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records
         lambda: state.copy().to_snapshot,
         snapshot_interval_records=25,
         snapshot_min_interval_s=min_interval_s,
-        listener=Snapshots(),
+        listener=Listener(snapshot=sizes.append),
     )
     records = history(98)
     async with trio.open_nursery() as nursery:
@@ -503,18 +503,13 @@ async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
     log counts the bytes since the snapshot on disk."""
     state = ControllerState()
     sizes: list[int] = []
-
-    class Sizes(CommitListener):
-        def snapshot_written(self, size: int) -> None:
-            sizes.append(size)
-
     metalog = MetadataLog(
         tmp_path,
         0,
         0,
         lambda: state.copy().to_snapshot,
         snapshot_interval_records=10,
-        listener=Sizes(),
+        listener=Listener(snapshot=sizes.append),
     )
     ids = [
         TransactionalIdUpdated(f"transactional-id-{n:05}", n, 0, -1, -1, 60_000, 1)
