@@ -184,7 +184,7 @@ class MetadataLog:
         self.segment_max_bytes = segment_max_bytes
         self.snapshot_interval_records = snapshot_interval_records
         self.snapshot_min_interval_s = snapshot_min_interval_s
-        #: When the last snapshot began (trio's clock; None: none yet in this process).
+        #: When the last snapshot began, its segment rolled (trio's clock; None: none yet).
         self._last_snapshot_at: float | None = None
         self.retention_bytes = retention_bytes
         self.retention_ms = retention_ms
@@ -361,7 +361,6 @@ class MetadataLog:
             # Captured now, while state and log agree on batch_end (no await since the last
             # append); the source returns a cheap copy, turned into the snapshot in a thread.
             snapshot = self._snapshot_source()
-            self._last_snapshot_at = trio.current_time()
         # (Nobody waits for this batch when nobody waits past what is durable already.)
         in_thread = self._sync_place.in_thread_for(awaited=self._awaited_end > self.durable_end)
         if self._size + len(data) > self._allocated and self._preallocating is not None:
@@ -386,8 +385,9 @@ class MetadataLog:
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
                 # (Rolls are rare: a worker thread of trio's, as the snapshots.)
-                if await self._roll_soon(batch_end):
+                if await self._roll_soon(batch_end):  # (else postponed: the next commit tries)
                     self._snapshot_running = True
+                    self._last_snapshot_at = trio.current_time()
                     snapshots.start_soon(self._write_snapshot, batch_end, snapshot, covered)
             elif size >= self.segment_max_bytes:
                 await self._roll_soon(batch_end)
