@@ -10,10 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ops import compiled
 from ops.testing.serverproc import without_hypothesis
@@ -56,6 +56,15 @@ def add_build_argument(
 ) -> None:
     """The ``--build`` option of a benchmark's command line (its value: :func:`use_build`)."""
     parser.add_argument("--build", choices=BUILDS, default=default, help=help)
+
+
+T = TypeVar("T")
+
+
+def median_by(rounds: Sequence[T], key: Callable[[T], float]) -> T:
+    """The round whose ``key`` (a ratio) is the median of them all, the upper of the middle
+    two for an even count: the round a row reports."""
+    return sorted(rounds, key=key)[len(rounds) // 2]
 
 
 def use_build(build: str) -> str:

@@ -96,6 +96,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i16
 
 from ops.bench import cloadgen, suite
+from ops.bench.common import median_by
 from ops.testing.jars import classpath
 from ops.testing.kafka import KafkaNode
 from ops.testing.serverproc import ServerProcess, wait_until
@@ -362,12 +363,12 @@ def measured(
     commits = commit_totals(metrics_url) if metrics_url else {}
     after: dict[str, Any] = {}
 
-    def measured() -> None:  # (before the probe's window)
+    def read_counters() -> None:  # (before the probe's window)
         after["threads"] = thread_cpu_s(pid) if threads else {}
         after["commits"] = commit_totals(metrics_url) if metrics_url else {}
 
     r = suite.probed_load(
-        bootstrap, pid, load, measured, connections=16, in_flight=1, seconds=seconds
+        bootstrap, pid, load, read_counters, connections=16, in_flight=1, seconds=seconds
     )
     server = r["servers"][0]
     side = {
@@ -572,8 +573,7 @@ def throughput_row(run: suite.Run, scenario: Scenario) -> None:
             rounds.append((mine, kafka))
     counted = [r for r in rounds if not r[1]["paced_by_loadgen"]]
     quiet = [r for r in counted if not _contended(r)]
-    counted = sorted(quiet or counted, key=_ratio)
-    mine, kafka = counted[len(counted) // 2] if counted else rounds[-1]
+    mine, kafka = median_by(quiet or counted, _ratio) if counted else rounds[-1]
     version = kafka_version()
     threads = kafka.pop("threads_us_per_request")
     kafka.update(warmed)

@@ -73,6 +73,7 @@ from ops.bench.common import (
     add_build_argument,
     ceiling_process,
     exit_on_sigterm,
+    median_by,
     rss_kib,
     run_json,
     use_build,
@@ -336,9 +337,9 @@ def _curves(
     def ratio(r: tuple[dict[str, Any], dict[str, Any]]) -> float:
         return float(r[1]["per_second"] / r[0]["per_second"])
 
-    counted = sorted((r for r in rounds if saturated(r[0])), key=ratio)
+    counted = [r for r in rounds if saturated(r[0])]
     base, mine = (
-        counted[len(counted) // 2]
+        median_by(counted, ratio)
         if counted
         else max(rounds, key=lambda r: r[0]["server_cpu_share"])
     )
@@ -435,7 +436,7 @@ def row_storm(run: Run) -> None:
         else:
             mine = pidctl(index)
             pairs.append((ceiling(), mine))
-    base, mine = sorted(pairs, key=ratio)[len(pairs) // 2]
+    base, mine = median_by(pairs, ratio)
     base_cpu, mine_cpu = base["servers"][0]["cpu_s"], mine["servers"][0]["cpu_s"]
     run.row(
         "ceiling",
