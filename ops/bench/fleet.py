@@ -7,6 +7,8 @@ the load generator in processes of its own):
 - baseline: one controller on its own (no pid_source);
 - one controller leasing from etcd;
 - three controllers leasing from the same etcd, the brokers spread over them.
+Each load reports the cores its controllers and its load generators used (a controller's
+durable grants wait for its syncs, so its share stays below a core, as the durable rows').
 It also reports etcd transactions (and reads) per million PIDs granted, and checks that the
 grants in the three controllers' logs never overlap. Prints one JSON object.
 """
@@ -43,6 +45,8 @@ def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[st
     """``brokers`` allocating brokers spread over ``servers``, all at once."""
     shares = [brokers // len(servers) + (i < brokers % len(servers)) for i in range(len(servers))]
     results: list[dict[str, Any]] = [{} for _ in servers]
+    pids = [server.proc.pid for server in servers if server.proc is not None]
+    assert len(pids) == len(servers), "every controller started"
 
     def one(index: int) -> None:
         results[index] = run_json(
@@ -56,6 +60,8 @@ def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[st
             str(seconds),
             "--broker-base",
             str(10_000 * (index + 1)),
+            "--pid",
+            str(pids[index]),
         )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(servers))]
@@ -68,6 +74,9 @@ def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[st
         "grants": requests,
         "grants_per_second": sum(r["per_second"] for r in results),
         "p99_ms": max(r["p99_ms"] for r in results),
+        # Whether the controllers or their clients were the limit: cores used, summed.
+        "controllers_cores": sum(r["servers"][0]["cpu_share"] for r in results),
+        "loadgen_cores": sum(r["client_cpu_share"] for r in results),
     }
 
 

@@ -564,6 +564,8 @@ def row_fleet(run: Run) -> None:
         extra = {
             "p99_ms": r["p99_ms"],
             "vs_single": r["grants_per_second"] / fleet["single_local"]["grants_per_second"],
+            "controllers_cores": r["controllers_cores"],
+            "loadgen_cores": r["loadgen_cores"],
         }
         if key == "fleet_of_3":
             extra["etcd_txns_per_million_pids"] = r["etcd_transactions_per_million_pids"]
