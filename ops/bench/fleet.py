@@ -1,6 +1,6 @@
 """Benchmark of a fleet sharing one PID space through etcd leases (issue: etcd fleet).
 
-    python -m ops.bench.fleet [--seconds 5] [--brokers 16]
+    python -m ops.bench.fleet [--seconds 5] [--brokers 16] [--build compiled|interpreted]
 
 Durable AllocateProducerIds per second with BROKERS brokers (one request in flight each,
 the load generator in processes of its own):
@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import first_overlap, run_json
+from ops.bench.common import add_build_argument, first_overlap, run_json, use_build
 from ops.testing.coordination import EtcdProcess
 from ops.testing.serverproc import ServerProcess
 from pidctl.controller.core.records import ProducerIdsGranted
@@ -97,8 +97,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--brokers", type=int, default=16)
+    add_build_argument(parser)
     args = parser.parse_args()
-    out: dict[str, Any] = {"brokers": args.brokers, "seconds": args.seconds}
+    out: dict[str, Any] = {
+        "brokers": args.brokers,
+        "seconds": args.seconds,
+        "build": use_build(args.build),
+    }
     with tempfile.TemporaryDirectory() as tmp_name, EtcdProcess(Path(tmp_name) / "etcd") as etcd:
         tmp = Path(tmp_name)
         with ServerProcess(tmp / "alone") as alone:

@@ -554,7 +554,9 @@ def row_grants(run: Run) -> None:
 
 
 def row_fleet(run: Run) -> None:
-    fleet = run_json("ops.bench.fleet", "--seconds", run.secs, "--brokers", "16")
+    fleet = run_json(
+        "ops.bench.fleet", "--seconds", run.secs, "--brokers", "16", "--build", run.args.build
+    )
     for key, name in (
         ("single_local", "1 controller, no etcd (baseline)"),
         ("single_etcd", "1 controller leasing from etcd"),
