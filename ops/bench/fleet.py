@@ -41,6 +41,12 @@ def _etcd_requests(server: ServerProcess) -> dict[str, float]:
     return {op: float(n) for op, n in re.findall(pattern, text, re.MULTILINE)}
 
 
+def _controller(data_dir: Path, *args: str) -> ServerProcess:
+    """A measured controller: its log read to the end unparsed once it listens (parsing every
+    audit line in this process would take a share of the two cores it is measured on)."""
+    return ServerProcess(data_dir, *args, events_after_start=False)
+
+
 def _load(servers: list[ServerProcess], brokers: int, seconds: float) -> dict[str, float]:
     """``brokers`` allocating brokers spread over ``servers``, all at once."""
     shares = [brokers // len(servers) + (i < brokers % len(servers)) for i in range(len(servers))]
@@ -106,24 +112,13 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp_name, EtcdProcess(Path(tmp_name) / "etcd") as etcd:
         tmp = Path(tmp_name)
-        # (Their logs read to the end unparsed: parsing every audit line in this process
-        # would take a share of the two cores the controllers measured use.)
-        with ServerProcess(tmp / "alone", events_after_start=False) as alone:
+        with _controller(tmp / "alone") as alone:
             out["single_local"] = _load([alone], args.brokers, args.seconds)
-        with ServerProcess(
-            tmp / "one", "--pid-source", etcd.pid_source("one"), events_after_start=False
-        ) as one:
+        with _controller(tmp / "one", "--pid-source", etcd.pid_source("one")) as one:
             out["single_etcd"] = _load([one], args.brokers, args.seconds)
         source = etcd.pid_source("fleet")
         fleet = [
-            ServerProcess(
-                tmp / f"fleet{n}",
-                "--pid-source",
-                source,
-                "--node-id",
-                str(n),
-                events_after_start=False,
-            )
+            _controller(tmp / f"fleet{n}", "--pid-source", source, "--node-id", str(n))
             for n in (1, 2, 3)
         ]
         try:
