@@ -80,8 +80,9 @@ DEFAULT_MAX_APP_ID_BYTES = 256
 #: Default of ``max_job_app_ids_per_principal``: app ids one owner may hold at once (each
 #: until it expires). A stream holds one, a daily batch job one per name.
 DEFAULT_MAX_APP_IDS_PER_PRINCIPAL = 10_000
-#: How much running time passes between two :class:`JobClockAdvanced` records (written by
-#: the expiry's steps while app ids are held): the most a restart may not count.
+#: Most running time between two :class:`JobClockAdvanced` records (written by the expiry's
+#: steps while app ids are held), and at most a tenth of ``expiration_ms``: what a restart
+#: may not count.
 CLOCK_RECORD_INTERVAL_MS = 60_000
 
 
@@ -245,13 +246,14 @@ class JobAllocationManager:
     ) -> ControllerResult[int]:
         """An expiry for each of (at most ``limit``) app ids whose latest version is older
         than ``expiration_ms`` of running time; fewer than ``limit``: none is left. And,
-        while app ids are held, the running time now, every
-        :data:`CLOCK_RECORD_INTERVAL_MS`."""
+        while app ids are held, the running time now, every :data:`CLOCK_RECORD_INTERVAL_MS`
+        (or tenth of ``expiration_ms``)."""
         running_ms = self.clock.running_ms(wall_ms, mono_ms)
         expired = self.apps.expired(running_ms - self.expiration_ms, limit)
         records: list[Record] = [JobAllocationExpired(app, version) for app, version in expired]
         held = len(expired) < len(self.apps) or self.damaged_tail_running_ms >= 0
-        if held and running_ms - self.running_ms >= CLOCK_RECORD_INTERVAL_MS:
+        interval = min(CLOCK_RECORD_INTERVAL_MS, self.expiration_ms // 10)
+        if held and running_ms - self.running_ms >= interval:
             records.append(JobClockAdvanced(running_ms))
         return ControllerResult(tuple(records), len(expired))
 
