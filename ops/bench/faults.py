@@ -192,16 +192,16 @@ def _flip_newest_record(
                 acked.transactional.remove(answer)
                 destroyed.transactional.append(answer)
         elif isinstance(record, JobBlockRecorded):
-            block = JobBlock(
+            job = JobBlock(
                 record.principal or "",
                 record.app_id,
                 record.version,
                 record.block,
                 record.first_producer_id,
             )
-            while block in acked.jobs:  # (answered again by the re-run)
-                acked.jobs.remove(block)
-                destroyed.jobs.append(block)
+            while job in acked.jobs:  # (answered again by the re-run)
+                acked.jobs.remove(job)
+                destroyed.jobs.append(job)
     return True
 
 

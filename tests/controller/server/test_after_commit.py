@@ -120,4 +120,4 @@ def test_an_audit_trail_floor_above_its_bytes_is_shown_and_said_not_failed(
     assert http.faults == {}
     after.audit_trail_kept(10, 1000)  # back under: the next time above is said at once
     after.audit_trail_kept(7000, 1000)
-    assert len([line for line in lines(audit) if line["event"].startswith("audit trail")]) == 2
+    assert len([line for line in lines(audit) if str(line["event"]).startswith("audit trail")]) == 2
