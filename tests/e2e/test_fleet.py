@@ -15,7 +15,6 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from ops.bench.common import first_overlap
-from ops.spark.kafka_sink import allocate_named
 from ops.testing.coordination import EtcdProcess, free_port
 from ops.testing.serverproc import ServerProcess, wait_until_async
 from pidctl.broker.lifecycle import BrokerLifecycle
@@ -27,6 +26,7 @@ from pidctl.controller.log.datadir import read_reservation
 from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
 from pidctl.spark.allocation import PreallocationError
+from pidctl.spark.kafka_sink import allocate_named
 from tests.e2e.test_operations import http_status
 
 CLUSTER_ID = "fleetFleetFleetFleet01"

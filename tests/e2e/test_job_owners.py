@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from ops.spark.kafka_sink import allocate_named
 from ops.testing.serverproc import FREQUENT_SNAPSHOTS, ServerProcess, add_sasl_user
 from pidctl.client import SyncClient
 from pidctl.controller.core.jobs import JobKey
@@ -21,6 +20,7 @@ from pidctl.controller.core.records import JobBlockRecorded
 from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
 from pidctl.spark.allocation import PreallocationError
+from pidctl.spark.kafka_sink import allocate_named
 
 PASSWORDS = {"etl": "etl-pw", "intruder": "intruder-pw", "nobody": "nobody-pw"}
 ACLS = [
