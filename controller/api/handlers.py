@@ -33,7 +33,7 @@ from pidctl.controller.api.responses import (
     too_many_keys,
     too_many_topics,
 )
-from pidctl.controller.core.acl import Authorizer
+from pidctl.controller.core.acl import APP_ID, Authorizer
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge
@@ -83,6 +83,8 @@ _DENIED = ErrorCode.cluster_authorization_failed
 _NO_BLOCK = (ErrorCode.unknown_server_error, LEASE_EXHAUSTED)
 #: AllocateProducerIds refused before anything is decided: start 0 and length 0 (as Kafka).
 _REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
+#: A named job without Write on its app id, as a transactional id without Write on it.
+_APP_ID_DENIED = ErrorCode.transactional_id_authorization_failed
 _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
@@ -342,24 +344,35 @@ class Controller:
         (``protocol.block_requests``) alike."""
         manager = self.state.producer_ids
         # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
-        # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
+        # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction: an
+        # idempotent producer's IdempotentWrite, or for a named job (app id, version, block
+        # in the client id, controller/core/jobs.py) what a transactional id needs, Write on
+        # its app id, which it must also own.
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
-        if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
-            return _REFUSED_BLOCK, NO_WAIT
-        # (No record of it can be too large: a client id is at most 32,767 bytes.)
+        # (No record of it can be too large: a client id is at most 32,767 bytes, an app id
+        # at most max_job_app_id_bytes.)
         if job:
-            # A job that names itself (app id, version, block in the client id) gets the
-            # blocks recorded under that name back: controller/core/jobs.py.
             try:
                 key = parse_job_key(client_id)
             except ValueError:
                 return _INVALID_BLOCK, NO_WAIT
-            if key is None:
-                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
-            else:
+            if key is not None:
+                refused = self.app_id_refusal(conn, key.app_id)
+                if refused:
+                    return Block(refused, 0, 0), NO_WAIT
                 result = self.state.jobs.allocate(
-                    key, now_ms=now.wall_ms, principal=conn.principal, client_id=client_id
+                    key,
+                    wall_ms=now.wall_ms,
+                    mono_ms=now.mono_ms,
+                    principal=conn.principal,
+                    client_id=client_id,
                 )
+            elif not self._may(conn, "IdempotentWrite"):
+                return _REFUSED_BLOCK, NO_WAIT
+            else:
+                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+        elif not self._may(conn, "ClusterAction"):
+            return _REFUSED_BLOCK, NO_WAIT
         else:
             result = manager.allocate(
                 broker_id=broker_id,
@@ -371,6 +384,19 @@ class Controller:
         if block.error in _NO_BLOCK:
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
         return block, offset
+
+    def app_id_refusal(
+        self, conn: ConnectionInfo, app_id: str, operation: str = "Write"
+    ) -> ErrorCode:
+        """May this connection's principal act on the job app id ``app_id``? ErrorCode.none
+        if so; else the Kafka error to answer, nothing decided: INVALID_REQUEST for an app
+        id longer than ``max_job_app_id_bytes``; TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        without an ACL allowing ``operation`` on it (resource type ``AppId``, literal or
+        prefixed, as a TransactionalId), or when another principal owns it (the one that
+        recorded its latest version). For every request that names an app id."""
+        if not self._may(conn, operation, APP_ID, app_id):
+            return _APP_ID_DENIED
+        return self.state.jobs.refusal(app_id, conn.principal)
 
     def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body

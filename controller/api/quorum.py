@@ -108,6 +108,7 @@ class QuorumController:
         self, now: Now, limit: int = DEFAULT_JOB_EXPIRY_BATCH
     ) -> tuple[int, int]:
         """Log an expiry for each of at most ``limit`` job app ids unused past
-        ``job_allocation_expiration_ms``, oldest first; return how many, and the offset to
-        wait for (fewer than ``limit``: none is left to expire)."""
-        return self.apply(self.state.jobs.expire(now.wall_ms, limit), now)
+        ``job_allocation_expiration_ms`` of running time (and the running time now and
+        then); return how many, and the offset to wait for (fewer than ``limit``: none is
+        left to expire)."""
+        return self.apply(self.state.jobs.expire(now.wall_ms, now.mono_ms, limit), now)

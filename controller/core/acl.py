@@ -25,7 +25,11 @@ OPERATIONS = (
     "AlterConfigs",
     "IdempotentWrite",
 )
-RESOURCE_TYPES = ("Cluster", "TransactionalId", "Topic", "Group")
+#: Kafka's resource types pidctl checks, and ``AppId``, pidctl's own: a named job's app id
+#: (``txnAppId``, a stream's query id: ``core/jobs.py``), authorised as Kafka authorises a
+#: TransactionalId (Write to record and re-run its versions, Describe implied by it).
+APP_ID = "AppId"
+RESOURCE_TYPES = ("Cluster", "TransactionalId", "Topic", "Group", APP_ID)
 PATTERN_TYPES = ("literal", "prefixed")
 PERMISSIONS = ("allow", "deny")
 #: The one name of the Cluster resource, as in Kafka.
@@ -56,6 +60,7 @@ SUPPORTED_OPERATIONS = {
         "Describe",
     },
     "TransactionalId": {"Describe", "Write"},
+    APP_ID: {"Describe", "Write"},
 }
 
 

@@ -52,6 +52,21 @@ JOB_BROKER_ID = JOB_BROKER_EPOCH = -1
 LEASE_EXHAUSTED = ErrorCode.request_timed_out
 #: ErrorCode.none, looked up once (a member read through its enum class costs ~120 ns).
 _NO_ERROR = ErrorCode.none
+#: Most characters of a client id a grant record keeps (the audit trail's "over which
+#: connection"): a client id may be 32,767 bytes, which a client could send with every
+#: request to fill the log and push the audit trail out of its retention. A longer one is
+#: kept as its first characters and its length; a named job's full key is in its
+#: ``JobBlockRecorded``.
+MAX_RECORDED_CLIENT_ID_CHARS = 256
+_CLIENT_ID_KEPT = MAX_RECORDED_CLIENT_ID_CHARS - 32
+
+
+def recorded_client_id(client_id: str) -> str:
+    """What a grant record keeps of ``client_id``: itself up to
+    :data:`MAX_RECORDED_CLIENT_ID_CHARS` characters, else its start and its length."""
+    if len(client_id) <= MAX_RECORDED_CLIENT_ID_CHARS:
+        return client_id
+    return f"{client_id[:_CLIENT_ID_KEPT]}...({len(client_id)} characters)"
 
 
 class ProducerIdSpaceExhausted(Exception):
@@ -162,6 +177,8 @@ class ProducerIdControlManager:
         first = self.next_block_start()
         if first is None:
             return answer(Block(LEASE_EXHAUSTED if self.leased else ErrorCode.unknown_server_error))
+        if client_id is not None and len(client_id) > MAX_RECORDED_CLIENT_ID_CHARS:
+            client_id = recorded_client_id(client_id)
         record = ProducerIdsGranted(
             broker_id, broker_epoch, first, first + BLOCK_SIZE, principal, client_id, holder
         )

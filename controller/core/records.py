@@ -187,13 +187,21 @@ class ProducerIdFloorRaised:
 class JobBlockRecorded:
     """Block ``block`` of version ``version`` of a job named ``app_id`` is the block starting
     at ``first_producer_id`` (granted by the :class:`ProducerIdsGranted` just before it): a
-    re-run of that version gets it back. ``allocated_ms`` dates the version's first block."""
+    re-run of that version gets it back.
+
+    Every block of a version carries the version's: ``allocated_ms``, the job time of its
+    first block (the wall clock, never behind the monotonic clock's count since the
+    controller started: the reuse window's start); ``running_ms``, the jobs' running time
+    then (the expiry's clock: ``core/job_clock.py``); ``principal``, the app id's owner.
+    The last two are None in records written before they existed."""
 
     app_id: str
     version: int
     block: int
     first_producer_id: int
     allocated_ms: int
+    principal: str | None = None
+    running_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +211,28 @@ class JobAllocationExpired:
 
     app_id: str
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobClockAdvanced:
+    """The jobs' running time reached ``running_ms``: written now and then while app ids are
+    held, so that a restart goes on from about here rather than from the last job record
+    (``core/job_clock.py``)."""
+
+    running_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedTailTruncated:
+    """Start-up cut ``truncated_bytes`` off the log's tail: a write a crash cut short, or
+    damage to acknowledged records (``docs/log-format.md``, "What a damaged tail cannot
+    change"). Job versions not in the log are refused for ``job_allocation_reuse_ms`` of
+    running time from ``running_ms``; a transactional id last updated at or before
+    ``updated_ms`` moves to a new producer id at its next InitProducerId."""
+
+    truncated_bytes: int
+    running_ms: int
+    updated_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +261,8 @@ Record = (
     | JobBlockRecorded
     | JobAllocationExpired
     | ProducerIdsReserved
+    | JobClockAdvanced
+    | DamagedTailTruncated
 )
 
 #: Each record type's stable numeric id (the frame's type byte): a record's class is its
@@ -249,6 +281,8 @@ RECORD_TYPES: dict[int, type[Record]] = {
     10: JobBlockRecorded,
     11: JobAllocationExpired,
     12: ProducerIdsReserved,
+    13: JobClockAdvanced,
+    14: DamagedTailTruncated,
 }
 
 #: :data:`RECORD_TYPES` the other way round: a record class's id.

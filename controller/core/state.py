@@ -21,8 +21,10 @@ from pidctl.controller.core.records import (
     BrokerUnregistered,
     ClusterCreated,
     ControllerStarted,
+    DamagedTailTruncated,
     JobAllocationExpired,
     JobBlockRecorded,
+    JobClockAdvanced,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
@@ -31,6 +33,7 @@ from pidctl.controller.core.records import (
     TransactionalIdExpired,
     TransactionalIdUpdated,
 )
+from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.transactions import TransactionControlManager
 
 __all__ = ["ControllerState", "InvariantViolation"]
@@ -69,7 +72,14 @@ class ControllerState:
             TransactionalIdExpired: transactions.replay,
             JobBlockRecorded: jobs.replay,
             JobAllocationExpired: jobs.replay,
+            JobClockAdvanced: jobs.replay,
+            DamagedTailTruncated: self._replay_damaged_tail,
         }
+
+    def _replay_damaged_tail(self, offset: int, record: DamagedTailTruncated) -> None:
+        # Both managers' answers may have been in the lost tail.
+        self.jobs.replay(offset, record)
+        self.transactions.replay(offset, record)
 
     def configure(
         self,
@@ -81,6 +91,8 @@ class ControllerState:
         transactional_id_expiration_ms: int | None = None,
         job_allocation_reuse_ms: int | None = None,
         job_allocation_expiration_ms: int | None = None,
+        max_job_app_id_bytes: int | None = None,
+        max_job_app_ids_per_principal: int | None = None,
         reservation_size: int | None = None,
     ) -> ControllerState:
         """Set the managers' settings (not part of the durable state); returns self."""
@@ -98,6 +110,10 @@ class ControllerState:
             self.jobs.reuse_ms = job_allocation_reuse_ms
         if job_allocation_expiration_ms is not None:
             self.jobs.expiration_ms = job_allocation_expiration_ms
+        if max_job_app_id_bytes is not None:
+            self.jobs.max_app_id_bytes = max_job_app_id_bytes
+        if max_job_app_ids_per_principal is not None:
+            self.jobs.max_app_ids_per_principal = max_job_app_ids_per_principal
         if reservation_size is not None:
             self.producer_ids.reservation_size = reservation_size
         return self
@@ -110,6 +126,17 @@ class ControllerState:
             raise InvariantViolation(f"offset {offset}: log does not start with ClusterCreated")
         self._owners[type(record)](offset, record)
         self.next_offset = offset + 1
+
+    def damaged_tail(
+        self, truncated_bytes: int, wall_ms: int, mono_ms: int
+    ) -> ControllerResult[None]:
+        """Start-up cut a damaged tail off the log (``docs/log-format.md``): the record that
+        says so, from which job versions not in the log are refused for a while and the
+        transactional ids updated before it move to new producer ids."""
+        running_ms = self.jobs.clock.running_ms(wall_ms, mono_ms)
+        updated_ms = self.transactions.transactional_ids.latest_updated_ms()
+        record = DamagedTailTruncated(truncated_bytes, running_ms, updated_ms)
+        return ControllerResult((record,), None)
 
     # -- shortcuts used by the log tools, metrics and tests --------------------------------
 

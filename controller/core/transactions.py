@@ -29,7 +29,12 @@ from pidctl.controller.core.kafka import (
     NO_PRODUCER_ID,
 )
 from pidctl.controller.core.producer_ids import ProducerIdControlManager
-from pidctl.controller.core.records import Record, TransactionalIdExpired, TransactionalIdUpdated
+from pidctl.controller.core.records import (
+    DamagedTailTruncated,
+    Record,
+    TransactionalIdExpired,
+    TransactionalIdUpdated,
+)
 from pidctl.controller.core.result import ControllerResult, answer
 
 
@@ -303,6 +308,11 @@ class TransactionControlManager:
     expiration_ms: int = field(default=DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS, compare=False)
     transactional_ids: TransactionalIdTable = field(default_factory=TransactionalIdTable)
     pool: ProducerIdPool = field(default_factory=ProducerIdPool, compare=False, repr=False)
+    #: A transactional id last updated at or before this (ms, ``updated_ms``) may have lost
+    #: its newest update with a damaged tail of the log: it moves to a new producer id at
+    #: its next InitProducerId rather than be given an epoch it may already have had. -1:
+    #: no damaged tail was ever cut.
+    rotate_updated_at_or_before_ms: int = -1
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -353,6 +363,21 @@ class TransactionControlManager:
         if expected is not None and not _is_valid_producer_id(current, expected):
             return ControllerResult(refill, ProducerIdAndEpoch(ErrorCode.producer_fenced))
 
+        if current.updated_ms <= self.rotate_updated_at_or_before_ms:
+            # Its newest update may be in the damaged tail start-up cut: the next epoch may
+            # have been handed out already. A new producer id, unless the producer presents
+            # an epoch older than even the one in the log (fenced, as it would be anyway).
+            stale = expected is not None and expected[1] < current.producer_epoch
+            if stale and expected is not None and expected[1] != current.last_producer_epoch:
+                return ControllerResult(refill, ProducerIdAndEpoch(ErrorCode.producer_fenced))
+            refill = self._refill()
+            pid = self.pool.take()
+            if pid is None:
+                return ControllerResult(refill, _NO_PID)
+            return _transition(
+                refill, transactional_id, current, pid, 0, NO_PRODUCER_EPOCH, timeout_ms, now_ms
+            )
+
         exhausted = current.producer_epoch >= EPOCH_EXHAUSTED
         if exhausted and (expected is None or expected[1] == current.producer_epoch):
             refill = self._refill()
@@ -393,8 +418,12 @@ class TransactionControlManager:
         """The ``updated_ms`` of an update now: never before the last update's, so the
         table stays in the order of ``updated_ms`` (a wall clock set back, even before
         1970, dates updates at the last update's time instead: their ids expire late,
-        never early), and within what a row holds."""
-        return min(max(now_ms, self.transactional_ids.latest_updated_ms()), MAX_UPDATED_MS - 1)
+        never early), after the damaged tail's bound (an id updated since is not moved
+        again), and within what a row holds."""
+        latest = max(
+            self.transactional_ids.latest_updated_ms(), self.rotate_updated_at_or_before_ms + 1
+        )
+        return min(max(now_ms, latest), MAX_UPDATED_MS - 1)
 
     def _refill(self) -> tuple[Record, ...]:
         """A grant for the pool once it wants one (KIP-730's 90% rule). The pool holds the
@@ -433,6 +462,10 @@ class TransactionControlManager:
                         f"{record.transactional_id!r}, which is not held"
                     )
                 del self.transactional_ids[record.transactional_id]
+            case DamagedTailTruncated():
+                self.rotate_updated_at_or_before_ms = max(
+                    self.rotate_updated_at_or_before_ms, record.updated_ms
+                )
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -445,6 +478,7 @@ class TransactionControlManager:
             self.max_timeout_ms,
             self.expiration_ms,
             self.transactional_ids.copy(),
+            rotate_updated_at_or_before_ms=self.rotate_updated_at_or_before_ms,
         )
 
     def snapshot_fields(self) -> dict[str, Any]:
@@ -453,12 +487,16 @@ class TransactionControlManager:
         return {
             "transactional_id_count": len(self.transactional_ids),
             "transactional_ids_packed": self.transactional_ids.packed(),
+            "transactional_ids_rotate_at_or_before_ms": self.rotate_updated_at_or_before_ms,
         }
 
     def restore(self, data: dict[str, Any]) -> None:
         """The transactional ids of a snapshot: packed, or (a ``PIDSNAP1`` snapshot, all
         JSON) a list of ``[id, producer id, epoch, previous id, last epoch, timeout,
         updated]``."""
+        self.rotate_updated_at_or_before_ms = data.get(
+            "transactional_ids_rotate_at_or_before_ms", -1
+        )
         packed = data.get("transactional_ids_packed")
         if packed is not None:
             count = data["transactional_id_count"]

@@ -205,6 +205,47 @@ def write_reservation_file(data_dir: Path, value: int) -> None:
     storage_call(data_dir, "fsync", fsync_dir, data_dir)
 
 
+#: Written by start-up before it cuts a damaged tail off the log, removed once the
+#: :class:`~pidctl.controller.core.records.DamagedTailTruncated` record that says so is
+#: durable: a start-up cut short between the two still knows that the tail was cut.
+DAMAGED_TAIL_FILE = "damaged-tail.pending"
+
+
+def write_damaged_tail_file(data_dir: Path, truncated_bytes: int) -> None:
+    """Atomically note that ``truncated_bytes`` are being cut off the log's tail (more, if
+    an earlier start-up's note is still there)."""
+    truncated_bytes += max(0, read_damaged_tail_file(data_dir) or 0)
+    path = data_dir / DAMAGED_TAIL_FILE
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(tmp, fd, f"{truncated_bytes}\n".encode())
+        storage_call(tmp, "fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+    storage_call(path, "rename", os.replace, tmp, path)
+    storage_call(data_dir, "fsync", fsync_dir, data_dir)
+
+
+def read_damaged_tail_file(data_dir: Path) -> int | None:
+    """The bytes a start-up cut whose record is not yet durable; None: no such note; -1: a
+    note that does not read (it still means a tail was cut)."""
+    path = data_dir / DAMAGED_TAIL_FILE
+    try:
+        text = path.read_bytes().decode(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StorageFailed(path, "read", e) from e
+    return int(text) if text.isdigit() else -1
+
+
+def remove_damaged_tail_file(data_dir: Path) -> None:
+    """The tail's record is durable: the note goes (and the directory is synced)."""
+    remove_file(data_dir / DAMAGED_TAIL_FILE)
+    storage_call(data_dir, "fsync", fsync_dir, data_dir)
+
+
 def check_reservation(data_dir: Path, reservation: int | None, state: ControllerState) -> None:
     """The reservation file against the log: :class:`LogCorruption` if it is missing while
     the log reserved (its last reservation may be lost with it), or below what the log

@@ -118,8 +118,8 @@ def removed_note(offset: int) -> str:
     """What ``pidctl log dump`` and ``verify`` say when records before ``offset`` are gone."""
     return (
         f"records before offset {offset} were removed: a snapshot covers them and they were "
-        "past log_retention_bytes or log_retention_ms (the snapshot keeps their effect, not "
-        "the records)"
+        "older than log_retention_ms and past log_retention_bytes (the snapshot keeps their "
+        "effect, not the records)"
     )
 
 

@@ -35,8 +35,10 @@ from pidctl.controller.log.datadir import (
     decode_snapshot,
     lock_data_dir,
     lock_holder,
+    read_damaged_tail_file,
     read_reservation,
     storage_call,
+    write_damaged_tail_file,
     write_reservation_file,
 )
 
@@ -315,6 +317,10 @@ class Recovery:
     truncated_bytes: int
     #: The reservation file's value (None: no file; the log never reserved).
     reservation: int | None = None
+    #: Bytes cut off the log's tail by this start-up or by one that stopped before saying
+    #: so in the log (``DAMAGED_TAIL_FILE``); None: none. The server records it
+    #: (:class:`~pidctl.controller.core.records.DamagedTailTruncated`) before serving.
+    damaged_tail_bytes: int | None = None
 
 
 @contextlib.contextmanager
@@ -417,10 +423,19 @@ def recover(data_dir: Path) -> Recovery:
             note="a write cut short by a crash, or damage to a synced record: grants go on "
             "above the reservation",
         )
+        # Noted first: a start-up cut short after the truncation still knows of it.
+        write_damaged_tail_file(data_dir, walked.torn_tail_bytes)
         _truncate(walked.torn_segment, walked.torn_valid_bytes)
     for path, records_end in walked.zero_tails:
         _truncate(path, records_end)
-    return Recovery(state, replayed, snapshot_offset, walked.torn_tail_bytes, reservation)
+    return Recovery(
+        state,
+        replayed,
+        snapshot_offset,
+        walked.torn_tail_bytes,
+        reservation,
+        read_damaged_tail_file(data_dir),
+    )
 
 
 def _truncate(path: Path, size: int) -> None:

@@ -26,7 +26,11 @@ from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.datadir import StorageFailed, lock_data_dir
+from pidctl.controller.log.datadir import (
+    StorageFailed,
+    lock_data_dir,
+    remove_damaged_tail_file,
+)
 from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
 from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import recover
@@ -202,9 +206,13 @@ class PidctlServer:
             transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
             job_allocation_reuse_ms=settings.job_allocation_reuse_ms,
             job_allocation_expiration_ms=settings.job_allocation_expiration_ms,
+            max_job_app_id_bytes=settings.max_job_app_id_bytes,
+            max_job_app_ids_per_principal=settings.max_job_app_ids_per_principal,
             reservation_size=settings.producer_id_reservation,
         )
-        state.cluster.restore_sessions(now().mono_ms)
+        clocks = now()
+        state.cluster.restore_sessions(clocks.mono_ms)
+        state.jobs.start(clocks.wall_ms, clocks.mono_ms)
         self.metrics.recovery_seconds.set(time.monotonic() - started)
         written = state_written_at(data_dir, recovery.snapshot_offset)
         self.metrics.state_written_at(time.time() if written is None else written)
@@ -279,7 +287,10 @@ class PidctlServer:
             await background.start(metalog.run)
             self._initialise_cluster(quorum)
             self._resume(quorum, recovery.reservation)
+            self._record_damaged_tail(quorum, recovery.damaged_tail_bytes)
             await metalog.flush()
+            if recovery.damaged_tail_bytes is not None:  # said in the log now: the note goes
+                remove_damaged_tail_file(data_dir)
             if state.producer_ids.exhausted():
                 self._no_producer_id("start-up", True)
             await background.start(self._watch_free_space, data_dir)
@@ -488,6 +499,21 @@ class PidctlServer:
                 skipped=floor - before,
                 reason="the log's tail may have lost grants below it (a crash, or damage)",
             )
+
+    def _record_damaged_tail(self, quorum: QuorumController, truncated: int | None) -> None:
+        """Start-up cut a damaged tail (now, or in a start-up that stopped before saying so):
+        recorded before anything is served, so that what the lost records answered is
+        refused or moved past rather than answered anew (docs/log-format.md)."""
+        if truncated is None:
+            return
+        moment = now()
+        quorum.apply(quorum.state.damaged_tail(truncated, moment.wall_ms, moment.mono_ms), moment)
+        log.warning(
+            "damaged tail recorded",
+            truncated_bytes=truncated,
+            note="job versions not in the log are refused for job_allocation_reuse_ms, and "
+            "transactional ids updated before it move to new producer ids",
+        )
 
     def _initialise_cluster(self, quorum: QuorumController) -> None:
         cluster, wanted = quorum.state.cluster, self.settings.cluster_id

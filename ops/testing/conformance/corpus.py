@@ -166,8 +166,9 @@ PROFILES: dict[str, Profile] = {
         "pidctl leases its producer ids from an etcd that does not answer (pid_source)",
     ),
     "jobs": Profile(
-        "a named job version gets its blocks back for 1 ms (job_allocation_reuse_ms)",
-        ("--job-allocation-reuse-ms", "1"),
+        "a named job version gets its blocks back for 1 ms (job_allocation_reuse_ms), and a "
+        "principal may own one app id (max_job_app_ids_per_principal)",
+        ("--job-allocation-reuse-ms", "1", "--max-job-app-ids-per-principal", "1"),
     ),
 }
 
@@ -703,7 +704,8 @@ def _authorization() -> Case:
         "authorization",
         "a client with no ACL on an authorizing server: every API that needs one refuses it "
         "(CLUSTER_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "
-        "GROUP_AUTHORIZATION_FAILED); ApiVersions and Metadata need none",
+        "GROUP_AUTHORIZATION_FAILED; pidctl's named job without Write on its AppId "
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED); ApiVersions and Metadata need none",
         _steps(
             Step("api-versions", "broker", lambda c: api_versions(4)),
             Step("init-idempotent", "broker", lambda c: init(5)),
@@ -722,6 +724,12 @@ def _authorization() -> Case:
             ),
             Step("allocate", "controller", lambda c: allocate(c, None)),
             Step("allocate-for-a-job", "controller", lambda c: requests.allocate(-1, -1)),
+            Step(
+                "allocate-for-a-named-job",
+                "controller",
+                lambda c: requests.allocate(-1, -1),
+                client_id=_job(1, 0),
+            ),
             UNREGISTER,
         ),
         profile="sasl",
@@ -857,7 +865,8 @@ def _jobs() -> Case:
         "Spark drivers), unnamed and named in the client id (pidctl-job/VERSION/BLOCK/APP): "
         "a block recorded under the name comes back, an older version is PRODUCER_FENCED, a "
         "block out of order or a malformed name INVALID_REQUEST, a re-run past "
-        "job_allocation_reuse_ms UNKNOWN_PRODUCER_ID. Kafka has no jobs",
+        "job_allocation_reuse_ms UNKNOWN_PRODUCER_ID, an app id past the principal's "
+        "max_job_app_ids_per_principal POLICY_VIOLATION. Kafka has no jobs",
         _steps(
             Step("unnamed", "controller", job),
             Step("named", "controller", job, client_id=_job(2, 0)),
@@ -871,6 +880,12 @@ def _jobs() -> Case:
                 client_id=lambda c: f"pidctl-job/x/0/{c.txn('app')}",
             ),
             Step("named-past-reuse", "controller", job, client_id=_job(2, 0), after_ms=3),
+            Step(
+                "another-app-id-past-the-limit",
+                "controller",
+                job,
+                client_id=lambda c: f"pidctl-job/1/0/{c.txn('other-app')}",
+            ),
         ),
         profile="jobs",
     )

@@ -66,6 +66,8 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
         "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
         "pidctl.controller.core.producer_ids:ProducerIdControlManager._grant",
         "pidctl.controller.core.jobs:JobAllocationManager.allocate",
+        "pidctl.controller.api.handlers:Controller.app_id_refusal",
+        "pidctl.controller.core.jobs:JobAllocationManager.refusal",
     ),
 }
 

@@ -249,4 +249,14 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="allocate-for-jobs",
         path="answer.*",
     ),
+    Deliberate(
+        "app-id-authorization",
+        "a named job needs Write on its AppId, as a transactional id on its TransactionalId: "
+        "refused as one is; Kafka refuses BrokerId -1 for want of ClusterAction",
+        case="authorization",
+        step="allocate-for-a-named-job",
+        path="answer.error_code",
+        kafka=31,
+        pidctl=53,
+    ),
 )

@@ -269,3 +269,73 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
     assert controller.state.next_offset == written
     named, _ = controller.allocate_block(-1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo())
     assert named.error == ErrorCode.none
+
+
+def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
+    """A named job's block, through the handler, as ``principal``."""
+    key = f"pidctl-job/{version}/{block}/{app}"
+    answer, _ = controller.allocate_block(-1, -1, key, NOW, ConnectionInfo(principal=principal))
+    return answer
+
+
+def test_a_named_job_needs_write_on_its_app_id_as_a_transactional_id_does() -> None:
+    """Literal and prefixed ACLs on the AppId resource, a DENY beating an ALLOW; refused
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), and nothing written. IdempotentWrite on the
+    cluster (every idempotent producer's) is not enough for a name."""
+    acls = [
+        Acl("User:etl", "Write", "AppId", "etl-", "prefixed"),
+        Acl("User:etl", "Write", "AppId", "etl-secret", "literal", "deny"),
+        Acl("User:etl", "IdempotentWrite", "Cluster", "kafka-cluster"),
+        Acl("User:adhoc", "IdempotentWrite", "Cluster", "kafka-cluster"),
+        Acl("User:any", "Write", "AppId", "*"),
+    ]
+    controller = _controller(Authorizer(acls, enabled=True))
+    written = controller.state.next_offset
+    for app, principal in [
+        ("other", "User:etl"),
+        ("etl-secret", "User:etl"),
+        ("etl-a", "User:adhoc"),
+    ]:
+        assert _named(controller, app, 1, 0, principal).error == 53, (app, principal)
+    assert controller.state.next_offset == written
+    assert _named(controller, "etl-a", 1, 0, "User:etl").error == 0
+    assert _named(controller, "anything", 1, 0, "User:any").error == 0
+    # Without a name, a job still needs only IdempotentWrite.
+    unnamed, _ = controller.allocate_block(-1, -1, "x", NOW, ConnectionInfo(principal="User:adhoc"))
+    assert unnamed.error == 0
+
+
+def test_an_app_id_is_answered_and_fenced_only_for_its_owner() -> None:
+    """Two principals both allowed every app id: the second can neither read the first's
+    blocks, share its version, nor fence it; nothing it asks is written."""
+    acls = [Acl("User:*", "Write", "AppId", "*")]
+    controller = _controller(Authorizer(acls, enabled=True))
+    first = _named(controller, "orders", 5, 0, "User:owner")
+    written = controller.state.next_offset
+    for version, block in [(5, 0), (5, 1), (6, 0), (2**63 - 1, 0)]:
+        assert _named(controller, "orders", version, block, "User:intruder").error == 53
+    assert controller.state.next_offset == written
+    assert controller.app_id_refusal(ConnectionInfo(principal="User:intruder"), "orders") == 53
+    assert controller.app_id_refusal(ConnectionInfo(principal="User:owner"), "orders") == 0
+    again = _named(controller, "orders", 5, 0, "User:owner")
+    assert (again.error, again.first) == (0, first.first)
+
+
+def test_app_id_bounds_are_kafka_errors_and_write_nothing() -> None:
+    controller = _controller()
+    controller.state.configure(max_job_app_id_bytes=10, max_job_app_ids_per_principal=1)
+    written = controller.state.next_offset
+    assert _named(controller, "x" * 11, 1, 0, "User:p").error == ErrorCode.invalid_request
+    assert _named(controller, "a", 1, 0, "User:p").error == 0
+    written = controller.state.next_offset
+    assert _named(controller, "b", 1, 0, "User:p").error == ErrorCode.policy_violation
+    assert controller.state.next_offset == written
+
+
+def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
+    log = MemoryLog()
+    controller = _controller(log=log)
+    huge = "c" * 32_000
+    block, _ = controller.allocate_block(-1, -1, huge, NOW, ConnectionInfo())
+    assert block.error == 0
+    assert max(len(entry) for entry in log.entries) < 600

@@ -154,3 +154,34 @@ def test_every_supported_operation_and_all_are_accepted() -> None:
                 "resource_name": name,
             }
             assert parse_acl(entry).operation == operation
+
+
+def test_an_app_id_acl_reads_as_a_transactional_ids() -> None:
+    """The AppId resource (a named job's app id) takes literal and prefixed names and the
+    operations a TransactionalId takes, Write implying Describe."""
+    acl = parse_acl(
+        {
+            "principal": "User:etl",
+            "operation": "Write",
+            "resource_type": "AppId",
+            "resource_name": "nightly-",
+            "pattern_type": "prefixed",
+        }
+    )
+    authorizer = Authorizer([acl], enabled=True)
+    assert authorizer.authorize("User:etl", "Write", "AppId", "nightly-orders")
+    assert authorizer.authorize("User:etl", "Describe", "AppId", "nightly-orders")
+    assert not authorizer.authorize("User:etl", "Write", "AppId", "hourly-orders")
+    assert not authorizer.authorize("User:etl", "Write", "TransactionalId", "nightly-orders")
+    with pytest.raises(AclError, match="does not apply to AppId"):
+        parse_acl({**_entry_of(acl), "operation": "IdempotentWrite"})
+
+
+def _entry_of(acl: Acl) -> dict[str, str]:
+    return {
+        "principal": acl.principal,
+        "operation": acl.operation,
+        "resource_type": acl.resource_type,
+        "resource_name": acl.resource_name,
+        "pattern_type": acl.pattern_type,
+    }

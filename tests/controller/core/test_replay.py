@@ -49,6 +49,9 @@ operation = st.one_of(
     # the job allocations' expiry.
     st.tuples(st.just("job"), st.integers(0, 2), st.tuples(st.integers(0, 3), st.integers(0, 2))),
     st.tuples(st.just("expire_jobs"), st.just(0), st.just(0)),
+    # Start-up cut a damaged tail: job versions not in the log refused, transactional ids
+    # moved to new producer ids.
+    st.tuples(st.just("damaged_tail"), st.integers(1, 100), st.just(0)),
 )
 
 
@@ -84,6 +87,9 @@ def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
             continue
         if kind == "expire_jobs":
             quorum.expire_job_allocations(now, limit=2)
+            continue
+        if kind == "damaged_tail":
+            quorum.apply(quorum.state.damaged_tail(a, now.wall_ms, now.mono_ms), now)
             continue
         if kind == "job":
             version, block = cast(tuple[int, int], b)

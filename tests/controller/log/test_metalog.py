@@ -92,8 +92,10 @@ async def run_log(
     records: list[Record],
     snapshot_interval_records: int = 10_000,
     retention_bytes: int = 0,
+    retention_ms: int = 0,
 ) -> ControllerState:
-    """Write records through the real MetadataLog, as the server does."""
+    """Write records through the real MetadataLog, as the server does (without an audit
+    trail, unless told)."""
     state = ControllerState()
     metalog = MetadataLog(
         data_dir,
@@ -102,6 +104,7 @@ async def run_log(
         lambda: state.copy().to_snapshot,
         snapshot_interval_records=snapshot_interval_records,
         retention_bytes=retention_bytes,
+        retention_ms=retention_ms,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
@@ -360,23 +363,46 @@ async def write_and_snapshot(
             await trio.sleep(0.01)
 
 
-def retaining_log(data_dir: Path, state: ControllerState, retention_ms: int) -> MetadataLog:
+class TrailWatch(CommitListener):
+    """What the log says of its audit trail after each snapshot."""
+
+    def __init__(self) -> None:
+        self.floors: list[tuple[int, int]] = []
+
+    def audit_trail_kept(self, floor_bytes: int, retention_bytes: int) -> None:
+        self.floors.append((floor_bytes, retention_bytes))
+
+
+def retaining_log(
+    data_dir: Path,
+    state: ControllerState,
+    retention_ms: int,
+    retention_bytes: int = 10**9,
+    listener: CommitListener | None = None,
+) -> MetadataLog:
     return MetadataLog(
         data_dir,
         0,
         0,
         lambda: state.copy().to_snapshot,
         snapshot_interval_records=25,
-        retention_bytes=10**9,
+        retention_bytes=retention_bytes,
         retention_ms=retention_ms,
+        listener=listener,
     )
 
 
-async def test_retention_by_time_removes_covered_segments_past_it(tmp_path: Path) -> None:
-    """Within log_retention_bytes, a covered segment is kept only while its last write is
-    younger than log_retention_ms; the oldest go first and the log stays whole."""
-    records, state = history(60), ControllerState()
-    metalog = retaining_log(tmp_path, state, retention_ms=86_400_000)
+def age(path: Path, days: float) -> None:
+    then = time.time() - days * 86_400
+    os.utime(path, (then, then))
+
+
+async def test_retention_time_is_a_floor_that_no_byte_limit_cuts_into(tmp_path: Path) -> None:
+    """A covered segment younger than log_retention_ms is kept whatever the bytes (a burst
+    of large records cannot flush the audit trail), and said to be above the byte limit;
+    once older it goes, the oldest first, and the log stays whole."""
+    records, state, watch = history(60), ControllerState(), TrailWatch()
+    metalog = retaining_log(tmp_path, state, 86_400_000, retention_bytes=0, listener=watch)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         await write_and_snapshot(metalog, state, records[:32])  # segment 0 covered, kept
@@ -384,19 +410,40 @@ async def test_retention_by_time_removes_covered_segments_past_it(tmp_path: Path
             segment_name(0),
             segment_name(32),
         ]
-        eight_days_ago = time.time() - 8 * 86_400
-        os.utime(tmp_path / segment_name(0), (eight_days_ago, eight_days_ago))
-        # A snapshot at 62: segment 0 is past a day and goes, 32 is not and stays.
+        floor = (tmp_path / segment_name(0)).stat().st_size
+        assert watch.floors == [(floor, 0)]
+        age(tmp_path / segment_name(0), 8)
+        # A snapshot at 62: segment 0 is past the floor and over the bytes: it goes; 32 is
+        # within the floor and stays.
         await write_and_snapshot(metalog, state, records[32:])
         nursery.cancel_scope.cancel()
     assert sorted(p.name for p in tmp_path.glob("*.log")) == [segment_name(32), segment_name(62)]
+    assert watch.floors[-1] == ((tmp_path / segment_name(32)).stat().st_size, 0)
     assert read_log(tmp_path).entries()[0].offset == 32
     assert recover(tmp_path).state == state
 
 
-async def test_retention_of_zero_time_deletes_covered_segments_at_once(tmp_path: Path) -> None:
+async def test_retention_keeps_segments_past_the_floor_within_the_bytes(tmp_path: Path) -> None:
     records, state = history(60), ControllerState()
-    metalog = retaining_log(tmp_path, state, retention_ms=0)
+    first_size = 0
+    metalog = retaining_log(tmp_path, state, 86_400_000, retention_bytes=10**9)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        await write_and_snapshot(metalog, state, records[:32])
+        first_size = (tmp_path / segment_name(0)).stat().st_size
+        age(tmp_path / segment_name(0), 30)
+        await write_and_snapshot(metalog, state, records[32:])
+        nursery.cancel_scope.cancel()
+    names = sorted(p.name for p in tmp_path.glob("*.log"))
+    assert names == [segment_name(0), segment_name(32), segment_name(62)]
+    assert first_size > 0
+
+
+async def test_retention_of_zero_time_and_bytes_deletes_covered_segments_at_once(
+    tmp_path: Path,
+) -> None:
+    records, state = history(60), ControllerState()
+    metalog = retaining_log(tmp_path, state, retention_ms=0, retention_bytes=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         await write_and_snapshot(metalog, state, records[:32])

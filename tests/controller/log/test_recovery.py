@@ -30,7 +30,10 @@ from pidctl.controller.core.records import (
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import state_fields
 from pidctl.controller.log.datadir import (
+    DAMAGED_TAIL_FILE,
     RESERVATION_FILE,
+    remove_damaged_tail_file,
+    write_damaged_tail_file,
     write_snapshot_file,
 )
 from pidctl.controller.log.recovery import read_log, recover, reserve_by_operator
@@ -53,6 +56,25 @@ def test_torn_tail_is_truncated_with_a_warning(tmp_path: Path) -> None:
     assert recovery.truncated_bytes > 0
     assert recovery.state.next_producer_id == 4000  # grants 0..3 survive, 4 was torn
     assert scan_segment(path.read_bytes(), 0).problem is None
+
+
+def test_a_cut_tail_is_noted_before_the_cut_until_the_log_says_so(tmp_path: Path) -> None:
+    """Start-up notes the cut (a file, synced) before it truncates: a start-up that stops
+    after the cut and before the server records it (DamagedTailTruncated) leaves the note,
+    and the next one reports the cut again, though its log has no torn tail left."""
+    path = write_segment(tmp_path, history(5))
+    path.write_bytes(path.read_bytes()[:-7])  # the last record lost its last 7 bytes
+    first = recover(tmp_path)
+    assert first.damaged_tail_bytes == first.truncated_bytes > 0
+    assert (tmp_path / DAMAGED_TAIL_FILE).exists()
+    again = recover(tmp_path)  # the first one stopped before recording it
+    assert (again.truncated_bytes, again.damaged_tail_bytes) == (0, first.truncated_bytes)
+    remove_damaged_tail_file(tmp_path)  # what the server does once it is recorded
+    assert recover(tmp_path).damaged_tail_bytes is None
+    write_damaged_tail_file(tmp_path, 7)  # an earlier note, and another cut: both counted
+    path.write_bytes(path.read_bytes()[:-3])
+    second = recover(tmp_path)
+    assert second.damaged_tail_bytes == 7 + second.truncated_bytes
 
 
 def test_a_zero_filled_tail_is_preallocated_space_given_back_without_a_warning(
