@@ -88,9 +88,12 @@ def write_app_ids(data_dir: Path, count: int, principals: int) -> None:
     trio.run(main)
 
 
-def measure(data_dir: Path, connections: int, seconds: float, broker_base: int) -> dict[str, Any]:
+def measure(
+    data_dir: Path, connections: int, seconds: float, broker_base: int, snapshot_every: int
+) -> dict[str, Any]:
     """Serve ``data_dir``, warm the server up, load it; the load's figures and the server's."""
-    server = ServerProcess(data_dir, *SERVE).start(timeout=600)
+    interval = ("--snapshot-interval-records", str(snapshot_every))
+    server = ServerProcess(data_dir, *SERVE, *interval).start(timeout=600)
     try:
         assert server.proc is not None
         rss = warm_rss_kib(server)
@@ -129,10 +132,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--principals", type=int, default=1000, help="owners of the app ids")
     parser.add_argument("--seconds", type=float, default=60.0, help="of load, each run")
     parser.add_argument("--connections", type=int, default=16, help="brokers of the load")
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10_000,
+        help="the server's snapshot_interval_records (records; default 10,000, as shipped): "
+        "a short run on a slow machine asks for fewer, so that its window holds snapshots",
+    )
     add_build_argument(parser)
     args = parser.parse_args(argv)
     # The log written here says what it does on standard error: standard output is the JSON.
+    # Restored afterwards: run in-process (its test), a factory bound to this sys.stderr
+    # would outlive it, and every later log line would meet a closed file.
+    saved = structlog.get_config()
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    try:
+        _run(args)
+    finally:
+        structlog.configure(**saved)
+
+
+def _run(args: argparse.Namespace) -> None:
     build = use_build(args.build)
     result: dict[str, Any] = {"build": build, "app_ids": args.app_ids}
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,8 +160,12 @@ def main(argv: list[str] | None = None) -> None:
         write_app_ids(Path(tmp) / "baseline", 0, args.principals)
         write_app_ids(Path(tmp) / "app-ids", args.app_ids, args.principals)
         result["seconds_to_write"] = round(time.monotonic() - started, 1)
-        base = measure(Path(tmp) / "baseline", args.connections, args.seconds, 10_000)
-        loaded = measure(Path(tmp) / "app-ids", args.connections, args.seconds, 20_000)
+        base = measure(
+            Path(tmp) / "baseline", args.connections, args.seconds, 10_000, args.snapshot_every
+        )
+        loaded = measure(
+            Path(tmp) / "app-ids", args.connections, args.seconds, 20_000, args.snapshot_every
+        )
     result["baseline"], result["with_app_ids"] = base, loaded
     per_app = max(1, args.app_ids)
     result["p99_ratio"] = round(loaded["p99_ms"] / base["p99_ms"], 2)

@@ -18,6 +18,7 @@ def test_a_short_run_measures_beside_snapshots_of_the_app_ids(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["--app-ids", "20000", "--principals", "20", "--seconds", "8", "--connections", "2"]
+    argv += ["--snapshot-every", "500"]  # snapshots in the window, however slow the machine
     job_state.main([*argv, "--build", "interpreted"])
     result = json.loads(capsys.readouterr().out)
     loaded, base = result["with_app_ids"], result["baseline"]
