@@ -12,8 +12,9 @@ left, so a lease round trip never stands between a broker and its block.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -25,6 +26,7 @@ from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsLeased,
     ProducerIdsReserved,
+    ProducerIdsState,
     Record,
 )
 from pidctl.controller.core.result import ControllerResult, answer
@@ -349,6 +351,17 @@ class ProducerIdControlManager:
                 self.leases = [
                     lease for lease in self.leases if lease.end > record.next_producer_id
                 ]
+            case ProducerIdsState():  # (a snapshot's)
+                if record.next_producer_id < self.next_producer_id:
+                    raise InvariantViolation(
+                        f"offset {offset}: lowers the high-water mark {self.next_producer_id} "
+                        f"to {record.next_producer_id}"
+                    )
+                self.next_producer_id = record.next_producer_id
+                self.blocks_granted = record.blocks_granted
+                self.lease_mode = self.lease_mode or record.lease_mode
+                self.highest_lease_end = max(self.highest_lease_end, record.highest_lease_end)
+                self.leases = [lease for lease in self.leases if lease.end > self.next_producer_id]
             case ProducerIdsReserved():
                 if record.next_producer_id < self.next_producer_id:
                     raise InvariantViolation(
@@ -389,22 +402,17 @@ class ProducerIdControlManager:
             self.reservation_size,
         )
 
-    def snapshot_fields(self) -> dict[str, Any]:
-        return {
-            "next_producer_id": self.next_producer_id,
-            "blocks_granted": self.blocks_granted,
-            "lease_mode": self.lease_mode,
-            "leases": [[lease.first, lease.end] for lease in self.leases],
-            "reserved_producer_id": self.reserved,
-            "highest_lease_end": self.highest_lease_end,
-        }
-
-    def restore(self, data: dict[str, Any]) -> None:
-        self.next_producer_id = data["next_producer_id"]
-        self.blocks_granted = data["blocks_granted"]
-        self.lease_mode = data.get("lease_mode", False)
-        self.leases = [Lease(first, end) for first, end in data.get("leases", [])]
-        self.reserved = data.get("reserved_producer_id", 0)
-        # Snapshots from before this field: the leases they still hold are a lower bound.
-        held = max([0] + [lease.end for lease in self.leases])
-        self.highest_lease_end = data.get("highest_lease_end", held)
+    def snapshot_records(self, at: int) -> Iterator[tuple[int, Record]]:
+        """The manager restated as records at offset ``at``: the leases held, the
+        high-water mark with its counts, then the reservation (each replays only after the
+        one before it)."""
+        for lease in self.leases:
+            yield at, ProducerIdsLeased(lease.first, lease.end, "snapshot")
+        yield (
+            at,
+            ProducerIdsState(
+                self.next_producer_id, self.blocks_granted, self.highest_lease_end, self.lease_mode
+            ),
+        )
+        if self.reserved:
+            yield at, ProducerIdsReserved(self.reserved)

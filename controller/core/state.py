@@ -8,7 +8,7 @@ exactly the state that wrote it. Broken invariants are corruption: replay raises
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,21 +17,28 @@ from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.jobs import JobAllocationManager
 from pidctl.controller.core.producer_ids import ProducerIdControlManager, ProducerIdRange
 from pidctl.controller.core.records import (
+    SNAPSHOT_RECORDS,
     BrokerRegistered,
     BrokerUnregistered,
     ClusterCreated,
     ControllerStarted,
     DamagedTailTruncated,
     JobAllocationExpired,
+    JobAllocationsLoaded,
     JobBlockRecorded,
     JobClockAdvanced,
+    JobsState,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
     ProducerIdsReserved,
+    ProducerIdsState,
     Record,
     TransactionalIdExpired,
+    TransactionalIdsLoaded,
     TransactionalIdUpdated,
+    TransactionsState,
+    record_name,
 )
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.transactions import TransactionControlManager
@@ -74,6 +81,12 @@ class ControllerState:
             JobAllocationExpired: jobs.replay,
             JobClockAdvanced: jobs.replay,
             DamagedTailTruncated: self._replay_damaged_tail,
+            # Only in snapshots (records.py says why):
+            ProducerIdsState: producer_ids.replay,
+            TransactionalIdsLoaded: transactions.replay,
+            TransactionsState: transactions.replay,
+            JobAllocationsLoaded: jobs.replay,
+            JobsState: jobs.replay,
         }
 
     def _replay_damaged_tail(self, offset: int, record: DamagedTailTruncated) -> None:
@@ -124,6 +137,8 @@ class ControllerState:
             raise InvariantViolation(f"record at offset {offset}, expected {self.next_offset}")
         if self.cluster.cluster_id is None and not isinstance(record, ClusterCreated):
             raise InvariantViolation(f"offset {offset}: log does not start with ClusterCreated")
+        if type(record) in SNAPSHOT_RECORDS:
+            raise InvariantViolation(f"offset {offset}: a snapshot's {record_name(record)}")
         self._owners[type(record)](offset, record)
         self.next_offset = offset + 1
 
@@ -159,20 +174,30 @@ class ControllerState:
         copied._dispatch()
         return copied
 
-    def to_snapshot(self) -> dict[str, Any]:
-        """A JSON-friendly copy of the whole state: every manager's fields."""
-        return {
-            **self.cluster.snapshot_fields(),
-            **self.producer_ids.snapshot_fields(),
-            "next_offset": self.next_offset,
-            **self.transactions.snapshot_fields(),
-            **self.jobs.snapshot_fields(),
-        }
+    def snapshot_records(self) -> Iterator[tuple[int, Record]]:
+        """The whole state restated as records, with the offset each stands at (``cluster``:
+        where its record was written; the rest: :attr:`next_offset`, the state they restate),
+        in an order :meth:`from_snapshot_records` replays: every manager's own, as Kafka's
+        managers write snapshots."""
+        if self.cluster.cluster_id is None:
+            return  # (a log not begun: nothing to restate)
+        at = self.next_offset
+        yield from self.cluster.snapshot_records()
+        yield from self.producer_ids.snapshot_records(at)
+        yield from self.transactions.snapshot_records(at)
+        yield from self.jobs.snapshot_records(at)
 
     @classmethod
-    def from_snapshot(cls, data: dict[str, Any]) -> ControllerState:
-        state = cls(ClusterControlManager.from_snapshot(data), next_offset=data["next_offset"])
-        state.producer_ids.restore(data)
-        state.transactions.restore(data)
-        state.jobs.restore(data)
+    def from_snapshot_records(
+        cls, next_offset: int, records: Iterable[tuple[int, Record]]
+    ) -> ControllerState:
+        """The state a snapshot at ``next_offset`` holds, its records replayed by each
+        manager's ``replay`` (as the log's are); :class:`InvariantViolation` if one breaks
+        an invariant."""
+        state = cls(next_offset=next_offset)
+        owners = state._owners
+        for offset, record in records:
+            if state.cluster.cluster_id is None and not isinstance(record, ClusterCreated):
+                raise InvariantViolation("a snapshot that does not start with ClusterCreated")
+            owners[type(record)](offset, record)
         return state

@@ -25,6 +25,7 @@ from pidctl.controller.core.records import (
 )
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state
+from tests.controller.core.snapshots import through_snapshot
 
 #: The range of a controller with ``pid_source``: whatever its leases hold.
 LEASED = ProducerIdRange(leased=True)
@@ -129,7 +130,7 @@ def test_leases_survive_a_snapshot() -> None:
     _lease(state, 0, 3000)
     _grant(state)
     _lease(state, 8000, 9000)
-    again = ControllerState.from_snapshot(state.to_snapshot())
+    again = through_snapshot(state)
     assert again == state
     assert _grant(again).first == 1000
 
@@ -187,5 +188,5 @@ def test_the_highest_lease_taken_is_remembered_after_its_ids_are_used() -> None:
     for _ in range(3):
         _grant(state)
     assert state.producer_ids.leases == [] and state.producer_ids.highest_lease_end == 6000
-    again = ControllerState.from_snapshot(state.to_snapshot())
+    again = through_snapshot(state)
     assert again.producer_ids.highest_lease_end == 6000

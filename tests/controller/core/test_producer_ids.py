@@ -14,6 +14,7 @@ from pidctl.controller.core.records import (
 )
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 
 def _state(next_producer_id: int = 0, pid_range: ProducerIdRange | None = None) -> ControllerState:
@@ -177,4 +178,4 @@ def test_replay_refuses_a_grant_past_the_reservation_or_one_below_the_mark() -> 
         replay(state, ProducerIdsGranted(7, 1, 1000, 3000))
     with pytest.raises(InvariantViolation, match="below the high-water mark"):
         replay(state, ProducerIdsReserved(500))
-    assert ControllerState.from_snapshot(state.to_snapshot()).producer_ids.reserved == 2000
+    assert through_snapshot(state).producer_ids.reserved == 2000

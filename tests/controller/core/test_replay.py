@@ -28,6 +28,7 @@ from pidctl.controller.log.recovery import read_log, rebuild_state, recover
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_request, encode_request
 from tests import wire
+from tests.controller.core.snapshots import through_snapshot
 
 CLUSTER = "replay-cluster"
 INCARNATIONS = [uuid.UUID(int=i) for i in range(4)]
@@ -164,7 +165,7 @@ def test_replay_from_scratch_and_from_any_snapshot(
     partial = ControllerState()
     for offset, record in sink.entries[:cut]:
         partial.replay(offset, record)
-    resumed = ControllerState.from_snapshot(partial.to_snapshot())
+    resumed = through_snapshot(partial)
     for offset, record in sink.entries[cut:]:
         resumed.replay(offset, record)
     assert resumed == quorum.state

@@ -25,6 +25,7 @@ from pidctl.controller.core.transactions import (
     parse_expected,
 )
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 OK = ErrorCode.none
 
@@ -323,7 +324,7 @@ def test_ids_updated_after_the_damaged_tail_are_not_moved() -> None:
     assert moved.updated_ms > state.transactions.rotate_updated_at_or_before_ms
     assert init(state, now_ms=0) == ProducerIdAndEpoch(OK, moved.producer_id, 1)
     # In snapshots too.
-    restored = ControllerState.from_snapshot(state.to_snapshot())
+    restored = through_snapshot(state)
     assert restored.transactions.rotate_updated_at_or_before_ms == (
         state.transactions.rotate_updated_at_or_before_ms
     )
