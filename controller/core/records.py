@@ -261,14 +261,19 @@ class ProducerIdsReserved:
 
 @dataclass(frozen=True, slots=True)
 class ProducerIdsState:
-    """The producer-id manager's high-water mark and counts (its leases are restated as
-    :class:`ProducerIdsLeased` before it, its reservation as :class:`ProducerIdsReserved`
-    after it)."""
+    """The producer-id manager's high-water mark and how many blocks it granted."""
 
     next_producer_id: int
     blocks_granted: int
-    highest_lease_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeasesState:
+    """Whether grants come only from leases, and the end of the highest lease ever taken
+    (the leases held are restated as :class:`ProducerIdsLeased` before it)."""
+
     lease_mode: bool
+    highest_lease_end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +329,7 @@ Record = (
     | JobClockAdvanced
     | DamagedTailTruncated
     | ProducerIdsState
+    | LeasesState
     | TransactionalIdsLoaded
     | TransactionsState
     | JobAllocationsLoaded
@@ -353,11 +359,19 @@ RECORD_TYPES: dict[int, type[Record]] = {
     17: TransactionsState,
     18: JobAllocationsLoaded,
     19: JobsState,
+    20: LeasesState,
 }
 
 #: The record types only a snapshot holds: in the log, one is corruption.
 SNAPSHOT_RECORDS: frozenset[type[Record]] = frozenset(
-    {ProducerIdsState, TransactionalIdsLoaded, TransactionsState, JobAllocationsLoaded, JobsState}
+    {
+        ProducerIdsState,
+        LeasesState,
+        TransactionalIdsLoaded,
+        TransactionsState,
+        JobAllocationsLoaded,
+        JobsState,
+    }
 )
 #: Most bytes of packed rows in one ``...Loaded`` record: in base64 a third more, well
 #: within what a record may hold (``logformat.MAX_RECORD_BYTES``, 1 MiB).

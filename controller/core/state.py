@@ -15,6 +15,7 @@ from typing import Any
 from pidctl.controller.core.cluster import ClusterControlManager
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.jobs import JobAllocationManager
+from pidctl.controller.core.pid_leases import LeaseManager
 from pidctl.controller.core.producer_ids import ProducerIdControlManager, ProducerIdRange
 from pidctl.controller.core.records import (
     SNAPSHOT_RECORDS,
@@ -28,6 +29,7 @@ from pidctl.controller.core.records import (
     JobBlockRecorded,
     JobClockAdvanced,
     JobsState,
+    LeasesState,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
@@ -40,6 +42,7 @@ from pidctl.controller.core.records import (
     TransactionsState,
     record_name,
 )
+from pidctl.controller.core.reservations import ReservationManager
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.transactions import TransactionControlManager
 
@@ -51,6 +54,8 @@ class ControllerState:
     """Every manager, as of ``next_offset`` (the offset the next record will get)."""
 
     cluster: ClusterControlManager = field(default_factory=ClusterControlManager)
+    leases: LeaseManager = field(init=False)
+    reservations: ReservationManager = field(init=False)
     producer_ids: ProducerIdControlManager = field(init=False)
     transactions: TransactionControlManager = field(init=False)
     jobs: JobAllocationManager = field(init=False)
@@ -58,23 +63,29 @@ class ControllerState:
     _owners: dict[type, Callable[[int, Any], None]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.producer_ids = ProducerIdControlManager(self.cluster)
+        self.leases = LeaseManager(self._granted)
+        self.reservations = ReservationManager(self._granted)
+        self.producer_ids = ProducerIdControlManager(self.cluster, self.leases, self.reservations)
         self.transactions = TransactionControlManager(self.producer_ids)
         self.jobs = JobAllocationManager(self.producer_ids)
         self._dispatch()
 
+    def _granted(self) -> int:
+        """The high-water mark, for the leases' and reservations' checks."""
+        return self.producer_ids.next_producer_id
+
     def _dispatch(self) -> None:
         cluster, producer_ids, transactions = self.cluster, self.producer_ids, self.transactions
-        jobs = self.jobs
+        leases, reservations, jobs = self.leases, self.reservations, self.jobs
         self._owners = {
             ClusterCreated: cluster.replay,
             ControllerStarted: cluster.replay,
             BrokerRegistered: cluster.replay,
             BrokerUnregistered: cluster.replay,
             ProducerIdsGranted: producer_ids.replay,
-            ProducerIdsLeased: producer_ids.replay,
+            ProducerIdsLeased: leases.replay,
             ProducerIdFloorRaised: producer_ids.replay,
-            ProducerIdsReserved: producer_ids.replay,
+            ProducerIdsReserved: reservations.replay,
             TransactionalIdUpdated: transactions.replay,
             TransactionalIdExpired: transactions.replay,
             JobBlockRecorded: jobs.replay,
@@ -83,6 +94,7 @@ class ControllerState:
             DamagedTailTruncated: self._replay_damaged_tail,
             # Only in snapshots (records.py says why):
             ProducerIdsState: producer_ids.replay,
+            LeasesState: leases.replay,
             TransactionalIdsLoaded: transactions.replay,
             TransactionsState: transactions.replay,
             JobAllocationsLoaded: jobs.replay,
@@ -128,7 +140,7 @@ class ControllerState:
         if max_job_app_ids_per_principal is not None:
             self.jobs.max_app_ids_per_principal = max_job_app_ids_per_principal
         if reservation_size is not None:
-            self.producer_ids.reservation_size = reservation_size
+            self.reservations.reservation_size = reservation_size
         return self
 
     def replay(self, offset: int, record: Record) -> None:
@@ -168,7 +180,11 @@ class ControllerState:
     def copy(self) -> ControllerState:
         """A copy that later records do not change (for a snapshot built off the loop)."""
         copied = ControllerState(self.cluster.copy(), next_offset=self.next_offset)
-        copied.producer_ids = self.producer_ids.copy(copied.cluster)
+        copied.leases = self.leases.copy(copied._granted)
+        copied.reservations = self.reservations.copy(copied._granted)
+        copied.producer_ids = self.producer_ids.copy(
+            copied.cluster, copied.leases, copied.reservations
+        )
         copied.transactions = self.transactions.copy(copied.producer_ids)
         copied.jobs = self.jobs.copy(copied.producer_ids)
         copied._dispatch()
@@ -183,7 +199,9 @@ class ControllerState:
             return  # (a log not begun: nothing to restate)
         at = self.next_offset
         yield from self.cluster.snapshot_records()
+        yield from self.leases.snapshot_records(at)
         yield from self.producer_ids.snapshot_records(at)
+        yield from self.reservations.snapshot_records(at)
         yield from self.transactions.snapshot_records(at)
         yield from self.jobs.snapshot_records(at)
 

@@ -253,7 +253,7 @@ def check_reservation(data_dir: Path, reservation: int | None, state: Controller
     granted (the file is older than the log). Either needs an operator's word: ``pidctl
     log reserve``."""
     path = data_dir / RESERVATION_FILE
-    logged = state.producer_ids.reserved
+    logged = state.reservations.reserved
     fix = (
         f"restore the file, or if you know no producer id at or above N was handed out, "
         f"run `pidctl log reserve --data-dir {data_dir} --producer-id N`"

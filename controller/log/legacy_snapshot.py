@@ -23,6 +23,7 @@ from pidctl.controller.core.records import (
     ClusterCreated,
     JobAllocationsLoaded,
     JobsState,
+    LeasesState,
     ProducerIdsLeased,
     ProducerIdsReserved,
     ProducerIdsState,
@@ -86,21 +87,13 @@ def _records(state: dict[str, Any], at: int) -> list[tuple[int, Record]]:
             b["broker_id"], b["incarnation_id"], b["epoch"], b["rack"], tuple(b["listeners"])
         )
         records.append((b["epoch"], registration))
-    # The producer-id manager (leases, high-water mark, reservation).
+    # The leases, the high-water mark, the reservation.
     leases = state.get("leases", [])
     records += [(at, ProducerIdsLeased(first, end, "snapshot")) for first, end in leases]
-    held = max([0] + [end for _, end in leases])
-    records.append(
-        (
-            at,
-            ProducerIdsState(
-                state["next_producer_id"],
-                state["blocks_granted"],
-                state.get("highest_lease_end", held),
-                state.get("lease_mode", False),
-            ),
-        )
-    )
+    if state.get("lease_mode", False):
+        held = max([0] + [end for _, end in leases])
+        records.append((at, LeasesState(True, state.get("highest_lease_end", held))))
+    records.append((at, ProducerIdsState(state["next_producer_id"], state["blocks_granted"])))
     if state.get("reserved_producer_id", 0):
         records.append((at, ProducerIdsReserved(state["reserved_producer_id"])))
     # The transactional ids: packed (PIDSNAP2), or a list (PIDSNAP1).

@@ -9,11 +9,7 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.jobs import CLOCK_RECORD_INTERVAL_MS, JobKey, parse_job_key
-from pidctl.controller.core.producer_ids import (
-    DEFAULT_RESERVATION_SIZE,
-    Block,
-    ProducerIdRange,
-)
+from pidctl.controller.core.producer_ids import Block, ProducerIdRange
 from pidctl.controller.core.records import (
     JobAllocationExpired,
     JobBlockRecorded,
@@ -22,6 +18,7 @@ from pidctl.controller.core.records import (
     ProducerIdsLeased,
     ProducerIdsReserved,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol.headers import client_id_of
 from tests.controller.core.kraft import apply, new_state, replay

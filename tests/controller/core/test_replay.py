@@ -98,14 +98,14 @@ def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
             request = _request(wire.allocate(-1, -1), controller.supported, key)
             controller.handle(request, now, conn)  # type: ignore[arg-type]
             continue
-        producer_ids = controller.state.producer_ids
+        producer_ids, leases = controller.state.producer_ids, controller.state.leases
         if kind == "lease":
-            counter = producer_ids.high_water() + a
-            first, end = producer_ids.lease_bounds(counter, int(b) * 1000)  # type: ignore[call-overload]
-            quorum.apply(producer_ids.lease(first, end, "etcd://x/p", 1), now)
+            counter = leases.high_water() + a
+            first, end = leases.lease_bounds(counter, int(b) * 1000)  # type: ignore[call-overload]
+            quorum.apply(leases.lease(first, end, "etcd://x/p", 1), now)
             continue
         if kind == "floor":
-            quorum.apply(producer_ids.raise_floor(producer_ids.high_water() + a, "zk"), now)
+            quorum.apply(producer_ids.raise_floor(leases.high_water() + a, "zk"), now)
             continue
         if kind == "init_idempotent":
             body: object = requests.init_producer_id(None)

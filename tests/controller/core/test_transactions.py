@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import EPOCH_EXHAUSTED, INT64_MAX
-from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, ProducerIdRange
+from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsReserved,
@@ -16,6 +16,7 @@ from pidctl.controller.core.records import (
     TransactionalIdExpired,
     TransactionalIdUpdated,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import (
     MAX_UPDATED_MS,

@@ -84,7 +84,7 @@ def _common_fields(state: ControllerState) -> dict[str, Any]:
         "blocks_granted": producer_ids.blocks_granted,
         "lease_mode": False,
         "leases": [],
-        "reserved_producer_id": producer_ids.reserved,
+        "reserved_producer_id": state.reservations.reserved,
         "next_offset": state.next_offset,
     }
 
