@@ -9,8 +9,8 @@ just because the controller restarted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -21,6 +21,7 @@ from pidctl.controller.core.records import (
     BrokerUnregistered,
     ClusterCreated,
     ControllerStarted,
+    Record,
 )
 from pidctl.controller.core.result import ControllerResult, answer
 
@@ -240,28 +241,14 @@ class ClusterControlManager:
         """A copy later records do not change (registrations are immutable)."""
         return ClusterControlManager(self.cluster_id, self.node_id, dict(self.brokers))
 
-    def snapshot_fields(self) -> dict[str, Any]:
-        return {
-            "cluster_id": self.cluster_id,
-            "node_id": self.node_id,
-            "brokers": [
-                {
-                    "broker_id": b.broker_id,
-                    "incarnation_id": b.incarnation_id,
-                    "epoch": b.epoch,
-                    "rack": b.rack,
-                    "listeners": list(b.listeners),
-                }
-                for b in self.brokers.values()
-            ],
-        }
-
-    @classmethod
-    def from_snapshot(cls, data: dict[str, Any]) -> ClusterControlManager:
-        brokers = {
-            b["broker_id"]: BrokerRegistration(
-                b["broker_id"], b["incarnation_id"], b["epoch"], b["rack"], tuple(b["listeners"])
+    def snapshot_records(self) -> Iterator[tuple[int, Record]]:
+        """The cluster restated as its log's own records, each at the offset it was
+        written at: its creation, then every registration (a broker's epoch is its offset)."""
+        if self.cluster_id is None or self.node_id is None:
+            return
+        yield 0, ClusterCreated(self.cluster_id, self.node_id)
+        for b in sorted(self.brokers.values(), key=lambda registration: registration.epoch):
+            yield (
+                b.epoch,
+                BrokerRegistered(b.broker_id, b.incarnation_id, b.epoch, b.rack, b.listeners),
             )
-            for b in data["brokers"]
-        }
-        return cls(data["cluster_id"], data["node_id"], brokers)

@@ -9,6 +9,7 @@ from pidctl.controller.core.cluster import HeartbeatAnswer, Registered
 from pidctl.controller.core.records import BrokerRegistered, BrokerUnregistered
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state
+from tests.controller.core.snapshots import through_snapshot
 
 
 def _state(session_timeout_ms: int = 9000) -> ControllerState:
@@ -158,7 +159,7 @@ def test_unregister() -> None:
 def test_restarted_controller_gives_every_broker_a_fresh_session() -> None:
     state = _state()
     _register(state, 1, "inc-a", 0)
-    again = ControllerState.from_snapshot(state.to_snapshot())
+    again = through_snapshot(state)
     again.cluster.restore_sessions(50_000)
     # A second incarnation cannot take over just because the controller restarted: every
     # broker is taken to be unfenced, with a session from the restart.
