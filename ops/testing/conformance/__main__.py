@@ -1,5 +1,6 @@
 """``python -m ops.testing.conformance record [CASE ...]``: start a Kafka node, replay the
-corpus (every case, or those named) against it and write its answers as golden files."""
+corpus (every case, or those named) against it and write its answers as golden files (a
+case that needs a fresh node gets one of its own)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 import time
 
-from ops.testing.conformance.corpus import CASES, CASES_BY_NAME
+from ops.testing.conformance.corpus import CASES, CASES_BY_NAME, Case
 from ops.testing.conformance.golden import kafka_version, write_golden
 from ops.testing.conformance.replay import replay
 from ops.testing.conformance.targets import kafka_node, kafka_target, warm_up
@@ -20,16 +21,30 @@ def record(names: list[str]) -> int:
         return 2
     cases = [CASES_BY_NAME[name] for name in names] if names else list(CASES)
     version = kafka_version()
+    for fresh in (True, False):
+        batch = [case for case in cases if case.fresh_node is fresh]
+        if batch:
+            _record_on_one_node(batch, version, warm=not fresh)
+    return 0
+
+
+def _record_on_one_node(cases: list[Case], version: str, *, warm: bool) -> None:
+    """Record ``cases`` on one new Kafka node, warmed up first unless the cases need it
+    fresh (each fresh case then gets a node of its own)."""
+    if not warm and len(cases) > 1:
+        for case in cases:
+            _record_on_one_node([case], version, warm=False)
+        return
     started = time.monotonic()
     with kafka_node() as node:
-        print(f"Kafka {version} up in {time.monotonic() - started:.0f} s; warming up", flush=True)
-        warm_up(node)
+        print(f"Kafka {version} up in {time.monotonic() - started:.0f} s", flush=True)
+        if warm:
+            warm_up(node)
         for case in cases:
             began = time.monotonic()
             steps = replay(case, kafka_target(node, case.profile), from_source=True)
             path = write_golden(case, steps, version)
             print(f"{case.name}: {len(steps)} steps in {time.monotonic() - began:.1f} s -> {path}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

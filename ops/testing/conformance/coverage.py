@@ -45,7 +45,9 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ),
     ApiKey.METADATA: (
         "pidctl.controller.api.handlers:Controller._metadata",
+        "pidctl.controller.api.handlers:Controller._unknown_topics",
         "pidctl.controller.api.responses:too_many_topics",
+        "pidctl.controller.api.responses:metadata_refusal",
     ),
     ApiKey.BROKER_REGISTRATION: (
         "pidctl.controller.api.handlers:Controller._broker_registration",
