@@ -66,8 +66,9 @@ class Raw:
     no one knows (the v3 request with the header's version changed; the answer is read as
     ``answer_version``), or ``body`` (by default that ApiVersions v3) with a client id of
     bytes that are not UTF-8 (``client_id``), in a v2 header with tagged fields
-    (``header_tags``: their bytes, the count first), or with bytes after the body
-    (``trailing``)."""
+    (``header_tags``: their bytes, the count first), with bytes after the body
+    (``trailing``) or some cut from its end (``cut``); ``api_key`` and ``version`` are
+    written into the frame's header whatever ``body`` is."""
 
     api_key: int
     version: int
@@ -77,6 +78,8 @@ class Raw:
     header_tags: bytes | None = None
     #: Bytes sent after the body, inside the frame (Kafka ignores them).
     trailing: bytes = b""
+    #: Bytes cut from the end of the frame (a body that stops short).
+    cut: int = 0
 
     def frame(self, correlation_id: int, client_id: str) -> bytes:
         """The whole frame (length prefix included)."""
@@ -87,7 +90,7 @@ class Raw:
         if raw_id is not None:
             client_id = "x" * len(raw_id)  # its place in the frame, then its bytes
         frame = bytearray(encode_request(body, correlation_id, client_id))
-        struct.pack_into(">h", frame, 6, self.version)  # after the length and the API key
+        struct.pack_into(">hh", frame, 4, self.api_key, self.version)  # after the length
         if raw_id is not None:
             frame[CLIENT_ID_AT : CLIENT_ID_AT + len(raw_id)] = raw_id
         if self.header_tags is not None:
@@ -95,6 +98,8 @@ class Raw:
             tags_at = CLIENT_ID_AT + max(0, length)  # where the header's "no tags" byte is
             frame[tags_at : tags_at + 1] = self.header_tags
         frame += self.trailing
+        if self.cut:
+            del frame[-self.cut :]
         struct.pack_into(">i", frame, 0, len(frame) - 4)
         return bytes(frame)
 
@@ -789,7 +794,9 @@ def _sasl_exchange() -> Case:
         "the SASL exchange itself on the SASL listener: a SaslAuthenticate before the "
         "handshake closes the connection unanswered; a mechanism not enabled, or enabled but "
         "in other case, is UNSUPPORTED_SASL_MECHANISM naming those enabled, and closes; a "
-        "second handshake during the exchange is ILLEGAL_SASL_STATE and closes; once "
+        "second handshake during the exchange is ILLEGAL_SASL_STATE and closes; ApiVersions "
+        "is answered before authentication; a wrong password is SASL_AUTHENTICATION_FAILED "
+        "and closes; once "
         "authenticated, SaslAuthenticate and SaslHandshake are ILLEGAL_SASL_STATE and the "
         "connection stays",
         _steps(
@@ -801,6 +808,15 @@ def _sasl_exchange() -> Case:
             handshake("handshake", "PLAIN"),
             handshake("handshake-again", "PLAIN"),
             after("after-handshake-again"),
+            _step("api-versions-before-authentication", "broker", api_versions, 3),
+            handshake("handshake-for-wrong-password", "PLAIN"),
+            _step(
+                "authenticate-wrong-password",
+                "broker",
+                requests.sasl_authenticate,
+                plain_token(SASL_USER[0], "not-the-password"),
+            ),
+            after("after-wrong-password"),
             handshake("handshake-to-authenticate", "PLAIN"),
             authenticate("authenticate"),
             authenticate("authenticate-again"),
@@ -1192,6 +1208,26 @@ def _trailing_bytes() -> Case:
     )
 
 
+def _request_parsing() -> Case:
+    def raw(name: str, request: Raw) -> Step:
+        return Step(name, "broker", lambda c: request)
+
+    return Case(
+        "request-parsing",
+        "requests Kafka cannot parse (RequestContext.parseRequest, SocketServer): an API key "
+        "no one knows, an API at a version not served, a body that stops short; Kafka "
+        "closes the connection without an answer",
+        _steps(
+            raw("unknown-api-key", Raw(9999, 0, 0)),
+            raw("init-producer-id-v99", Raw(ApiKey.INIT_PRODUCER_ID, 99, 0)),
+            raw("metadata-v-1", Raw(ApiKey.METADATA, -1, 0)),
+            raw("init-v4-cut", Raw(ApiKey.INIT_PRODUCER_ID, 4, 4, body=init(4), cut=3)),
+            raw("metadata-v1-cut", Raw(ApiKey.METADATA, 1, 1, body=metadata(1, []), cut=2)),
+            raw("api-versions-v3-cut", Raw(ApiKey.API_VERSIONS, 3, 3, cut=2)),
+        ),
+    )
+
+
 def _cases() -> Iterator[Case]:
     for version in range(6):
         yield _idempotent(version)
@@ -1221,6 +1257,7 @@ def _cases() -> Iterator[Case]:
     yield _fresh_node()
     yield _registration_checks()
     yield _trailing_bytes()
+    yield _request_parsing()
 
 
 CASES: tuple[Case, ...] = tuple(_cases())

@@ -188,6 +188,8 @@ def answered_codes(replays: Iterable[list[Any]]) -> dict[ApiKey, set[int]]:
     found: dict[ApiKey, set[int]] = {}
     for steps in replays:
         for step in steps:
+            if step["request"]["api"] not in ApiKey.__members__:
+                continue  # an API key no one knows (request-parsing): closed unanswered
             api = ApiKey[step["request"]["api"]]
             codes = found.setdefault(api, set())
             codes.update(_answer_codes(step["answer"]))

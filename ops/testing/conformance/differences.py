@@ -52,23 +52,28 @@ class Deliberate:
 
     id: str
     reason: str
-    case: str = "*"
-    step: str = "*"
-    #: A pattern, or several (any one matching).
+    #: Each a pattern, or several (any one matching).
+    case: str | tuple[str, ...] = "*"
+    step: str | tuple[str, ...] = "*"
     path: str | tuple[str, ...] = "*"
     kafka: Json = ANY
     pidctl: Json = ANY
 
     def matches(self, difference: Difference) -> bool:
         """Whether this declaration covers ``difference``."""
-        paths = (self.path,) if isinstance(self.path, str) else self.path
         return (
-            fnmatchcase(difference.case, self.case)
-            and fnmatchcase(difference.step, self.step)
-            and any(fnmatchcase(difference.path, path) for path in paths)
+            _matches(difference.case, self.case)
+            and _matches(difference.step, self.step)
+            and _matches(difference.path, self.path)
             and (self.kafka is ANY or self.kafka == difference.kafka)
             and (self.pidctl is ANY or self.pidctl == difference.pidctl)
         )
+
+
+def _matches(text: str, patterns: str | tuple[str, ...]) -> bool:
+    if isinstance(patterns, str):
+        patterns = (patterns,)
+    return any(fnmatchcase(text, pattern) for pattern in patterns)
 
 
 def flatten(value: Json, prefix: str = "") -> dict[str, Json]:
@@ -154,8 +159,8 @@ DELIBERATE: tuple[Deliberate, ...] = (
     ),
     Deliberate(
         "apis-not-served",
-        "the same, asked with bytes after the body",
-        case="request-trailing-bytes",
+        "the same, asked with bytes after the body or before SASL authentication",
+        case=("request-trailing-bytes", "sasl-exchange"),
         step="api-versions-*",
         path="answer.api_keys.*",
         pidctl=ABSENT,
@@ -185,8 +190,8 @@ DELIBERATE: tuple[Deliberate, ...] = (
     ),
     Deliberate(
         "one-listener",
-        "the same, asked with bytes after the body",
-        case="request-trailing-bytes",
+        "the same, asked with bytes after the body or before SASL authentication",
+        case=("request-trailing-bytes", "sasl-exchange"),
         step="api-versions-*",
         path=("answer.api_keys.62", "answer.api_keys.63", "answer.api_keys.67"),
         kafka=ABSENT,

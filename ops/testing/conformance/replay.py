@@ -286,7 +286,10 @@ def _send(
 ) -> list[Any] | None:
     """The step's answers, or None when the server closed the connection instead."""
     if isinstance(request, Raw):
-        return [_raw(connections.address(step.listener), request)]
+        try:
+            return [_raw(connections.address(step.listener), request)]
+        except (ConnectionError, EOFError):
+            return None
     client = connections.client(step.listener)
     try:
         if client_id is not None:
