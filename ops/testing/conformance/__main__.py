@@ -1,4 +1,7 @@
-"""``python -m ops.testing.conformance record [CASE ...]``: start a Kafka node, replay the
+"""``python -m ops.testing.conformance coverage``: the coverage report (Kafka's branches and
+the corpus steps that reach them, ``branches.py``).
+
+``python -m ops.testing.conformance record [CASE ...]``: start a Kafka node, replay the
 corpus (every case, or those named) against it and write its answers as golden files (a
 case that needs a fresh node gets one of its own)."""
 
@@ -9,6 +12,7 @@ import sys
 import time
 
 from ops.testing.conformance.corpus import CASES, CASES_BY_NAME, Case
+from ops.testing.conformance.coverage import branch_problems, branch_report
 from ops.testing.conformance.golden import kafka_version, write_golden
 from ops.testing.conformance.replay import replay
 from ops.testing.conformance.targets import kafka_node, kafka_target, warm_up
@@ -52,7 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     recording = commands.add_parser("record", help="record Kafka's answers as golden files")
     recording.add_argument("cases", nargs="*", help="case names (default: every case)")
+    commands.add_parser(
+        "coverage", help="print Kafka's validation branches and the corpus steps reaching each"
+    )
     arguments = parser.parse_args(argv)
+    if arguments.command == "coverage":
+        problems = branch_problems()
+        print(branch_report())
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1 if problems else 0
     return record(arguments.cases)
 
 

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from ops.testing.conformance.__main__ import main as conformance_main
+from ops.testing.conformance.branches import BRANCHES
 from ops.testing.conformance.corpus import CASES, PROFILES
 from ops.testing.conformance.coverage import (
     DECIDERS,
     answered_codes,
+    branch_problems,
+    branch_report,
     error_codes_by_api,
     unlisted_deciders,
 )
@@ -78,6 +81,16 @@ def test_error_codes_are_read_from_every_deciding_function() -> None:
     assert set(codes) == set(DECIDERS)
     # What the code says, as the README says it: a sample, so a reader can check the reader.
     assert {14, 42, 47, 50, 90} <= codes[next(a for a in codes if a.name == "INIT_PRODUCER_ID")]
+
+
+def test_every_branch_of_kafkas_code_is_reached_or_explained() -> None:
+    # Each step named reaches its branch in Kafka's recorded answers; every branch has steps
+    # or the reason no request can reach it (branches.py; the report: `coverage`).
+    assert branch_problems() == []
+    report = branch_report()
+    assert report.count("\n| ") >= len(BRANCHES)
+    reachable = [branch for branch in BRANCHES if not branch.unreachable]
+    assert all(branch.steps for branch in reachable)
 
 
 def test_golden_files_are_the_corpus() -> None:
