@@ -51,6 +51,8 @@ WRONG_CLUSTER_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 UNKNOWN_PRODUCER_ID = 2**40
 #: ``transaction.max.timeout.ms`` on both (Kafka's default, pidctl's default).
 MAX_TRANSACTION_TIMEOUT_MS = 900_000
+#: The ``jobs`` profile's job_allocation_reuse_ms.
+JOB_REUSE_MS = 1000
 #: The SASL user of the ``sasl`` profile: no ACL allows it anything.
 SASL_USER = ("alice", "alice-secret")
 
@@ -179,8 +181,9 @@ PROFILES: dict[str, Profile] = {
         "pidctl leases its producer ids from an etcd that does not answer (pid_source)",
     ),
     "jobs": Profile(
-        "a named job version gets its blocks back for 1 ms (job_allocation_reuse_ms)",
-        ("--job-allocation-reuse-ms", "1"),
+        "a named job version gets its blocks back for 1 s (job_allocation_reuse_ms): time "
+        "enough for the steps before the last on a slow path, which waits it out",
+        ("--job-allocation-reuse-ms", str(JOB_REUSE_MS)),
     ),
 }
 
@@ -930,7 +933,13 @@ def _jobs() -> Case:
                 job,
                 client_id=lambda c: f"pidctl-job/x/0/{c.txn('app')}",
             ),
-            Step("named-past-reuse", "controller", job, client_id=_job(2, 0), after_ms=3),
+            Step(
+                "named-past-reuse",
+                "controller",
+                job,
+                client_id=_job(2, 0),
+                after_ms=JOB_REUSE_MS + 2,
+            ),
         ),
         profile="jobs",
     )
