@@ -1,6 +1,9 @@
 """``python -m ops.testing.conformance coverage``: the coverage report (Kafka's branches and
 the corpus steps that reach them, ``branches.py``).
 
+``python -m ops.testing.conformance classes``: the Java client's KIP-1050 class of every
+error code the corpus compares (``error_classes.py``).
+
 ``python -m ops.testing.conformance record [CASE ...]``: start a Kafka node, replay the
 corpus (every case, or those named) against it and write its answers as golden files (a
 case that needs a fresh node gets one of its own)."""
@@ -9,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from ops.testing.conformance.corpus import CASES, CASES_BY_NAME, Case
-from ops.testing.conformance.coverage import branch_problems, branch_report
+from ops.testing.conformance.coverage import branch_problems, branch_report, codes_compared
+from ops.testing.conformance.error_classes import ask_the_client, write_classes
 from ops.testing.conformance.golden import kafka_version, write_golden
 from ops.testing.conformance.replay import replay
 from ops.testing.conformance.targets import kafka_node, kafka_target, warm_up
@@ -59,7 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "coverage", help="print Kafka's validation branches and the corpus steps reaching each"
     )
+    commands.add_parser(
+        "classes", help="record the Java client's KIP-1050 class of every error code compared"
+    )
     arguments = parser.parse_args(argv)
+    if arguments.command == "classes":
+        with tempfile.TemporaryDirectory() as build:
+            classes = ask_the_client(codes_compared(), Path(build))
+        print(f"{len(classes)} codes -> {write_classes(classes, kafka_version())}")
+        return 0
     if arguments.command == "coverage":
         problems = branch_problems()
         print(branch_report())

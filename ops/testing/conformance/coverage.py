@@ -263,3 +263,16 @@ def branch_report() -> str:
     unreachable_total = sum(counts[1] for counts in summary.values())
     lines.append(f"| all | {covered_total} | {unreachable_total} |")
     return "\n".join(lines)
+
+
+def codes_compared() -> set[int]:
+    """Every error code Kafka's recorded answers carry or pidctl's code can answer with."""
+    from ops.testing.conformance.corpus import CASES
+    from ops.testing.conformance.golden import read_golden
+
+    codes = set().union(*error_codes_by_api().values())
+    for case in CASES:
+        for step in read_golden(case)["steps"]:
+            codes.update(_answer_codes(step["answer"]))
+            codes.update(_answer_codes(step.get("answers", {})))
+    return codes

@@ -58,6 +58,9 @@ class Deliberate:
     path: str | tuple[str, ...] = "*"
     kafka: Json = ANY
     pidctl: Json = ANY
+    #: Whether the error codes differ in KIP-1050 class on purpose (error_classes.py): a
+    #: client reacts otherwise, and the reason says why that is right.
+    changes_class: bool = False
 
     def matches(self, difference: Difference) -> bool:
         """Whether this declaration covers ``difference``."""
@@ -236,6 +239,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="find-coordinator",
         step="v4-too-many-keys",
         path="answer.coordinators.*",
+        changes_class=True,
     ),
     Deliberate(
         "request-bounds",
@@ -243,6 +247,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="metadata",
         step="v12-too-many-topics",
         path="answer.*",
+        changes_class=True,
     ),
     Deliberate(
         "no-log-directories",
@@ -250,6 +255,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration",
         step="*no-log-dir",
         path="answer.*",
+        changes_class=True,
     ),
     Deliberate(
         "no-log-directories",
@@ -257,6 +263,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration-checks",
         step=("*director*"),
         path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
     ),
     Deliberate(
         "registration-features",
@@ -264,6 +271,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration-checks",
         step="*feature*",
         path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
     ),
     Deliberate(
         "registration-features",
@@ -271,6 +279,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration-checks",
         step="no-metadata-version",
         path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
     ),
     Deliberate(
         "registration-features",
@@ -278,6 +287,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration-checks",
         step="metadata-version-not-covered",
         path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
     ),
     Deliberate(
         "registration-features",
@@ -285,6 +295,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration-checks",
         step=("no-listener"),
         path="answer.broker_epoch",
+        changes_class=True,
     ),
     Deliberate(
         "epoch-exhausted-stale-pair",
@@ -294,6 +305,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         path="answer.error_code",
         kafka=-1,
         pidctl=90,
+        changes_class=True,
     ),
     Deliberate(
         "metadata-neither-name-nor-id",
@@ -310,6 +322,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "a negative broker id is INVALID_REQUEST: -1 marks a job's AllocateProducerIds",
         case="broker-registration-negative-id",
         path="answer.*",
+        changes_class=True,
     ),
     Deliberate(
         "caught-up-at-once",
@@ -323,5 +336,6 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "AllocateProducerIds from a job (BrokerId -1) is pidctl's extension; Kafka has no jobs",
         case="allocate-for-jobs",
         path="answer.*",
+        changes_class=True,
     ),
 )

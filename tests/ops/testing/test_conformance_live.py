@@ -4,10 +4,13 @@ nothing here is skipped without it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ops.testing.conformance.corpus import CASES, Case
 from ops.testing.conformance.differences import differences
+from ops.testing.conformance.error_classes import ask_the_client, read_classes
 from ops.testing.conformance.golden import RECORD_COMMAND, read_golden
 from ops.testing.conformance.replay import replay
 from ops.testing.conformance.targets import kafka_node, kafka_target, warm_up
@@ -59,3 +62,10 @@ def test_a_fresh_kafka_answers_as_recorded() -> None:
 @pytest.mark.slow
 def test_kafka_exhausts_epochs_as_recorded(kafka: KafkaNode) -> None:
     _check(kafka, [case for case in CASES if case.name == EXHAUSTION])
+
+
+def test_the_java_client_still_classes_errors_as_recorded(tmp_path: Path) -> None:
+    # KIP-1050's classes, as Kafka's Java client (the jar set's) gives them now.
+    assert ask_the_client(read_classes(), tmp_path) == read_classes(), (
+        "re-record: python -m ops.testing.conformance classes"
+    )
