@@ -560,13 +560,19 @@ class Controller:
         """The entries of topics named that do not exist, in Kafka's order (its set's):
         those the principal may Describe (INVALID_TOPIC_EXCEPTION for a name Kafka's
         Topic.validate refuses, else UNKNOWN_TOPIC_OR_PARTITION; marked internal if Kafka's
-        own; with the operations allowed on it if asked for), then those it may not
+        own; with the operations allowed on it if asked for), then, when creation is allowed,
+        those it may not create (TOPIC_AUTHORIZATION_FAILED), then those it may not Describe
         (TOPIC_AUTHORIZATION_FAILED whether they exist or not: nothing leaks)."""
         with_operations = request.api_version >= 8 and getattr(
             request.body, "include_topic_authorized_operations", False
         )
         allowed: list[Any] = []
         denied: list[Any] = []
+        not_creatable: list[Any] = []
+        # Creation allowed (always below v4): Kafka then needs Create on the cluster or the
+        # topic before it looks at the name, and refuses the others as unauthorized.
+        creating = getattr(request.body, "allow_auto_topic_creation", True)
+        may_create_any = not creating or self._may(conn, "Create")
         for name in java_hash_set_order(names, java_string_hash):
             if not self._may(conn, "Describe", "Topic", name):
                 denied.append(
@@ -576,6 +582,18 @@ class Controller:
                         name=name,
                         topic_id=None,
                         is_internal=False,
+                        partitions=(),
+                    )
+                )
+                continue
+            if not may_create_any and not self._may(conn, "Create", "Topic", name):
+                not_creatable.append(
+                    build_entity(
+                        entry,
+                        error_code=ErrorCode.topic_authorization_failed,
+                        name=name,
+                        topic_id=None,
+                        is_internal=is_internal_topic(name),
                         partitions=(),
                     )
                 )
@@ -599,7 +617,7 @@ class Controller:
                     topic_authorized_operations=i32(operations),
                 )
             )
-        return allowed + denied
+        return allowed + not_creatable + denied
 
     def _describe_cluster(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """The brokers registered with this controller (endpoint type 1), or this controller
