@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.core.cluster import HeartbeatAnswer, Registered
+from pidctl.controller.core.cluster import HeartbeatAnswer, Registered, next_broker_state
 from pidctl.controller.core.records import BrokerRegistered, BrokerUnregistered
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state
@@ -144,6 +144,54 @@ def test_controlled_shutdown_completes_at_once() -> None:
     epoch = _register(state, 1, "inc-a", 0).broker_epoch
     beat = _beat(state, epoch, 1, shut_down=True)
     assert beat.should_shut_down and beat.is_fenced
+
+
+def test_a_shut_down_broker_is_unfenced_by_its_next_heartbeat_as_in_kraft() -> None:
+    # KRaft fences a broker whose shutdown it granted (SHUTDOWN_NOW); its next heartbeat
+    # that asks for neither is a fenced broker's that has caught up: unfenced.
+    state = _state()
+    epoch = _register(state, 1, "inc-a", 0).broker_epoch
+    _beat(state, epoch, 1)
+    assert _beat(state, epoch, 2, shut_down=True) == HeartbeatAnswer(
+        is_fenced=True, should_shut_down=True
+    )
+    assert _beat(state, epoch, 3) == HeartbeatAnswer(is_fenced=False, should_shut_down=False)
+    assert not state.cluster.is_fenced(1, 3)
+
+
+@pytest.mark.parametrize(
+    ("fenced", "want_fence", "want_shut_down", "expected"),
+    [
+        (True, False, False, (False, False)),  # FENCED -> UNFENCED (caught up)
+        (True, True, False, (True, False)),  # stays FENCED
+        (True, False, True, (True, True)),  # SHUTDOWN_NOW
+        (True, True, True, (True, True)),
+        (False, False, False, (False, False)),  # stays UNFENCED
+        (False, True, False, (True, False)),  # FENCED on request
+        (False, False, True, (True, True)),  # no leaderships: SHUTDOWN_NOW, not CONTROLLED
+        (False, True, True, (True, True)),
+    ],
+)
+def test_next_broker_state_is_krafts(
+    fenced: bool, want_fence: bool, want_shut_down: bool, expected: tuple[bool, bool]
+) -> None:
+    assert next_broker_state(fenced, want_fence, want_shut_down) == expected
+
+
+def test_a_broker_migrating_from_zookeeper_is_refused_as_kafka_4_refuses_it() -> None:
+    state = _state()
+    result = state.cluster.register(
+        broker_id=1,
+        cluster_id="c",
+        incarnation_id="inc-a",
+        rack=None,
+        listeners=(),
+        now_ms=0,
+        next_offset=state.next_offset,
+        migrating_zk_broker=True,
+    )
+    assert result.records == ()
+    assert apply(state, result).error == ErrorCode.broker_id_not_registered
 
 
 def test_unregister() -> None:
