@@ -271,6 +271,14 @@ class Controller:
             conn.principal, operation, resource_type, name, conn.host
         )
 
+    def _may_write_idempotently(self, conn: ConnectionInfo) -> bool:
+        """What an idempotent producer needs, as Kafka asks it (KIP-679): IdempotentWrite on
+        the cluster, or else Write on any topic."""
+        authorizer = self.authorizer
+        return self._may(conn, "IdempotentWrite") or authorizer.authorize_any(
+            conn.principal, "Write", "Topic", conn.host
+        )
+
     # -- handlers ---------------------------------------------------------------------------
 
     def _api_versions(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
@@ -368,9 +376,9 @@ class Controller:
         manager = self.state.producer_ids
         # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction: an
-        # idempotent producer's IdempotentWrite, or for a named job (app id, version, block
-        # in the client id, controller/core/jobs.py) what a transactional id needs, Write on
-        # its app id, which it must also own.
+        # idempotent producer's IdempotentWrite (or Write on a topic), or for a named job
+        # (app id, version, block in the client id, controller/core/jobs.py) what a
+        # transactional id needs, Write on its app id, which it must also own.
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         # (No record of it can be too large: a client id is at most 32,767 bytes, an app id
         # at most max_job_app_id_bytes.)
@@ -390,7 +398,7 @@ class Controller:
                     principal=conn.principal,
                     client_id=client_id,
                 )
-            elif not self._may(conn, "IdempotentWrite"):
+            elif not self._may_write_idempotently(conn):
                 return _REFUSED_BLOCK, NO_WAIT
             else:
                 result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
@@ -460,7 +468,7 @@ class Controller:
         if transactional_id is not None:
             if not self._may(conn, "Write", "TransactionalId", transactional_id):
                 return _TRANSACTIONAL_ID_DENIED
-        elif not self._may(conn, "IdempotentWrite"):
+        elif not self._may_write_idempotently(conn):
             return _IDEMPOTENT_WRITE_DENIED
         expected = parse_expected(producer_id, producer_epoch)
         if isinstance(expected, ErrorCode):
@@ -498,7 +506,7 @@ class Controller:
         ``protocol.idempotent_inits``): decided as that many :meth:`_init_producer_id` calls
         would decide them, without a request or response entity each. The PIDs go to the
         first requests in order; the rest are answered ``error``."""
-        if not self._may(conn, "IdempotentWrite"):
+        if not self._may_write_idempotently(conn):
             return IdempotentRun([], _DENIED, NO_WAIT)
         transactions, apply = self.state.transactions, self._apply
         taken, offset = apply(transactions.init_idempotent_run(count), now)

@@ -431,7 +431,9 @@ BRANCHES: tuple[Branch, ...] = (
         "idempotent with Write on a topic but not IdempotentWrite: allowed by Kafka",
         0,
         (),
-        _NEEDS_ACLS + "; pidctl refuses it (docs/kafka-conformance.md)",
+        "needs a principal with ACLs on both servers (the corpus's SASL user has none): "
+        "tests/e2e/test_idempotent_write_acls.py asks a Kafka node of its own, ACL set by "
+        "ACL set, and pidctl answers as it",
     ),
     Branch(
         "InitProducerId",
