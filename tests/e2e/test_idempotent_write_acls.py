@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import (
+
+# (confluent-kafka's admin package re-exports these without saying so to a type checker.)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
     AclOperation,
     AclPermissionType,
