@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 0, changing nothing, when the data dir is already formatted",
     )
+    format_cmd.add_argument(
+        "--parents",
+        action="store_true",
+        help="create the data dir's missing parent directories too (without it, a data dir "
+        "whose parent does not exist is refused: a typo or a volume not mounted)",
+    )
     import_zk = commands.add_parser(
         "import-zk",
         help="raise the high-water mark above ZooKeeper's /latest_producer_id_block (KIP-730 "
@@ -307,19 +313,29 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
 
 
 def _format(args: argparse.Namespace) -> int:
-    _format_new(_load_settings(args)[0], ignore_formatted=args.ignore_formatted)
+    settings = _load_settings(args)[0]
+    _format_new(settings, ignore_formatted=args.ignore_formatted, parents=args.parents)
     return 0
 
 
-def _format_new(settings: Any, *, ignore_formatted: bool = False, why: str = "") -> None:
+def _format_new(
+    settings: Any, *, ignore_formatted: bool = False, parents: bool = False, why: str = ""
+) -> None:
     """Format ``settings.data_dir``, saying so (and ``why``); raises what refused it (an
-    already formatted data dir too, unless ``ignore_formatted``)."""
+    already formatted data dir too, unless ``ignore_formatted``; one whose parent does not
+    exist, unless ``parents``)."""
     from pidctl.controller.core.records import new_cluster_id
     from pidctl.controller.log.formatting import AlreadyFormatted, format_data_dir
 
     cluster_id = settings.cluster_id or new_cluster_id()
     try:
-        format_data_dir(settings.data_dir, cluster_id, settings.node_id, time.time_ns() // 10**6)
+        format_data_dir(
+            settings.data_dir,
+            cluster_id,
+            settings.node_id,
+            time.time_ns() // 10**6,
+            parents=parents,
+        )
     except AlreadyFormatted as e:
         if not ignore_formatted:
             raise

@@ -59,6 +59,23 @@ def test_format_twice_refuses_or_is_ignored(
     )
 
 
+def test_format_refuses_a_missing_parent_unless_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An absolute path with a typo above the data dir is one line and nothing made;
+    --parents makes the folders."""
+    data_dir = str(tmp_path / "pidtcl" / "data")
+    status, out, err = run(capsys, "format", "--data-dir", data_dir)
+    assert (status, out) == (1, "")
+    assert err == (
+        f"pidctl: {tmp_path / 'pidtcl'} does not exist: check the path (a typo, a volume not"
+        " mounted), or pass --parents to create it\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    status, out, _ = run(capsys, "format", "--data-dir", data_dir, "--parents")
+    assert status == 0 and out.startswith(f"formatted {data_dir}: cluster id ")
+
+
 def test_an_offline_command_on_a_locked_data_dir_says_to_stop_the_controller(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
