@@ -159,8 +159,19 @@ def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: 
     assert "/tmp/" not in " ".join(command[1:]).replace(str(tmp_path), "")
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYSPARK")}
     env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
-    for _ in range(2):  # the second run finds everything done
+    # A source folder not made yet: one line, before any Spark starts.
+    missing = [part.replace(str(source), str(tmp_path / "none")) for part in command]
+    refused = subprocess.run(missing, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 1
+    assert (
+        refused.stderr
+        == f"--source {tmp_path / 'none'}: no such folder (make it, and put JSON files in it)\n"
+    )
+    said = []
+    for _ in range(2):  # the second run finds everything done, and says so
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "every file of" in done.stdout
+        said.append(done.stdout)
+    assert f"wrote {FILES * PER_FILE} rows in {FILES} micro-batches to events" in said[0]
+    assert "has seen every file there): nothing written" in said[1]
     assert _select(url, "SELECT id, name FROM events") == EVERY_ROW
