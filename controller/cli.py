@@ -54,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from pidctl.protocol import __version__
-
-    parser.add_argument("--version", action="version", version=f"pidctl {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=version_line(), help="the version and build"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(
@@ -212,6 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_line() -> str:
+    """``pidctl --version``: the version, which build runs (the request path compiled by
+    mypyc, or interpreted) and the Python running it."""
+    import platform
+
+    from pidctl.protocol import __version__
+    from pidctl.protocol.build import BUILD
+
+    how = "compiled by mypyc" if BUILD == "compiled" else "interpreted"
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    return f"pidctl {__version__} ({how}; {python})"
+
+
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     from pidctl.controller.settings import SETTING_NAMES
 
@@ -269,7 +282,10 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pidctl.controller.settings import check_advertised
+
     settings = _load_settings(args)[0]
+    check_advertised(settings)  # before anything is formatted or bound
     if settings.data_dir.exists() or not args.format_if_missing:
         return _run_server(args, settings)
     _format_new(settings, why=" (it did not exist; --format-if-missing)")

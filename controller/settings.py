@@ -723,6 +723,28 @@ def _check_together(settings: Settings) -> list[str]:
     return problems
 
 
+#: Hosts that bind every interface: a listener may listen on one, but no client can
+#: connect to it.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+
+def check_advertised(settings: Settings) -> None:
+    """``pidctl serve``'s check that clients are told an address they can connect to: Kafka
+    clients drop the bootstrap connection and reconnect to the address Metadata and
+    FindCoordinator give, so a first listener on a wildcard address needs an
+    ``advertised_listener``, as Kafka refuses to advertise 0.0.0.0. (Without one pidctl
+    would advertise this host's name, which a client outside a container cannot reach.)
+    Raises :class:`SettingsError` (exit 2) saying so."""
+    _, first = settings.listener_list[0]
+    if settings.advertised_listener is None and first.host in WILDCARD_HOSTS:
+        raise SettingsError(
+            f"advertised_listener: required when listening on the wildcard address {first} "
+            "(clients reconnect to the address pidctl advertises, and cannot connect to "
+            f"{first.host}): set --advertised-listener or PIDCTL_ADVERTISED_LISTENER to the "
+            "HOST:PORT clients reach, or listen on that host"
+        )
+
+
 def load_settings_with_sources(
     flags: Mapping[str, Any],
     environ: Mapping[str, str] = os.environ,

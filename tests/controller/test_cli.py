@@ -39,6 +39,43 @@ def test_serve_on_a_data_dir_that_is_not_formatted_exits_2(
     assert status == 2 and len(err.splitlines()) == 1 and "pidctl format" in err
 
 
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0"])  # never a default port
+def test_serve_on_a_wildcard_address_needs_an_advertised_listener(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, listen: str
+) -> None:
+    """A client reconnects to the address pidctl advertises; a wildcard is not one (Kafka
+    refuses to advertise 0.0.0.0): one line saying what to set, before anything is made or
+    bound."""
+    data_dir = tmp_path / "d"
+    status, out, err = run(
+        capsys, "serve", "--listen", listen, "--data-dir", str(data_dir), "--format-if-missing"
+    )
+    assert (status, out) == (2, "")
+    assert err == (
+        f"pidctl: advertised_listener: required when listening on the wildcard address "
+        f"{listen} (clients reconnect to the address pidctl advertises, and cannot connect to "
+        f"{listen.rsplit(':', 1)[0].strip('[]')}): set --advertised-listener or "
+        "PIDCTL_ADVERTISED_LISTENER to the HOST:PORT clients reach, or listen on that host\n"
+    )
+    assert not data_dir.exists()
+    # As a first listener of `listeners` too; an advertised address lets it through to the
+    # next check (the data dir is not formatted).
+    listeners = f"PLAINTEXT://{listen}"
+    status, _, err = run(capsys, "serve", "--listeners", listeners, "--data-dir", str(data_dir))
+    assert status == 2 and err.startswith("pidctl: advertised_listener: required")
+    status, _, err = run(
+        capsys,
+        "serve",
+        "--listen",
+        listen,
+        "--advertised-listener",
+        "pidctl.example:9093",
+        "--data-dir",
+        str(data_dir),
+    )
+    assert status == 2 and "pidctl format" in err
+
+
 def test_format_twice_refuses_or_is_ignored(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -514,6 +514,8 @@ def test_what_an_operator_sees_from_the_first_scrape(tmp_path: Path) -> None:
         with ServerProcess(data_dir) as server:
             first = server.events[0]
             assert first["event"] == "pidctl starting"
+            running = "compiled" if os.environ.get("TEST_BUILD") == "compiled" else "interpreted"
+            assert first["build"] == running
             assert server.proc is not None and first["pid"] == server.proc.pid
             assert first["data_dir"] == str(data_dir.resolve())
             before = time.time()
