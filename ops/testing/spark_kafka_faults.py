@@ -5,7 +5,9 @@ and 127.0.0.2, so that speculation has another host to copy a task to). Each run
 fresh topic and counts its rows by their unique id with a real consumer.
 
 Faults (joined with ``+`` to combine, e.g. ``executor+speculation``): ``none``; ``executor``
-(SIGKILL an executor JVM once part of the rows are in Kafka);
+(SIGKILL an executor JVM once part of the rows are in Kafka); ``executors`` (SIGKILL every
+executor JVM then: every task running is mid-write, so its retry starts over, whatever the
+timing; ``ops/dev.sh demo``);
 ``worker`` (SIGKILL the second worker with its executor; a new one replaces it afterwards);
 ``speculation`` (``spark.speculation`` on, one partition's first attempt 5x slower, so a copy
 runs beside it); ``driver`` (SIGKILL ``spark-submit`` mid-write, then run the job again, as a
@@ -165,10 +167,11 @@ class KafkaFaults:
         proc = self._start(command)
         codes = []
         kills = set(fault.split("+")) - {"speculation", "none"}
-        if kills == {"executor"}:
+        if kills & {"executor", "executors"}:
             self._mid_write(topic, proc)
             victims = executor_pids(self.cluster.process_groups())
-            os.kill(victims[0], signal.SIGKILL)
+            for victim in victims if kills == {"executors"} else victims[:1]:
+                os.kill(victim, signal.SIGKILL)
         elif kills == {"worker"}:
             self._mid_write(topic, proc)
             os.killpg(self.second_worker.pid, signal.SIGKILL)
