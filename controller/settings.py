@@ -287,12 +287,14 @@ class Settings:
     listeners: str = _setting(
         "",
         "comma-separated PROTOCOL://HOST:PORT with PROTOCOL one of PLAINTEXT, SSL, "
-        "SASL_PLAINTEXT, SASL_SSL; replaces `listen` when set",
+        "SASL_PLAINTEXT, SASL_SSL; replaces `listen` when set; the first is advertised as "
+        "advertised_listener, the others as this host's name when on a wildcard address",
         parse=_listeners,
     )
     advertised_listener: HostPort | None = _setting(
         None,
-        "HOST:PORT given to clients in Metadata (default: the listen address)",
+        "HOST:PORT given to clients in Metadata and FindCoordinator, which they reconnect "
+        "to (default: the listen address; required when that is a wildcard, 0.0.0.0 or ::)",
         parse=_optional_address,
     )
     metrics_listen: HostPort = _setting(
@@ -300,11 +302,16 @@ class Settings:
         "HTTP for /metrics, /healthz and /readyz (HOST:PORT)",
         parse=_address,
     )
-    data_dir: Path = _setting(Path("pidctl-data"), "directory of the metadata log", parse=_path)
+    data_dir: Path = _setting(
+        Path("pidctl-data"),
+        "directory of the metadata log, made by `pidctl format` (serve refuses one that is not)",
+        parse=_path,
+    )
     node_id: int = _setting(1, "this controller's node id", parse=ANY_INTEGER)
     cluster_id: str | None = _setting(
         None,
-        "cluster id; generated at first start and stored in the log when unset",
+        "format: the new cluster's id (default: a random one); serve: must be the stored "
+        "one if set",
         parse=_optional_text,
     )
     first_producer_id: int = _setting(0, "lowest producer id this controller may grant")
@@ -315,7 +322,7 @@ class Settings:
         "",
         "where PIDs come from: empty = this controller alone; etcd://HOST:PORT[,HOST:PORT...]"
         "/PREFIX (etcds:// for TLS) = leases from a counter in etcd shared by a fleet of "
-        "controllers (docs/etcd.md)",
+        "controllers (docs/fleets.md)",
         parse=_pid_source,
     )
     pid_lease_size: int = _setting(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -134,20 +133,18 @@ def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
     assert superseded == [(1,)]
 
 
-def _readme_command() -> str:
-    """The README's command that runs the streaming example."""
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    blocks: list[str] = re.findall(r"```sh\n(.*?)```", readme, re.S)
-    [block] = [b for b in blocks if "stream_write" in b]
-    return block.replace("\\\n", " ").split("#")[0]
+def _documented_command() -> str:
+    """docs/spark-sink.md's command that runs the streaming example."""
+    [command] = docs.commands(docs.block("docs/spark-sink.md", "Structured Streaming", 0))
+    return command
 
 
 @pytest.mark.slow
 def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: Path) -> None:
-    """The README's command, its addresses and folders moved into the test's (no
+    """docs/spark-sink.md's command, its addresses and folders moved into the test's (no
     PYSPARK_PYTHON: the example's local session runs its workers with this Python)."""
     source, url = _source(tmp_path / "in"), f"sqlite://{tmp_path / 'events.db'}"
-    written = _readme_command()
+    written = _documented_command()
     moves = {
         ".venv/bin/python": sys.executable,
         "127.0.0.1:9093": pidctl.bootstrap,
