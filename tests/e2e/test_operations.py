@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import random
 import re
 import shlex
@@ -551,7 +552,9 @@ def test_version_and_a_password_prompt_without_a_terminal(tmp_path: Path) -> Non
     from pidctl.protocol import __version__
 
     version = subprocess.run([*PIDCTL, "--version"], capture_output=True, text=True, timeout=60)
-    assert (version.returncode, version.stdout) == (0, f"pidctl {__version__}\n")
+    how = "compiled by mypyc" if os.environ.get("TEST_BUILD") == "compiled" else "interpreted"
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    assert (version.returncode, version.stdout) == (0, f"pidctl {__version__} ({how}; {python})\n")
     users = tmp_path / "users.json"
     added = subprocess.run(
         [*PIDCTL, "users", "add", "--credentials-file", str(users), "--user", "app"],
