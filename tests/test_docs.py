@@ -636,3 +636,15 @@ def test_config_show_as_written(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "max_frame_bytes = 65536  # pidctl.toml: max_frame_bytes" in shown.stdout
     assert 'listen = "127.0.0.1:9093"  # default' in shown.stdout
+
+
+def test_every_relative_link_resolves() -> None:
+    """A link of the user documents to a file of the checkout names one that exists."""
+    broken = []
+    for document in (*docs.USER_DOCUMENTS, "ARCHITECTURE.md"):
+        page = ROOT / document
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and "://" not in path and not (page.parent / path).exists():
+                broken.append(f"{document}: {target}")
+    assert broken == []
