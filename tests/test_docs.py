@@ -647,4 +647,20 @@ def test_every_relative_link_resolves() -> None:
             path = target.split("#")[0]
             if path and "://" not in path and not (page.parent / path).exists():
                 broken.append(f"{document}: {target}")
+    # Pages named in the text (and in the code's comments) too.
+    for path in [*docs.USER_DOCUMENTS, "ARCHITECTURE.md", *_sources()]:
+        for named in re.findall(r"(?<![\w/.-])docs/[\w.-]+\.md", (ROOT / path).read_text()):
+            if not (ROOT / named).exists():
+                broken.append(f"{path}: {named}")
     assert broken == []
+
+
+def _sources() -> list[str]:
+    """The checkout's Python files and deployment assets, relative to it."""
+    folders = ("controller", "protocol", "ops", "tests")
+    return [
+        str(path.relative_to(ROOT))
+        for folder in folders
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".yaml", ".yml", ".sh") and "__pycache__" not in path.parts
+    ] + ["Dockerfile", "pyproject.toml", "setup.py"]
