@@ -38,12 +38,14 @@ def _settings_help() -> str:
     from pidctl.controller.settings import describe_settings
 
     rows = [
-        f"  {name:<30} {default or '-':<24} {unit:<8} {doc}"
-        for name, default, unit, doc in describe_settings()
+        f"  {s.name:<30} {s.default or '-':<24} {s.unit:<8} {s.doc}"
+        + (" [reloaded by SIGHUP]" if s.reloadable else "")
+        for s in describe_settings()
     ]
     return (
         "settings (flag --NAME, environment PIDCTL_NAME, or NAME in the --config TOML file;\n"
-        "precedence flag > env > file > default):\n" + "\n".join(rows)
+        "precedence flag > env > file > default; a change takes a restart unless marked\n"
+        "[reloaded by SIGHUP]):\n" + "\n".join(rows)
     )
 
 

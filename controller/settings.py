@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pidctl.controller.api.handlers import (
     DEFAULT_MAX_COORDINATOR_KEYS,
@@ -120,15 +120,23 @@ Parse = Callable[[Any], Any]
 
 
 def _setting(
-    default: Any, doc: str, unit: str = "", *, parse: Parse | None = None, secret: bool = False
+    default: Any,
+    doc: str,
+    unit: str = "",
+    *,
+    parse: Parse | None = None,
+    secret: bool = False,
+    reload: bool = False,
 ) -> Any:
     """A setting: its default, what it means, its unit, and how a raw value (a string from a
     flag or the environment, or a TOML value) becomes the setting's type; by default by the
-    default's type (an int must not be negative, a string is taken as it is)."""
+    default's type (an int must not be negative, a string is taken as it is). ``reload``:
+    a running server takes a new value on SIGHUP (``AppState.reload``); every other setting
+    takes a restart."""
     if parse is None:
         by_type: dict[type, Parse] = {int: NON_NEGATIVE, str: str, float: _number}
         parse = by_type[type(default)]
-    metadata = {"doc": doc, "unit": unit, "secret": secret, "parse": parse}
+    metadata = {"doc": doc, "unit": unit, "secret": secret, "parse": parse, "reload": reload}
     return field(default=default, metadata=metadata)
 
 
@@ -363,23 +371,28 @@ class Settings:
         parse=_mechanisms,
     )
     credentials_file: str = _setting(
-        "", "SCRAM credentials (salted, hashed) of SASL users; see `pidctl users`"
+        "",
+        "SCRAM credentials (salted, hashed) of SASL users; see `pidctl users`",
+        reload=True,
     )
     authorizer: str = _setting(
         "none",
         "none (everyone may do everything) or acl (the acls below, deny by default)",
         parse=_choice("none", "acl"),
+        reload=True,
     )
     super_users: str = _setting(
         "",
         "principals allowed everything, separated by ; as Kafka's super.users "
         "(User:CN=a,O=b;User:admin)",
+        reload=True,
     )
     acls: tuple[Acl, ...] = _setting(
         (),
         "ACLs: an array of tables in the config file (principal, operation, resource_type, "
         "resource_name, pattern_type, permission, host), or JSON in PIDCTL_ACLS",
         parse=_acls,
+        reload=True,
     )
     max_frame_bytes: int = _setting(
         DEFAULT_MAX_FRAME_BYTES,
@@ -839,12 +852,31 @@ def _table_rows(items: tuple[Any, ...]) -> list[dict[str, Any]]:
     return rows
 
 
-def describe_settings() -> list[tuple[str, str, str, str]]:
-    """(name, default, unit, doc) for every setting, for --help and the docs."""
-    rows = []
-    for f in dataclasses.fields(Settings):
-        default = f.default
-        rows.append(
-            (f.name, "" if default is None else str(default), f.metadata["unit"], f.metadata["doc"])
+class SettingDoc(NamedTuple):
+    """What --help and docs/configuration.md say of one setting."""
+
+    name: str
+    default: str
+    unit: str
+    doc: str
+    secret: bool
+    reloadable: bool
+
+
+def describe_settings() -> list[SettingDoc]:
+    """Every setting in the order ``Settings`` declares them, for --help and the docs."""
+    return [
+        SettingDoc(
+            f.name,
+            "" if f.default is None else str(f.default),
+            f.metadata["unit"],
+            f.metadata["doc"],
+            f.metadata["secret"],
+            f.metadata["reload"],
         )
-    return rows
+        for f in dataclasses.fields(Settings)
+    ]
+
+
+#: The settings a running server takes anew on SIGHUP; the others take a restart.
+RELOADABLE_SETTINGS = frozenset(d.name for d in describe_settings() if d.reloadable)

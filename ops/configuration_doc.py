@@ -3,9 +3,10 @@
     python -m ops.configuration_doc           # rewrite the table in docs/configuration.md
     python -m ops.configuration_doc --check   # exit 1 if it is stale (tests/test_docs.py)
 
-Each setting's name, its flag and environment variable, its default, unit and meaning are
-the ones ``pidctl serve --help`` prints, from the same fields: the page cannot say
-something the code does not. The text around the table is written by hand.
+Each setting's name, its flag and environment variable, its default, unit, meaning and
+whether a running server takes a new value on SIGHUP (``reload``) or only when restarted
+(``restart``) are the ones ``pidctl serve --help`` prints, from the same fields: the page
+cannot say something the code does not. The text around the table is written by hand.
 """
 
 from __future__ import annotations
@@ -31,14 +32,18 @@ def _cell(text: str) -> str:
 def table() -> str:
     """The Markdown table of every setting, in the order ``Settings`` declares them."""
     lines = [
-        "| setting | flag, environment | default | unit | meaning |",
-        "|---|---|---|---|---|",
+        "| setting | flag, environment | default | unit | change | meaning |",
+        "|---|---|---|---|---|---|",
     ]
-    for name, default, unit, doc in describe_settings():
-        flag = "--" + name.replace("_", "-")
-        where = f"`{flag}`, `{ENV_PREFIX}{name.upper()}`"
-        shown = f"`{default}`" if default not in ("", "()") else "(none)"
-        lines.append(f"| `{name}` | {where} | {_cell(shown)} | {unit} | {_cell(doc)} |")
+    for s in describe_settings():
+        flag = "--" + s.name.replace("_", "-")
+        where = f"`{flag}`, `{ENV_PREFIX}{s.name.upper()}`"
+        shown = f"`{s.default}`" if s.default not in ("", "()") else "(none)"
+        change = "reload" if s.reloadable else "restart"
+        doc = s.doc + (" (a secret: `config show` never prints it)" if s.secret else "")
+        lines.append(
+            f"| `{s.name}` | {where} | {_cell(shown)} | {s.unit} | {change} | {_cell(doc)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
