@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -41,6 +42,10 @@ WORKLOADS = {
 #: What Kubernetes substitutes for $(VAR) in an env value, as it would for pod 0.
 POD = {"POD_NAME": "pidctl-0", "POD_NAMESPACE": "default"}
 PIDCTL = [sys.executable, "-m", "pidctl.controller.cli"]
+#: An older Kubernetes release (1.32, the kubectl on this machine's) and the newest one
+#: kubernetes-validate knows: the manifests must be valid for both.
+KUBERNETES_VERSIONS = ("1.32.0", kubernetes_validate.latest_version())
+MANIFESTS = sorted({*WORKLOADS, *WORKLOADS.values()})
 
 
 def documents(name: str) -> list[dict[str, Any]]:
@@ -92,6 +97,24 @@ def pidctl_containers() -> Iterator[Container]:
             for spec in (pod or {}).get("containers", []) + (pod or {}).get("initContainers", []):
                 if spec["image"].split(":")[0] == "pidctl":
                     yield Container(name, pod, spec)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_each_manifest_is_valid_for_kubernetes(name: str, version: str) -> None:
+    """Every object validates strictly (no field Kubernetes does not know) against the
+    API's schemas of that release, as `kubectl apply --validate=strict` would with a cluster."""
+    for document in documents(name):
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_schema_check_refuses_a_misspelt_field() -> None:
+    """The check above can fail: a probe's name misspelt is an unknown field."""
+    [statefulset] = of_kind("kubernetes/pidctl.yaml", "StatefulSet")
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    container["readinessProbez"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(statefulset, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def test_every_pidctl_container_runs_the_images_real_flags() -> None:
