@@ -59,6 +59,10 @@ BLOCKS = {
         " engine here: the image's ENV, ENTRYPOINT and CMD with each `docker run`'s -e and"
         " arguments, the volume a folder, the ports free ones)"
     ),
+    ("README.md", "Install", 2): not_run(
+        "no Kubernetes here: tests/ops/test_deploy.py runs each manifest's containers as"
+        " Kubernetes would (the format Job, then the StatefulSet's pod and its probes)"
+    ),
     ("README.md", "Run", 0): run_by("tests/test_docs.py::test_run_as_written"),
     ("README.md", "Quick start", 0): run_by("tests/test_docs.py::test_quick_start_as_written"),
     ("README.md", "Quick start", 1): run_by("tests/test_docs.py::test_quick_start_as_written"),
