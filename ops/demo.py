@@ -68,7 +68,11 @@ def side_by_side(kafka: KafkaNode, pidctl: ServerProcess, rows: int) -> list[Fau
         for sink, name in SINKS.items():
             say(f"writing {rows:,} rows with {name}; its executors killed mid-write ...")
             runs.append(harness.run("executors", sink))
-            say(f"  done in {runs[-1].seconds:.0f} s (exit {runs[-1].exit_codes[-1]})")
+            run = runs[-1]
+            say(
+                f"  done in {run.seconds:.0f} s (exit {run.exit_codes[-1]}): "
+                f"{run.executors_killed} executors killed, {run.extra_attempts} tasks run again"
+            )
     return runs
 
 

@@ -57,6 +57,8 @@ class FaultRun:
     #: Task attempts beyond each partition's first (retries and speculative copies; of the
     #: last run for ``driver``).
     extra_attempts: int
+    #: Executor JVMs SIGKILLed (``executor``, ``executors``).
+    executors_killed: int = 0
 
 
 def executor_pids(groups: list[int]) -> list[int]:
@@ -166,11 +168,15 @@ class KafkaFaults:
         started = time.monotonic()
         proc = self._start(command)
         codes = []
+        killed: list[int] = []
         kills = set(fault.split("+")) - {"speculation", "none"}
         if kills & {"executor", "executors"}:
             self._mid_write(topic, proc)
             victims = executor_pids(self.cluster.process_groups())
-            for victim in victims if kills == {"executors"} else victims[:1]:
+            if not victims:  # a fault that did not happen must not read as no duplicates
+                raise RuntimeError(f"no executor JVM to kill mid-write:\n{self._said()}")
+            killed = victims if kills == {"executors"} else victims[:1]
+            for victim in killed:
                 os.kill(victim, signal.SIGKILL)
         elif kills == {"worker"}:
             self._mid_write(topic, proc)
@@ -205,6 +211,7 @@ class KafkaFaults:
             tuple(codes),
             seconds,
             extra,
+            len(killed),
         )
 
 
