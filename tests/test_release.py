@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import confluent_kafka
 import pytest
 
 from ops import compiled
@@ -166,6 +167,12 @@ def test_the_request_path_runs_compiled_from_the_wheel(release: Release, tmp_pat
         with SyncClient(f"127.0.0.1:{port}") as client:
             answer = client.request(requests.init_producer_id())
         assert (answer.error_code, answer.producer_epoch) == (0, 0)
+        # A real client too: librdkafka's transactional producer finds its coordinator
+        # (the advertised address) and gets its producer id; it raises if it cannot.
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "from-the-wheel"}
+        )
+        producer.init_transactions(60)
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as page:
