@@ -668,3 +668,23 @@ def _sources() -> list[str]:
         for path in (ROOT / folder).rglob("*")
         if path.suffix in (".py", ".yaml", ".yml", ".sh") and "__pycache__" not in path.parts
     ] + ["Dockerfile", "pyproject.toml", "setup.py"]
+
+
+def test_every_benchmark_row_named_exists() -> None:
+    """Every `python -m ops.bench.suite ... --only ROWS` in the README and docs/ (the
+    headline figures' commands among them) names rows the suite has."""
+    from ops.bench import suite
+
+    named = [
+        (document, match.group(1))
+        for document in docs.DOCUMENTS
+        for match in re.finditer(
+            r"ops\.bench\.suite\b[^`\n|]*?--only[ =]([\w,.-]+)", (ROOT / document).read_text()
+        )
+    ]
+    assert any(document == "README.md" for document, _ in named)
+    for document, rows in named:
+        try:
+            suite._only(rows)
+        except argparse.ArgumentTypeError as e:
+            raise AssertionError(f"{document}: {e}") from None
