@@ -22,7 +22,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py MANIFEST.in README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md LICENSE ./
 COPY protocol ./protocol
 COPY controller ./controller
 COPY ops/__init__.py ops/compiled.py ./ops/

@@ -222,7 +222,7 @@ def test_the_dockerfile_installs_that_wheel() -> None:
     build, image = stages
     assert re.search(r"^RUN .*python -m build --wheel --outdir /dist$", build, re.M)
     copied = re.findall(r"^COPY (.*) \./?\S*$", build, re.M)
-    assert "pyproject.toml setup.py MANIFEST.in README.md" in copied
+    assert "pyproject.toml setup.py MANIFEST.in README.md LICENSE" in copied
     assert re.findall(r"^COPY (.*)$", image, re.M) == ["--from=wheel /dist/ /tmp/dist/"]
     assert re.search(r"^RUN pip install /tmp/dist/pidctl-\*\.whl ", image, re.M)
 
