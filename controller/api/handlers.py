@@ -317,7 +317,7 @@ class Controller:
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
-        block, offset = self.allocate_block(
+        block, offset, created = self.allocate_block(
             body.broker_id, body.broker_epoch, request.header.client_id, now, conn
         )
         # Plain ints, as in _init_producer_id: a broker's every block request answers here.
@@ -327,7 +327,7 @@ class Controller:
             producer_id_start=block.first,
             producer_id_len=block.length,
         )
-        return Reply(response, offset)
+        return Reply(response, offset, created)
 
     def allocate_block(
         self,
@@ -336,16 +336,18 @@ class Controller:
         client_id: str | None,
         now: Now,
         conn: ConnectionInfo,
-    ) -> tuple[Block, int]:
-        """An AllocateProducerIds' block (or refusal) and the offset that must be durable
-        before it is answered: for requests read by kio (:meth:`handle`) and by ``struct``
-        (``protocol.block_requests``) alike."""
+    ) -> tuple[Block, int, int]:
+        """An AllocateProducerIds' block (or refusal), the offset that must be durable
+        before it is answered, and the producer ids it created for a job (a new job block's
+        1,000, for the quota on new producer ids; 0 for a broker's block, which is the
+        cluster's, and for a job's block answered again): for requests read by kio
+        (:meth:`handle`) and by ``struct`` (``protocol.block_requests``) alike."""
         manager = self.state.producer_ids
         # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction.
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
-            return _REFUSED_BLOCK, NO_WAIT
+            return _REFUSED_BLOCK, NO_WAIT, 0
         # (No record of it can be too large: a client id is at most 32,767 bytes.)
         if job:
             # A job that names itself (app id, version, block in the client id) gets the
@@ -353,7 +355,7 @@ class Controller:
             try:
                 key = parse_job_key(client_id)
             except ValueError:
-                return _INVALID_BLOCK, NO_WAIT
+                return _INVALID_BLOCK, NO_WAIT, 0
             if key is None:
                 result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
             else:
@@ -370,7 +372,9 @@ class Controller:
         block, offset = self._apply(result, now)
         if block.error in _NO_BLOCK:
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
-        return block, offset
+        # A job's block is new when it was recorded now (one answered again writes nothing).
+        created = block.length if job and result.records else 0
+        return block, offset, created
 
     def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body

@@ -204,10 +204,20 @@ class Metrics:
             ["api"],
             registry=r,
         )
+        self.quota_refusals = LoopCounter(
+            "pidctl_quota_refusals",
+            "Requests refused undecided because their quota was used up (a request quota's, "
+            "or their principal's producer_ids_rate): answered THROTTLING_QUOTA_EXCEEDED "
+            "(AllocateProducerIds) or COORDINATOR_LOAD_IN_PROGRESS (InitProducerId), with "
+            "throttle_time_ms, by API.",
+            ["api"],
+            registry=r,
+        )
         self.producer_ids_created = LoopCounter(
             "pidctl_producer_ids_created",
             "Producer ids created for InitProducerId (idempotent, or a transactional id's first "
-            "use or rotation), by principal.",
+            "use or rotation) and for jobs' blocks (1,000 each; a block answered again to a "
+            "re-run creates none), by principal.",
             ["principal"],
             registry=r,
         )

@@ -262,10 +262,22 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
     written."""
     controller = _controller()
     written = controller.state.next_offset
-    block, _ = controller.allocate_block(
+    block, _, created = controller.allocate_block(
         -1, -1, client_id_of(b"pidctl-job/1/0/app-\xff"), NOW, ConnectionInfo()
     )
-    assert (block.error, block.first, block.length) == (ErrorCode.invalid_request, 0, 0)
+    assert (block.error, block.first, block.length, created) == (
+        ErrorCode.invalid_request,
+        0,
+        0,
+        0,
+    )
     assert controller.state.next_offset == written
-    named, _ = controller.allocate_block(-1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo())
-    assert named.error == ErrorCode.none
+    named, _, created = controller.allocate_block(
+        -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
+    )
+    assert (named.error, created) == (ErrorCode.none, 1000)
+    # The same block asked again (a re-run) is answered as recorded: no new producer ids.
+    again, _, created = controller.allocate_block(
+        -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
+    )
+    assert (again.first, created) == (named.first, 0)
