@@ -39,7 +39,7 @@ from pidctl.controller.core.producer_ids import (
     DEFAULT_RESERVATION_SIZE,
     ProducerIdRange,
 )
-from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
+from pidctl.controller.core.quotas import DEFAULT_MAX_BUCKETS, NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
     DEFAULT_PREALLOCATE_BYTES,
@@ -429,10 +429,19 @@ class Settings:
     # milliseconds: a few dozen leave room for several scrapers.
     metrics_max_connections: int = _setting(
         32,
-        "connections to the metrics and health endpoint open at once; more wait in the "
-        "kernel's backlog until one ends (counted in the file-descriptor budget with "
-        "max_connections)",
+        "connections to the metrics and health endpoint open at once (counted in the "
+        "file-descriptor budget with max_connections); one more is accepted all the same, "
+        "and the connection waiting longest for its request closed to make room, so that "
+        "connections held open cannot keep /healthz and /readyz probes out",
         "connections",
+        parse=POSITIVE,
+    )
+    # (transport/http.py's DEFAULT_REQUEST_TIMEOUT_S, which imports these settings.)
+    metrics_request_timeout_ms: int = _setting(
+        1000,
+        "time a connection to the metrics and health endpoint may take to send its request "
+        "head (Prometheus and container probes send it as they connect); it is closed after",
+        "ms",
         parse=POSITIVE,
     )
     max_connections_per_address: int = _setting(
@@ -504,19 +513,27 @@ class Settings:
     )
     allocate_producer_ids_quota: float = _setting(
         0.0,
-        "AllocateProducerIds per second per (principal, client id) before responses carry "
-        "throttle_time_ms and the connection is muted for it; 0: no quota",
+        "AllocateProducerIds per second per (principal, client id; a job's per principal) "
+        "before responses carry throttle_time_ms and the connection is muted for it; one "
+        "that comes while the quota is still behind (another connection, a client that "
+        "ignored the throttle) is refused THROTTLING_QUOTA_EXCEEDED; 0: no quota",
         "requests/s",
     )
     init_producer_id_quota: float = _setting(
-        0.0, "InitProducerId per second per (principal, client id); 0: no quota", "requests/s"
+        0.0,
+        "InitProducerId per second per (principal, client id), as allocate_producer_ids_quota "
+        "(refused COORDINATOR_LOAD_IN_PROGRESS, which clients retry); 0: no quota",
+        "requests/s",
     )
     producer_ids_rate: float = _setting(
         0.0,
-        "new producer ids per second per principal (idempotent InitProducerIds, and a "
-        "transactional id's first use or rotation to a new PID: KIP-936's quota, which Kafka "
-        "never shipped) before answers carry throttle_time_ms and the connection is muted "
-        "for it; 0: no quota",
+        "new producer ids per second per principal, whatever its connections and client ids "
+        "(idempotent InitProducerIds, a transactional id's first use or rotation to a new "
+        "PID, and a job's new block, 1,000: KIP-936's quota, which Kafka never shipped); past "
+        "it, answers carry throttle_time_ms and the connection is muted for it, and a "
+        "request that may create producer ids while the principal is still behind is "
+        "refused (InitProducerId COORDINATOR_LOAD_IN_PROGRESS, AllocateProducerIds "
+        "THROTTLING_QUOTA_EXCEEDED); 0: no quota",
         "producer ids/s",
     )
     connection_creation_rate: float = _setting(
@@ -535,6 +552,16 @@ class Settings:
     )
     quota_window_ms: int = _setting(
         1000, "burst allowance of every rate above: rate x window", "ms", parse=POSITIVE
+    )
+    quota_max_buckets: int = _setting(
+        DEFAULT_MAX_BUCKETS,
+        "request-quota buckets (one per API, principal and client id) and connection-rate "
+        "buckets (one per source address) kept, each table; each is a few hundred bytes "
+        "whatever the client id (its hash is kept). When a table is full, a bucket full "
+        "again makes room; else a new client id counts in its principal's overflow bucket "
+        "(a new address in one shared by all such addresses)",
+        "buckets",
+        parse=POSITIVE,
     )
     segment_max_bytes: int = _setting(
         DEFAULT_SEGMENT_MAX_BYTES,

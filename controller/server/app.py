@@ -105,10 +105,15 @@ class PidctlServer:
             window_s=settings.quota_window_ms / 1000,
             overrides=settings.quota_overrides,
             producer_ids_rate=settings.producer_ids_rate,
+            max_buckets=settings.quota_max_buckets,
         )
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
-        self.http = HttpEndpoint(self.metrics, settings.metrics_max_connections)
+        self.http = HttpEndpoint(
+            self.metrics,
+            settings.metrics_max_connections,
+            settings.metrics_request_timeout_ms / 1000,
+        )
         self._exhausted = Alarm("producer_ids", "no producer id left", self.http.faults)
         self._low_space = Alarm("disk_space", "data dir nearly full", self.http.faults)
         self._stopping = trio.Event()

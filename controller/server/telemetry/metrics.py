@@ -346,10 +346,13 @@ class Metrics:
             "metrics_max_connections).",
             registry=r,
         )
-        self.http_connections_waited = LoopCounter(
-            "pidctl_http_connections_waited",
-            "Times the metrics endpoint stopped accepting because metrics_max_connections "
-            "were open (further connections wait in the kernel's backlog).",
+        self.http_connections_evicted = LoopCounter(
+            "pidctl_http_connections_evicted",
+            "Connections to the metrics and health endpoint closed before their request was "
+            "answered, by reason: full (metrics_max_connections were open when another came: "
+            "the one waiting longest for its request made room), timeout (no whole request "
+            "within metrics_request_timeout_ms).",
+            ["reason"],
             registry=r,
         )
         self._blocks_granted: dict[tuple[str, int], Any] = {}
