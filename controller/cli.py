@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import uuid
@@ -214,20 +215,27 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
 
 
-def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
-    """Settings from flags, environment and file; raises SettingsError naming each problem."""
+def _load_settings(
+    args: argparse.Namespace, *, for_reload: bool = False
+) -> tuple[Any, dict[str, str]]:
+    """Settings from flags, environment and file; raises SettingsError naming each problem
+    (``for_reload``: ReloadRefused for a config file a reload must not take)."""
     from pidctl.controller.settings import SETTING_NAMES, load_settings_with_sources
 
     environ: Mapping[str, str] = args.environ
     env_config = environ.get("PIDCTL_CONFIG")
     config = args.config or (Path(env_config) if env_config else None)
     flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
-    return load_settings_with_sources(flags, environ, config)
+    return load_settings_with_sources(flags, environ, config, for_reload=for_reload)
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one ``pidctl`` command; ``environ`` (default ``os.environ``) is where PIDCTL_*
     settings are read from."""
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
+        # SIGHUP's default action ends the process: until the server's signal watch runs
+        # (after its imports, ~0.3 s), a SIGHUP (a reload asked early) is ignored instead.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
     args.environ = os.environ if environ is None else environ
     try:
@@ -300,7 +308,7 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
     def reload() -> Any:
         """SIGHUP: the same flags, the environment and the config file read again (a
         SettingsError names what is wrong; the server logs it and keeps what it has)."""
-        return _load_settings(args)[0]
+        return _load_settings(args, for_reload=True)[0]
 
     trio.run(serve, settings, reload)
     return 0

@@ -115,6 +115,10 @@ class SettingsError(PidctlError, ValueError):
     exit_code = 2
 
 
+class ReloadRefused(SettingsError):
+    """A config file a reload must not take: it could be one caught half written."""
+
+
 Parse = Callable[[Any], Any]
 
 
@@ -632,6 +636,14 @@ class Settings:
         "ms",
         parse=NON_NEGATIVE,
     )
+    reload_timeout_ms: int = _setting(
+        5000,
+        "on SIGHUP, time allowed to read the config and credentials files (in a worker "
+        "thread: a file on a hung mount never holds up requests); a reload past it fails, "
+        "and the next one waits until that read has returned",
+        "ms",
+        parse=POSITIVE,
+    )
     shutdown_grace_ms: int = _setting(
         5000, "on SIGTERM/SIGINT, time allowed for in-flight requests to finish", "ms"
     )
@@ -729,21 +741,47 @@ def _check_together(settings: Settings) -> list[str]:
     return problems
 
 
+#: A key no setting has, appended to a config file to see where its last line belongs.
+_PROBE_KEY = "pidctl_end_of_file_probe"
+
+
+def ends_inside_acl_table(text: str) -> bool:
+    """Whether a config file (that parses) ends inside an ``[[acls]]`` table: what follows
+    its last line would belong to its last ACL. A file cut while it was being written can
+    end so anywhere in its ACLs, and parse: an ACL cut before its ``host`` or
+    ``permission`` line reads as one for every host, or as an ALLOW; one cut off whole
+    loses a DENY a later line held. An ``acls = [...]`` array cannot be cut and parse."""
+    probed = tomllib.loads(f"{text}\n{_PROBE_KEY} = 1\n")
+    acls = probed.get("acls")
+    return isinstance(acls, list) and bool(acls) and _PROBE_KEY in acls[-1]
+
+
 def load_settings_with_sources(
     flags: Mapping[str, Any],
     environ: Mapping[str, str] = os.environ,
     config_file: Path | None = None,
+    *,
+    for_reload: bool = False,
 ) -> tuple[Settings, dict[str, str]]:
     """Merge file < env < flags over the defaults; return the settings and where each
     non-default value came from. Raises :class:`SettingsError` listing every problem, one
-    line each."""
+    line each; ``for_reload`` (a SIGHUP), :class:`ReloadRefused` for a config file that
+    ends inside an ``[[acls]]`` table (:func:`ends_inside_acl_table`)."""
     merged: dict[str, tuple[str, Any]] = {}
     if config_file is not None:
         try:
             with open(config_file, "rb") as f:
-                data = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as e:
+                text = f.read().decode()  # (one read: a rename into place is seen whole)
+            data = tomllib.loads(text)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             raise SettingsError(f"config file {config_file}: {e}") from e
+        if for_reload and ends_inside_acl_table(text):
+            raise ReloadRefused(
+                f"config file {config_file} ends inside an [[acls]] table, as one cut while "
+                "it was being written would (a half-written ACL can allow more than the "
+                "whole file); write the ACLs as one array, acls = [{...}, ...], which a cut "
+                "leaves unreadable, or restart the server to take this file"
+            )
         for name, value in data.items():
             merged[name.replace("-", "_")] = (f"{config_file}: {name}", value)
     ignored = set(service_link_variables(environ))
@@ -775,9 +813,11 @@ def load_settings_with_sources(
 def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
     """The effective settings as a TOML file that loads back as the same settings, each line
     saying where its value came from. Secrets are never shown: a set one is a comment (fed
-    back, it is unset). Unset settings are comments too; the arrays of tables (``acls``,
-    ``quota_overrides``) come last, as TOML wants."""
+    back, it is unset). Unset settings are comments too; ``acls`` is one array of inline
+    tables, an ACL a line (a reload takes it: :func:`ends_inside_acl_table`), and the
+    arrays of tables (``quota_overrides``) come last, as TOML wants."""
     lines: list[str] = []
+    arrays: list[str] = []
     tables: list[str] = []
     for f in dataclasses.fields(Settings):
         value = getattr(settings, f.name)
@@ -786,6 +826,12 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
             lines.append(f"# {f.name} = ({'set, not shown' if value else 'unset'})  # {source}")
         elif value is None or value == "" or value == ():
             lines.append(f"# {f.name} = (unset)  # {source}")
+        elif isinstance(value, tuple) and f.name == "acls":
+            arrays += [f"# {f.name}: {source}", f"{f.name} = ["]
+            for row in _table_rows(value):
+                pairs = ", ".join(f"{key} = {_toml_value(item)}" for key, item in row.items())
+                arrays.append(f"  {{ {pairs} }},")
+            arrays.append("]")
         elif isinstance(value, tuple):
             tables += ["", f"# {f.name}: {source}"]
             for row in _table_rows(value):
@@ -793,7 +839,7 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
                 tables += [f"{key} = {_toml_value(item)}" for key, item in row.items()]
         else:
             lines.append(f"{f.name} = {_toml_value(value)}  # {source}")
-    return lines + tables
+    return lines + arrays + tables
 
 
 def _toml_value(value: Any) -> str:
