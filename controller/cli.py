@@ -132,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reserve.add_argument("--data-dir", type=Path, required=True)
     reserve.add_argument("--producer-id", type=int, required=True, metavar="N")
+    reserve.add_argument(
+        "--last-producer-id",
+        type=int,
+        metavar="N",
+        help="the controller's last_producer_id, if set (default: PIDCTL_LAST_PRODUCER_ID, "
+        "else 2^63-2): --producer-id may be at most the start of its last block",
+    )
+    reserve.add_argument(
+        "--force",
+        action="store_true",
+        help="lower an intact reservation (refused without it: the reservation is what a "
+        "start-up skips to, above grants the log's lost tail may have held)",
+    )
 
     register = commands.add_parser("register", help="register a broker; prints its epoch")
     register.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -232,9 +245,10 @@ def _load_settings(
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one ``pidctl`` command; ``environ`` (default ``os.environ``) is where PIDCTL_*
     settings are read from."""
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
+    if argv is None and sys.argv[1:2] == ["serve"]:
         # SIGHUP's default action ends the process: until the server's signal watch runs
         # (after its imports, ~0.3 s), a SIGHUP (a reload asked early) is ignored instead.
+        # (Only as the process's own command: a caller in process keeps its handlers.)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
     args.environ = os.environ if environ is None else environ
@@ -472,8 +486,19 @@ def _log(args: argparse.Namespace) -> int:
     if args.log_command == "reserve":
         if args.producer_id < 0:
             raise UsageError("--producer-id must not be negative")
+        last = args.last_producer_id
+        if last is None:  # the setting, from the environment or its default
+            from pidctl.controller.settings import load_settings_with_sources
+
+            name = "PIDCTL_LAST_PRODUCER_ID"
+            wanted = {name: args.environ[name]} if name in args.environ else {}
+            last = load_settings_with_sources({}, wanted)[0].last_producer_id
         try:
-            print(reserve_by_operator(args.data_dir, args.producer_id))
+            print(
+                reserve_by_operator(
+                    args.data_dir, args.producer_id, last_producer_id=last, force=args.force
+                )
+            )
         except LogCorruption as e:
             raise _corrupt(e) from e
         return 0
