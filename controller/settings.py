@@ -602,8 +602,10 @@ class Settings:
     data_dir_min_free_bytes: int = _setting(
         DEFAULT_MIN_FREE_BYTES,
         "free space the data dir's filesystem must have: below it `pidctl serve` refuses to "
-        "start, and a running server fails /readyz (checked every 5 s) before a commit meets "
-        "ENOSPC; 0: not checked",
+        "start, and a running server (checked every second) pauses grants, before a commit "
+        "meets ENOSPC: InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS and "
+        "AllocateProducerIds KAFKA_STORAGE_ERROR (both retriable), /readyz fails and the log "
+        "says so, until there is room again; 0: not checked",
         "bytes",
         parse=NON_NEGATIVE,
     )

@@ -84,6 +84,9 @@ _NO_BLOCK = (ErrorCode.unknown_server_error, LEASE_EXHAUSTED)
 #: AllocateProducerIds refused before anything is decided: start 0 and length 0 (as Kafka).
 _REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
 _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
+#: AllocateProducerIds while grants are paused (the disk nearly full): Kafka's retriable
+#: storage error.
+_PAUSED_BLOCK = Block(ErrorCode.kafka_storage_error, 0, 0)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group.
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
@@ -118,6 +121,8 @@ class InitAnswer:
 
 _TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)
 _IDEMPOTENT_WRITE_DENIED = InitAnswer(ErrorCode.cluster_authorization_failed)
+#: InitProducerId while grants are paused: the error every client retries.
+_PAUSED_INIT = InitAnswer(ErrorCode.coordinator_load_in_progress)
 
 
 class IdempotentRun(NamedTuple):
@@ -189,6 +194,14 @@ class Controller:
         #: whether the range is used up for good (an operator must widen it) rather than
         #: waiting for a lease or a block.
         self.on_no_producer_id: Callable[[str, bool], None] = lambda api, exhausted: None
+        #: Why grants are paused now, or None: the data dir's filesystem is nearly full
+        #: (``server/app.py`` watches it), and a grant's record could meet ENOSPC, which
+        #: stops the server. Meanwhile InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS
+        #: and AllocateProducerIds KAFKA_STORAGE_ERROR (both retried by clients and
+        #: brokers), and nothing is written.
+        self.paused: str | None = None
+        #: Told of each request refused while grants are paused: the API's name.
+        self.on_paused: Callable[[str], None] = lambda api: None
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self.api_versions = ApiVersionsAnswers(self.supported)
         self._handlers: dict[int, Handler] = {
@@ -348,6 +361,9 @@ class Controller:
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         if not self._may(conn, "IdempotentWrite" if job else "ClusterAction"):
             return _REFUSED_BLOCK, NO_WAIT, 0
+        if self.paused is not None:
+            self.on_paused("AllocateProducerIds")
+            return _PAUSED_BLOCK, NO_WAIT, 0
         # (No record of it can be too large: a client id is at most 32,767 bytes.)
         if job:
             # A job that names itself (app id, version, block in the client id) gets the
@@ -417,6 +433,9 @@ class Controller:
                 return _TRANSACTIONAL_ID_DENIED
         elif not self._may(conn, "IdempotentWrite"):
             return _IDEMPOTENT_WRITE_DENIED
+        if self.paused is not None:
+            self.on_paused("InitProducerId")
+            return _PAUSED_INIT
         expected = parse_expected(producer_id, producer_epoch)
         if isinstance(expected, ErrorCode):
             return InitAnswer(expected)
@@ -455,6 +474,10 @@ class Controller:
         first requests in order; the rest are answered ``error``."""
         if not self._may(conn, "IdempotentWrite"):
             return IdempotentRun([], _DENIED, NO_WAIT)
+        if self.paused is not None:
+            for _ in range(count):
+                self.on_paused("InitProducerId")
+            return IdempotentRun([], _NO_PRODUCER_ID_YET, NO_WAIT)
         transactions, apply = self.state.transactions, self._apply
         taken, offset = apply(transactions.init_idempotent_run(count), now)
         if len(taken) == count:  # (nearly always: the run fits before the next refill)

@@ -69,8 +69,9 @@ class ResourceLimit(PidctlError):
 #: directory and next reservation, a snapshot or roll being written, listeners, etcd,
 #: stdio and trio's own.
 RESERVED_FILE_DESCRIPTORS = 64
-#: How often the data dir's free space is looked at while serving (one statvfs).
-FREE_SPACE_CHECK_S = 5.0
+#: How often the data dir's free space is looked at while serving (one statvfs, in a
+#: worker thread): below data_dir_min_free_bytes grants pause within this long.
+FREE_SPACE_CHECK_S = 1.0
 
 
 def raise_file_limit(max_connections: int, metrics_max_connections: int = 0) -> int:
@@ -271,6 +272,7 @@ class PidctlServer:
         )
         self._controller = controller
         controller.on_no_producer_id = self._no_producer_id
+        controller.on_paused = self._refused_while_paused
         lease_keeper = self._lease_keeper(quorum, metalog)
         quorum.observers.append(self.after_commit.applied)
         if lease_keeper is not None:
@@ -407,21 +409,34 @@ class PidctlServer:
             next_producer_id=None if state is None else state.next_producer_id,
         )
 
+    def _refused_while_paused(self, api: str) -> None:
+        self.metrics.producer_id_refusals.labels(api, "disk_space").inc()
+
     async def _watch_free_space(
         self, data_dir: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """The data dir's free space, every ``FREE_SPACE_CHECK_S``: a gauge, and below
-        ``data_dir_min_free_bytes`` ``/readyz`` fails and says why before a commit meets
-        ENOSPC (which stops the server)."""
+        ``data_dir_min_free_bytes`` grants pause (``Controller.paused``: retriable errors,
+        nothing written), ``/readyz`` fails, and the log says why, before a commit meets
+        ENOSPC (which stops the server); they resume once there is room again."""
         minimum = self.settings.data_dir_min_free_bytes
         while True:
             free = await trio.to_thread.run_sync(free_bytes, data_dir)
             self.metrics.data_dir_free_bytes.set(free)
             problem = SpaceVerdict(free, minimum).problem
             if problem is None:
-                self._low_space.clear(free_bytes=free)
+                self._low_space.clear(free_bytes=free, grants="resumed")
             else:
-                self._low_space.sound(problem, data_dir=str(data_dir), free_bytes=free)
+                self._low_space.sound(
+                    problem,
+                    data_dir=str(data_dir),
+                    free_bytes=free,
+                    grants="paused: InitProducerId answered COORDINATOR_LOAD_IN_PROGRESS, "
+                    "AllocateProducerIds KAFKA_STORAGE_ERROR, until there is room",
+                )
+            if self._controller is not None:
+                self._controller.paused = problem
+            self.metrics.grants_paused.set(0 if problem is None else 1)
             task_status.started()
             task_status = trio.TASK_STATUS_IGNORED
             await trio.sleep(FREE_SPACE_CHECK_S)

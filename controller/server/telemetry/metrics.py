@@ -323,15 +323,23 @@ class Metrics:
         self.producer_id_refusals = LoopCounter(
             "pidctl_producer_id_refusals",
             "Requests refused because no producer id could be handed out, by API and reason: "
-            "exhausted (the range is used up: an operator must act; /readyz fails) or "
-            "waiting (for a lease, or a block being made durable).",
+            "exhausted (the range is used up: an operator must act; /readyz fails), "
+            "waiting (for a lease, or a block being made durable) or disk_space (grants "
+            "paused: the data dir's filesystem below data_dir_min_free_bytes).",
             ["api", "reason"],
             registry=r,
         )
         self.data_dir_free_bytes = Gauge(
             "pidctl_data_dir_free_bytes",
             "Free bytes on the data dir's filesystem (statvfs, without root's reserve); "
-            "below data_dir_min_free_bytes /readyz fails.",
+            "below data_dir_min_free_bytes grants pause and /readyz fails.",
+            registry=r,
+        )
+        self.grants_paused = Gauge(
+            "pidctl_grants_paused",
+            "1 while grants are paused because the data dir's filesystem is below "
+            "data_dir_min_free_bytes (InitProducerId and AllocateProducerIds answered with "
+            "retriable errors, nothing written); else 0.",
             registry=r,
         )
         self.etcd_counter_regressions = LoopCounter(

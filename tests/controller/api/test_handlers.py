@@ -281,3 +281,27 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
         -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
     )
     assert (again.first, created) == (named.first, 0)
+
+
+def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_written() -> None:
+    """The data dir's filesystem below data_dir_min_free_bytes (server/app.py sets it):
+    InitProducerId COORDINATOR_LOAD_IN_PROGRESS, AllocateProducerIds KAFKA_STORAGE_ERROR."""
+    controller = _controller()
+    refused: list[str] = []
+    controller.on_paused = refused.append
+    controller.paused = "1.0 MiB free on the data dir's filesystem"
+    written = controller.state.next_offset
+    conn = ConnectionInfo()
+    init = controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn)
+    assert init.error == ErrorCode.coordinator_load_in_progress
+    tx = controller.init_producer_id(5, "tx", 60_000, -1, -1, NOW, conn)
+    assert tx.error == ErrorCode.coordinator_load_in_progress
+    run = controller.init_idempotent_run(3, NOW, conn)
+    assert (list(run.producer_ids), run.error) == ([], ErrorCode.coordinator_load_in_progress)
+    for broker_id in (-1, 1):
+        block, _, created = controller.allocate_block(broker_id, -1, None, NOW, conn)
+        assert (block.error, block.length, created) == (ErrorCode.kafka_storage_error, 0, 0)
+    assert controller.state.next_offset == written
+    assert refused == ["InitProducerId"] * 5 + ["AllocateProducerIds"] * 2
+    controller.paused = None  # room again: granted
+    assert controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn).error == 0
