@@ -25,6 +25,10 @@ from pidctl.controller.api.handlers import (
 from pidctl.controller.core.acl import Acl, AclError, parse_acl
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.jobs import DEFAULT_EXPIRATION_MS as DEFAULT_JOB_EXPIRATION_MS
+from pidctl.controller.core.jobs import DEFAULT_MAX_APP_ID_BYTES as DEFAULT_MAX_JOB_APP_ID_BYTES
+from pidctl.controller.core.jobs import (
+    DEFAULT_MAX_APP_IDS_PER_PRINCIPAL as DEFAULT_MAX_JOB_APP_IDS_PER_PRINCIPAL,
+)
 from pidctl.controller.core.jobs import DEFAULT_REUSE_MS as DEFAULT_JOB_REUSE_MS
 from pidctl.controller.core.kafka import (
     BLOCK_SIZE,
@@ -33,13 +37,10 @@ from pidctl.controller.core.kafka import (
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
     INT64_MAX,
 )
-from pidctl.controller.core.producer_ids import (
-    DEFAULT_LEASE_SIZE,
-    DEFAULT_PREFETCH_RATIO,
-    DEFAULT_RESERVATION_SIZE,
-    ProducerIdRange,
-)
+from pidctl.controller.core.pid_leases import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO
+from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.quotas import DEFAULT_MAX_BUCKETS, NEW_PRODUCER_IDS, QuotaOverride
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
     DEFAULT_PREALLOCATE_BYTES,
@@ -509,10 +510,25 @@ class Settings:
     )
     job_allocation_expiration_ms: int = _setting(
         DEFAULT_JOB_EXPIRATION_MS,
-        "a job app id whose latest version is this old is forgotten (with a logged record, "
-        "by the transactional-id cleanup, in steps of transactional_id_expiry_batch); at "
-        "least job_allocation_reuse_ms",
+        "a job app id whose latest version is this old in the controller's running time (the "
+        "time it was down does not count) is forgotten (with a logged record, by the "
+        "transactional-id cleanup, in steps of transactional_id_expiry_batch); at least "
+        "job_allocation_reuse_ms",
         "ms",
+        parse=POSITIVE,
+    )
+    max_job_app_id_bytes: int = _setting(
+        DEFAULT_MAX_JOB_APP_ID_BYTES,
+        "longest app id a named job may have (txnAppId, a stream's query id), in UTF-8; "
+        "longer is refused INVALID_REQUEST and nothing is recorded",
+        "bytes",
+        parse=POSITIVE,
+    )
+    max_job_app_ids_per_principal: int = _setting(
+        DEFAULT_MAX_JOB_APP_IDS_PER_PRINCIPAL,
+        "app ids one principal may own at once (each until it expires); a new one past it is "
+        "refused POLICY_VIOLATION and nothing is recorded",
+        "app ids",
         parse=POSITIVE,
     )
     allocate_producer_ids_quota: float = _setting(
@@ -625,16 +641,18 @@ class Settings:
     # record is ~100 bytes).
     log_retention_bytes: int = _setting(
         DEFAULT_RETENTION_BYTES,
-        "segments already covered by a snapshot are kept up to this total size, as the audit "
-        "trail of `pidctl log dump` (the newest kept); 0 deletes them at once",
+        "segments already covered by a snapshot (the audit trail of `pidctl log dump`) older "
+        "than log_retention_ms are kept while the trail is within this size, the oldest "
+        "deleted first; it never cuts into log_retention_ms (a trail above it within that "
+        "time is logged and shown as pidctl_audit_trail_floor_bytes); 0: none older",
         "bytes",
         parse=NON_NEGATIVE,
     )
     log_retention_ms: int = _setting(
         DEFAULT_RETENTION_MS,
-        "segments already covered by a snapshot are kept this long after their last write, "
-        "as the audit trail of `pidctl log dump`; 0 deletes them at once (checked at each "
-        "snapshot)",
+        "segments already covered by a snapshot (the audit trail of `pidctl log dump`) are "
+        "kept at least this long after their last write, whatever log_retention_bytes says "
+        "(checked at each snapshot); 0: no floor",
         "ms",
         parse=NON_NEGATIVE,
     )

@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from ops.testing.coordination import EtcdProcess, ZooKeeperProcess, free_port
 from ops.testing.serverproc import ServerProcess, add_sasl_user, stored_cluster_id, wait_until
 from pidctl.client import SyncClient
+from pidctl.controller.core.acl import Authorizer, parse_acl
 from pidctl.controller.core.records import RECORD_TYPES
 from pidctl.protocol import requests
 from tests import docs
@@ -54,6 +55,9 @@ BLOCKS = {
     ("README.md", "Quick start", 1): run_by("tests/test_docs.py::test_quick_start_as_written"),
     ("README.md", "Security", 0): run_by(
         "tests/test_docs.py::test_the_security_configuration_as_written"
+    ),
+    ("docs/job-allocations.md", "Owners and ACLs", 0): run_by(
+        "tests/test_docs.py::test_the_app_id_acl_as_written"
     ),
     ("README.md", "Faults: what the log promises", 0): not_run(
         "the campaign of 1,000 SIGKILLs and 100 faults takes 30-40 minutes; each kind of fault"
@@ -474,3 +478,17 @@ def test_the_fleet_and_the_import_as_written(etcd: EtcdProcess, tmp_path: Path) 
             assert "raised from" in done.stdout or "nothing to do" in done.stdout, done.stdout
     counter = etcd.counter()
     assert counter is not None and counter >= 9_001_000
+
+
+def test_the_app_id_acl_as_written() -> None:
+    """docs/job-allocations.md's ACL: the etl team's principal may name its app ids only."""
+    acls = [
+        parse_acl(entry)
+        for entry in tomllib.loads(docs.block("docs/job-allocations.md", "Owners and ACLs", 0))[
+            "acls"
+        ]
+    ]
+    authorizer = Authorizer(acls, enabled=True)
+    assert authorizer.authorize("User:etl", "Write", "AppId", "etl-orders")
+    assert not authorizer.authorize("User:etl", "Write", "AppId", "orders")
+    assert not authorizer.authorize("User:other", "Write", "AppId", "etl-orders")

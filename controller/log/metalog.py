@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import mypy_extensions
 import structlog
@@ -37,6 +36,7 @@ from pidctl.controller.log.datadir import (
     RESERVATION_FILE,
     RESERVATION_NEXT_FILE,
     SEGMENT_FLAGS,
+    SnapshotRecords,
     StorageFailed,
     create_segment,
     encode_reservation,
@@ -83,8 +83,9 @@ DEFAULT_SNAPSHOT_MIN_INTERVAL_S = 5.0
 
 
 #: Defaults for ``log_retention_bytes`` and ``log_retention_ms``: segments a snapshot covers
-#: are kept as the audit trail (``pidctl log dump``) up to 100 MiB and 7 days, as Kafka keeps
-#: its metadata log after snapshots (``metadata.max.retention.bytes`` and ``.ms``).
+#: are kept as the audit trail (``pidctl log dump``), as Kafka keeps its metadata log after
+#: snapshots (``metadata.max.retention.bytes`` and ``.ms``): every one for 7 days (a floor),
+#: older ones while the trail is within 100 MiB.
 DEFAULT_RETENTION_BYTES = 100 * 1024 * 1024
 
 
@@ -142,6 +143,11 @@ class CommitListener:
     def snapshot_written(self, size: int) -> None:
         """A snapshot of ``size`` bytes is on disk."""
 
+    def audit_trail_kept(self, floor_bytes: int, retention_bytes: int) -> None:
+        """After a snapshot's clean-up: the audit trail (segments the snapshot covers) holds
+        ``floor_bytes`` younger than ``log_retention_ms``, kept whatever their size; more
+        than ``retention_bytes`` is for an operator to see."""
+
     def storage_failed(self, error: StorageFailed) -> None:
         """The log failed (told once); :meth:`MetadataLog.run` raises ``error`` next."""
 
@@ -165,7 +171,7 @@ class MetadataLog:
         data_dir: Path,
         end_offset: int,
         snapshot_offset: int,
-        snapshot_source: Callable[[], Callable[[], dict[str, Any]]],
+        snapshot_source: Callable[[], Callable[[], SnapshotRecords]],
         *,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         snapshot_interval_records: int = DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
@@ -534,18 +540,20 @@ class MetadataLog:
         listener.committed(batch_end)
 
     async def _write_snapshot(
-        self, offset: int, state: Callable[[], dict[str, Any]], covered: int
+        self, offset: int, records: Callable[[], SnapshotRecords], covered: int
     ) -> None:
         """Write the snapshot at ``offset``, which covers ``covered`` bytes of records."""
         # Shielded: a snapshot that has started is finished even during shutdown.
         with trio.CancelScope(shield=True):
             try:
-                size = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
-                if size is not None:
+                written = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, records)
+                if written is not None:
+                    size, kept = written
                     self.snapshot_offset = offset
                     self._bytes_since_snapshot -= covered
                     self.snapshot_size = size
                     self._listener.snapshot_written(size)
+                    self._listener.audit_trail_kept(kept, self.retention_bytes)
             except StorageFailed as e:
                 if self._first_failure(e):
                     raise
@@ -585,14 +593,17 @@ class MetadataLog:
             os.close(old)
         return True
 
-    def _snapshot_and_clean(self, offset: int, state: Callable[[], dict[str, Any]]) -> int | None:
-        """Write the snapshot at ``offset``, then delete what it covers; None if postponed.
+    def _snapshot_and_clean(
+        self, offset: int, records: Callable[[], SnapshotRecords]
+    ) -> tuple[int, int] | None:
+        """Write the snapshot at ``offset``, then delete what it covers; its size and the
+        audit trail's bytes kept (:meth:`_delete_covered_segments`), None if postponed.
 
         Only the snapshot's temporary file needs a new file descriptor (the directory is
         synced through the log's own), and it is the first step: without one (EMFILE) the
         snapshot is postponed with nothing changed, and taken again after the next batch."""
         try:
-            path = write_snapshot_file(self.data_dir, offset, state(), self._dir_fd)
+            path = write_snapshot_file(self.data_dir, offset, records(), self._dir_fd)
         except StorageFailed as e:
             if e.errno not in _FD_EXHAUSTED:
                 raise
@@ -602,18 +613,22 @@ class MetadataLog:
         older, self._snapshots = [o for o in self._snapshots if o < offset], [offset]
         for old in older:
             remove_file(self.data_dir / snapshot_name(old))
-        self._delete_covered_segments(offset)
+        kept = self._delete_covered_segments(offset)
         storage_call(self.data_dir, "fsync", os.fsync, self._dir_fd)
         log.info("snapshot written", offset=offset, bytes=size)
-        return size
+        return size, kept
 
-    def _delete_covered_segments(self, offset: int) -> None:
+    def _delete_covered_segments(self, offset: int) -> int:
         """Segments wholly below the snapshot are not needed for recovery; the newest of
-        them are kept as the audit trail for `pidctl log dump`, up to ``retention_bytes`` in
-        all and for ``retention_ms`` after their last write. The rest go, oldest first, so a
-        crash midway never leaves a gap between segments."""
+        them are kept as the audit trail for `pidctl log dump`. ``retention_ms`` is a floor:
+        a segment whose last write is younger is kept whatever the bytes, so that no burst
+        of records (a client sending large client ids, say) pushes the trail below it.
+        Older segments are kept while the trail stays within ``retention_bytes``; the rest
+        go, oldest first, so a crash midway never leaves a gap between segments. Returns
+        the bytes within the floor (above ``retention_bytes``: reported, never cut)."""
         covered = [base for base in self._segments if base < offset]
-        kept, now = 0, time.time()
+        kept = young = 0
+        now = time.time()
         for index in range(len(covered) - 1, -1, -1):
             segment = self.data_dir / segment_name(covered[index])
             try:
@@ -624,11 +639,14 @@ class MetadataLog:
             except OSError as e:
                 raise StorageFailed(segment, "stat", e) from e
             kept += st.st_size
-            if kept > self.retention_bytes or (now - st.st_mtime) * 1000 >= self.retention_ms:
-                for old in covered[: index + 1]:
+            if (now - st.st_mtime) * 1000 < self.retention_ms:
+                young += st.st_size
+            elif kept > self.retention_bytes:
+                for old in covered[: index + 1]:  # this one and every older one
                     remove_file(self.data_dir / segment_name(old))
                     self._segments.remove(old)
                 break
+        return young
 
 
 def _at_most_one_commit(pending: list[bytes]) -> tuple[list[bytes], list[bytes]]:

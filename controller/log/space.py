@@ -41,7 +41,8 @@ class SpaceVerdict:
         return (
             f"{_mib(self.free)} free on the data dir's filesystem, below "
             f"data_dir_min_free_bytes ({_mib(self.minimum)}): make room there (a smaller "
-            "log_retention_bytes keeps less of the audit trail), or lower the setting"
+            "log_retention_ms and log_retention_bytes keep less of the audit trail), or lower the "
+            "setting"
         )
 
 

@@ -18,6 +18,7 @@ import structlog
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.log.datadir import StorageFailed
 from pidctl.controller.log.metalog import CommitListener
+from pidctl.controller.server.telemetry.alarms import ThrottledLine
 from pidctl.controller.server.telemetry.logs import log_each
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.http import HttpEndpoint
@@ -48,6 +49,9 @@ class AfterCommit(CommitListener):
         self.http = http
         #: The connections' outboxes, once there are connections (none during start-up).
         self.outboxes: Outboxes | None = None
+        #: The audit trail above log_retention_bytes within log_retention_ms: said at once,
+        #: then at most every ten minutes while it lasts.
+        self._trail_over = ThrottledLine(600.0)
         # Grants applied, by offset, whose audit line waits until they are durable.
         self._grants_not_durable: collections.deque[tuple[int, ProducerIdsGranted]] = (
             collections.deque()
@@ -77,6 +81,24 @@ class AfterCommit(CommitListener):
 
     def snapshot_written(self, size: int) -> None:
         self.metrics.snapshot_written(size)
+
+    def audit_trail_kept(self, floor_bytes: int, retention_bytes: int) -> None:
+        """The floor of the audit trail (``log_retention_ms``) is kept whatever its size; a
+        floor above ``log_retention_bytes`` is shown and said (the log grows faster than the
+        settings planned for: raise the bytes, lower the time, or look for who writes)."""
+        self.metrics.audit_trail_floor_bytes.set(floor_bytes)
+        if floor_bytes <= retention_bytes:
+            self._trail_over.reset()
+            return
+        times = self._trail_over.due("over")
+        if times:
+            log.error(
+                "audit trail above log_retention_bytes",
+                floor_bytes=floor_bytes,
+                log_retention_bytes=retention_bytes,
+                note="segments younger than log_retention_ms are kept whatever their size",
+                times=times,
+            )
 
     def storage_failed(self, error: StorageFailed) -> None:
         """Fail-stop: not ready any more, one event saying what failed; the error then ends

@@ -25,7 +25,11 @@ from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.state import ControllerState
-from pidctl.controller.log.datadir import StorageFailed, lock_data_dir
+from pidctl.controller.log.datadir import (
+    StorageFailed,
+    lock_data_dir,
+    remove_damaged_tail_file,
+)
 from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
 from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import recover
@@ -229,9 +233,13 @@ class PidctlServer:
             transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
             job_allocation_reuse_ms=settings.job_allocation_reuse_ms,
             job_allocation_expiration_ms=settings.job_allocation_expiration_ms,
+            max_job_app_id_bytes=settings.max_job_app_id_bytes,
+            max_job_app_ids_per_principal=settings.max_job_app_ids_per_principal,
             reservation_size=settings.producer_id_reservation,
         )
-        state.cluster.restore_sessions(now().mono_ms)
+        clocks = now()
+        state.cluster.restore_sessions(clocks.mono_ms)
+        state.jobs.start(clocks.wall_ms, clocks.mono_ms)
         self.metrics.recovery_seconds.set(time.monotonic() - started)
         written = state_written_at(data_dir, recovery.snapshot_offset)
         self.metrics.state_written_at(time.time() if written is None else written)
@@ -307,14 +315,17 @@ class PidctlServer:
             await background.start(metalog.run)
             self._initialise_cluster(quorum)
             self._resume(quorum, recovery.reservation)
+            self._record_damaged_tail(quorum, recovery.damaged_tail_bytes)
             await metalog.flush()
+            if recovery.damaged_tail_bytes is not None:  # said in the log now: the note goes
+                remove_damaged_tail_file(data_dir)
             if state.producer_ids.exhausted():
                 self._no_producer_id("start-up", True)
             await background.start(self._watch_free_space, data_dir)
             background.start_soon(self._expire_transactional_ids, quorum, metalog)
             if lease_keeper is not None:
                 await background.start(lease_keeper.run)
-                if state.producer_ids.lease_remaining() == 0:
+                if state.leases.remaining() == 0:
                     # A first lease before listening, so the first clients are served; a
                     # controller that cannot reach etcd still starts (and answers retriably).
                     with trio.move_on_after(settings.etcd_timeout_ms / 1000):
@@ -323,7 +334,7 @@ class PidctlServer:
                 await self._serve(connections, task_status)
                 await metalog.flush()
                 # Everything granted is durable: the next start need skip nothing.
-                quorum.apply(state.producer_ids.release_reservation(), now())
+                quorum.apply(state.reservations.release(), now())
                 await metalog.flush()
             finally:
                 if lease_keeper is not None:
@@ -446,7 +457,7 @@ class PidctlServer:
         leased before, whose PIDs above its last lease other controllers may hold."""
         settings = self.settings
         if not settings.pid_source:
-            if quorum.state.producer_ids.lease_mode:
+            if quorum.state.leases.lease_mode:
                 raise PidSourceMismatch(
                     "this data dir took its producer ids from etcd leases; without pid_source "
                     "it could grant ids other controllers hold (set pid_source again)"
@@ -530,6 +541,21 @@ class PidctlServer:
                 reason="the log's tail may have lost grants below it (a crash, or damage)",
             )
 
+    def _record_damaged_tail(self, quorum: QuorumController, truncated: int | None) -> None:
+        """Start-up cut a damaged tail (now, or in a start-up that stopped before saying so):
+        recorded before anything is served, so that what the lost records answered is
+        refused or moved past rather than answered anew (docs/log-format.md)."""
+        if truncated is None:
+            return
+        moment = now()
+        quorum.apply(quorum.state.damaged_tail(truncated, moment.wall_ms, moment.mono_ms), moment)
+        log.warning(
+            "damaged tail recorded",
+            truncated_bytes=truncated,
+            note="job versions not in the log are refused for job_allocation_reuse_ms, and "
+            "transactional ids updated before it move to new producer ids",
+        )
+
     def _initialise_cluster(self, quorum: QuorumController) -> None:
         cluster, wanted = quorum.state.cluster, self.settings.cluster_id
         if cluster.cluster_id is None:  # a log without its first record: made by hand
@@ -559,7 +585,7 @@ def log_start(settings: Settings) -> None:
 
 
 def _state_view(state: ControllerState) -> StateView:
-    cluster, producer_ids = state.cluster, state.producer_ids
+    cluster, producer_ids, leases = state.cluster, state.producer_ids, state.leases
     return StateView(
         next_producer_id=lambda: producer_ids.next_producer_id,
         remaining_producer_ids=producer_ids.remaining,
@@ -568,7 +594,7 @@ def _state_view(state: ControllerState) -> StateView:
             cluster.is_fenced(b, now().mono_ms) for b in list(cluster.brokers)
         ),
         transactional_ids=lambda: len(state.transactions.transactional_ids),
-        lease_remaining=producer_ids.lease_remaining,
+        lease_remaining=leases.remaining,
     )
 
 

@@ -6,15 +6,18 @@ counter going back, at random points under mixed load.
 
 Each episode is one data dir that lives through ``--episode`` cycles. A cycle starts the real
 ``pidctl serve`` on it (a failed start counts as a failed restart), loads it with brokers
-allocating blocks and idempotent and transactional producers (``ops/testing/grants.py``),
-and then either SIGKILLs it after a random moment, or has ``strace --inject`` fail a random
-write, fdatasync, fsync or rename of the data dir with EIO or ENOSPC, or SIGKILLs it and then
-flips one bit at a random byte of the newest record on disk (bit rot of a synced,
-acknowledged record, which start-up cannot tell from a torn write). After each cycle the
-data dir is checked against everything acknowledged in the episode so far: an acknowledged
-grant missing from the log is lost (except the ones in the record the campaign itself
-destroyed, which are counted apart); a PID acknowledged twice was handed out twice. A fault
-not reached in time (the call was not made again) is tried again, so that ``--faults``
+allocating blocks, idempotent and transactional producers, and named jobs of three SASL
+principals (each its own app ids, each re-running its versions and asking for another's:
+``ops/testing/grants.py``), and then either SIGKILLs it after a random moment, or has
+``strace --inject`` fail a random write, fdatasync, fsync or rename of the data dir with EIO
+or ENOSPC, or SIGKILLs it and then flips one bit at a random byte of the newest record on
+disk (bit rot of a synced, acknowledged record, which start-up cannot tell from a torn
+write). After each cycle the data dir is checked against everything acknowledged in the
+episode so far: an acknowledged grant missing from the log is lost (except the ones in the
+record the campaign itself destroyed, which are counted apart); a PID acknowledged twice was
+handed out twice; a named job's block must be recorded for its principal, its re-run
+answered the same blocks or refused, another principal refused (each miss a problem). A
+fault not reached in time (the call was not made again) is tried again, so that ``--faults``
 faults are really injected.
 
 Then ``--regressions`` fleet cycles: two controllers leasing from one real etcd
@@ -42,12 +45,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from ops.bench.common import add_build_argument, first_overlap, use_build
 from ops.testing.coordination import EtcdProcess
-from ops.testing.grants import Acknowledged, GrantLoad, check_data_dir
-from ops.testing.serverproc import FREQUENT_SNAPSHOTS, ServerProcess, strace_prefix, wait_until
+from ops.testing.grants import Acknowledged, GrantLoad, JobBlock, check_data_dir
+from ops.testing.serverproc import (
+    FREQUENT_SNAPSHOTS,
+    ServerProcess,
+    add_sasl_user,
+    strace_prefix,
+    wait_until,
+)
 from pidctl.controller.core.logformat import SEGMENT_SUFFIX
-from pidctl.controller.core.records import ProducerIdsGranted, TransactionalIdUpdated
+from pidctl.controller.core.records import (
+    JobBlockRecorded,
+    ProducerIdsGranted,
+    TransactionalIdUpdated,
+)
 from pidctl.controller.log.recovery import read_log
 
 #: Injected faults: the system call, the errors it gets, and whether to aim at the active
@@ -74,7 +89,17 @@ SETTINGS = (
     "4000",
     "--log-retention-bytes",
     "100000000",
+    # A named job's re-run is answered for 3 s of job time (and refused for 3 s of running
+    # time after a damaged tail); nothing expires within a campaign.
+    "--job-allocation-reuse-ms",
+    "3000",
+    "--job-allocation-expiration-ms",
+    "3600000",
 )
+#: The principals whose named jobs run in the kill, fault and flip cycles (SCRAM users on
+#: a SASL_PLAINTEXT listener beside the plain one the other load uses).
+PRINCIPALS = (("team-a", "team-a-pw"), ("team-b", "team-b-pw"), ("team-c", "team-c-pw"))
+LISTENERS = ("--listeners", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0")
 #: How long a faulty server may run before the fault is given up on (it was not reached).
 FAULT_TIMEOUT_S = 8.0
 
@@ -97,6 +122,13 @@ class Tally:
     counter_regressions: int = 0
     regressions_refused: int = 0
     grants_acknowledged: int = 0
+    #: Named jobs' blocks acknowledged (each version's block once, however often re-run).
+    job_blocks_acknowledged: int = 0
+    #: What the named jobs' threads saw that must never happen.
+    job_problems: int = 0
+    #: Their refusals that may happen (a version's age unknown or past the window, no PID
+    #: ready yet), by error name.
+    job_refusals: dict[str, int] = field(default_factory=dict)
     grants_checked: int = 0
     handed_out_twice: int = 0
     acknowledged_lost: int = 0
@@ -159,6 +191,17 @@ def _flip_newest_record(
             if answer in acked.transactional:
                 acked.transactional.remove(answer)
                 destroyed.transactional.append(answer)
+        elif isinstance(record, JobBlockRecorded):
+            job = JobBlock(
+                record.principal or "",
+                record.app_id,
+                record.version,
+                record.block,
+                record.first_producer_id,
+            )
+            while job in acked.jobs:  # (answered again by the re-run)
+                acked.jobs.remove(job)
+                destroyed.jobs.append(job)
     return True
 
 
@@ -169,6 +212,7 @@ def _cycle(
     tally: Tally,
     rng: random.Random,
     kind: str,
+    credentials: Path,
 ) -> None:
     fault = kind == "fault"
     prefix: list[str] = []
@@ -176,7 +220,9 @@ def _cycle(
         syscall, errors, on_segment = rng.choice(FAULTS)
         segment = _active_segment(data_dir) if on_segment else None
         prefix = strace_prefix(syscall, rng.choice(errors), str(rng.randint(1, 12)), segment)
-    server = ServerProcess(data_dir, *SETTINGS, prefix=prefix)
+    server = ServerProcess(
+        data_dir, *SETTINGS, *LISTENERS, "--credentials-file", str(credentials), prefix=prefix
+    )
     try:
         server.start(timeout=30)
     except (RuntimeError, TimeoutError) as e:
@@ -186,9 +232,15 @@ def _cycle(
         tally.restarts_failed += 1
         tally.problems.append(f"restart failed: {e}")
         return
-    before = acked.count
+    before, jobs_before = acked.count, _job_blocks(acked)
     load = GrantLoad(
-        server.bootstrap, server.cluster_id(), acked, brokers=(1,), transactional_ids=("tx-a",)
+        server.bootstrap,
+        server.cluster_id(),
+        acked,
+        brokers=(1,),
+        transactional_ids=("tx-a",),
+        principals=PRINCIPALS,
+        sasl_bootstrap=f"127.0.0.1:{server.ports[1]}",
     ).start()
     try:
         assert server.proc is not None
@@ -212,6 +264,7 @@ def _cycle(
         server.kill()
         load.stop()
     tally.grants_acknowledged += acked.count - before
+    tally.job_blocks_acknowledged += _job_blocks(acked) - jobs_before
     if kind == "flip":
         gone = destroyed.count
         if _flip_newest_record(data_dir, acked, destroyed, rng):
@@ -219,6 +272,11 @@ def _cycle(
             tally.destroyed_by_flips += destroyed.count - gone
         else:  # the kill came just after a roll: the active segment holds no whole record
             tally.flips_not_reached += 1
+
+
+def _job_blocks(acked: Acknowledged) -> int:
+    """Named jobs' blocks acknowledged, each once however often it was re-run."""
+    return len({(job.app_id, job.version, job.block) for job in acked.jobs})
 
 
 def _check(data_dir: Path, acked: Acknowledged, destroyed: Acknowledged, tally: Tally) -> None:
@@ -231,12 +289,20 @@ def _check(data_dir: Path, acked: Acknowledged, destroyed: Acknowledged, tally: 
         acked.blocks + destroyed.blocks,
         acked.pids + destroyed.pids,
         acked.transactional + destroyed.transactional,
+        jobs=acked.jobs + destroyed.jobs,
     )
     twice = check_data_dir(data_dir, everything).handed_out_twice
     tally.grants_checked += verdict.checked
     tally.acknowledged_lost += len(verdict.lost)
     tally.handed_out_twice += len(twice)
-    tally.problems += verdict.lost[:3] + twice[:3]
+    with acked.lock:  # what the named jobs' threads saw that must not happen
+        seen, acked.problems = acked.problems, []
+        for error, times in acked.job_refusals.items():
+            name = ErrorCode(error).name.upper()
+            tally.job_refusals[name] = tally.job_refusals.get(name, 0) + times
+        acked.job_refusals.clear()
+    tally.job_problems += len(seen)
+    tally.problems += verdict.lost[:3] + twice[:3] + seen[:3]
 
 
 def run(kills: int, faults: int, flips: int, episode: int, seed: int, tally: Tally) -> None:
@@ -247,13 +313,16 @@ def run(kills: int, faults: int, flips: int, episode: int, seed: int, tally: Tal
     # as often as each was asked for).
     retries = {"fault": faults, "flip": flips}
     with tempfile.TemporaryDirectory() as tmp:
+        credentials = Path(tmp) / "users.json"
+        for user, password in PRINCIPALS:
+            add_sasl_user(credentials, user, password)
         start = 0
         while start < len(plan):  # the plan may grow while it runs
             data_dir = Path(tmp) / f"episode-{start // episode}"
             acked, destroyed = Acknowledged(), Acknowledged()
             for kind in plan[start : start + episode]:
                 not_reached = tally.faults_not_reached + tally.flips_not_reached
-                _cycle(data_dir, acked, destroyed, tally, rng, kind)
+                _cycle(data_dir, acked, destroyed, tally, rng, kind, credentials)
                 _check(data_dir, acked, destroyed, tally)
                 missed = tally.faults_not_reached + tally.flips_not_reached > not_reached
                 if missed and retries.get(kind):
@@ -378,7 +447,13 @@ def main(argv: list[str] | None = None) -> int:
         "problems": tally.problems[:20],
     }
     print(json.dumps(result))
-    clean = tally.acknowledged_lost == tally.handed_out_twice == tally.restarts_failed == 0
+    clean = (
+        tally.acknowledged_lost
+        == tally.handed_out_twice
+        == tally.restarts_failed
+        == tally.job_problems
+        == 0
+    )
     return 0 if clean and not tally.problems else 1
 
 

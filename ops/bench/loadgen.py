@@ -8,6 +8,7 @@ address it is given. Run it in its own process so it does not share a GIL with t
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import json
 import statistics
@@ -184,6 +185,8 @@ async def run(
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "p999_ms": pct(0.999),
+        "max_ms": latencies[-1] * 1000,
+        "over_100ms": len(latencies) - bisect.bisect_right(latencies, 0.1),
         "mean_ms": statistics.fmean(latencies) * 1000,
     }
 

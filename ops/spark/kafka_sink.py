@@ -323,11 +323,23 @@ def rows_of(
 _KEY_REFUSALS = {
     ErrorCode.producer_fenced: "a later version of the app has run: an older one is refused",
     ErrorCode.unknown_producer_id: (
-        "its first run is older than pidctl's job_allocation_reuse_ms, so the brokers may "
-        "have forgotten its PIDs' sequences (producer.id.expiration.ms) and a re-run could "
-        "write twice: run it as a new txnVersion"
+        "pidctl cannot tell that the brokers still know its PIDs' sequences: its first run is "
+        "older than pidctl's job_allocation_reuse_ms (producer.id.expiration.ms), or its age "
+        "is unknown (pidctl's clock is behind its record), or its record may have been lost "
+        "with a damaged tail of pidctl's log; a re-run could write twice: run it as a new "
+        "txnVersion"
     ),
-    ErrorCode.invalid_request: "pidctl refused the job's name",
+    ErrorCode.transactional_id_authorization_failed: (
+        "this principal may not write the app id (no ACL allowing Write on the AppId "
+        "resource), or another principal owns it"
+    ),
+    ErrorCode.policy_violation: (
+        "this principal already owns pidctl's max_job_app_ids_per_principal app ids"
+    ),
+    ErrorCode.invalid_request: (
+        "pidctl refused the job's name (longer than max_job_app_id_bytes, not UTF-8, or "
+        "pidctl runs in a fleet with pid_source, which serves no named job)"
+    ),
 }
 
 

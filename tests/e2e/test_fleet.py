@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from kio.schema.errors import ErrorCode
 
 from ops.bench.common import first_overlap
 from ops.testing.coordination import EtcdProcess, free_port
@@ -19,10 +20,13 @@ from ops.testing.serverproc import ServerProcess, wait_until_async
 from pidctl.broker.lifecycle import BrokerLifecycle
 from pidctl.broker.pid_manager import AllocationRefused
 from pidctl.client import SyncClient
-from pidctl.controller.core.records import ProducerIdsLeased
+from pidctl.controller.core.jobs import JobKey
+from pidctl.controller.core.records import JobBlockRecorded, ProducerIdsLeased
 from pidctl.controller.log.datadir import read_reservation
 from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
+from pidctl.spark.allocation import PreallocationError
+from pidctl.spark.kafka_sink import allocate_named
 from tests.e2e.test_operations import http_status
 
 CLUSTER_ID = "fleetFleetFleetFleet01"
@@ -318,3 +322,30 @@ async def test_a_counter_that_goes_back_never_makes_two_controllers_share_a_rang
     finally:
         first.kill()
         second.kill()
+
+
+def test_a_named_jobs_rerun_on_another_controller_never_gets_other_blocks(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    """Job records stay in each controller's own log: a version recorded on one controller
+    and re-run on another would get other blocks there (rows written twice). So a fleet
+    answers no named job, on any controller, and records none; the Spark driver says why.
+    A job without a name is served as before."""
+    controllers = [_controller(tmp_path, etcd, node) for node in (1, 2)]
+    try:
+        for server in controllers:
+            server.start()
+        key = JobKey("nightly", 1, 0).client_id()
+        for server in controllers:  # the first run on one, the re-run on the other
+            with SyncClient(server.bootstrap) as client:
+                (named,) = client.pipeline([requests.allocate(-1, -1)], [key])
+                assert named.error_code == ErrorCode.invalid_request
+                assert _allocate_job(client)[0] == 0
+            with pytest.raises(PreallocationError, match="fleet with pid_source"):
+                allocate_named(server.bootstrap, 10, "nightly", 1)
+    finally:
+        for server in controllers:
+            server.kill()
+    for server in controllers:
+        records = [entry.record for entry in read_log(server.data_dir).entries()]
+        assert not any(isinstance(record, JobBlockRecorded) for record in records)

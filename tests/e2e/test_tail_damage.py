@@ -17,18 +17,30 @@ import shutil
 import struct
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from ops.bench.common import first_overlap
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, format_data_dir, wait_until
 from pidctl.client import SyncClient
+from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.logformat import SEGMENT_SUFFIX
-from pidctl.controller.core.records import ProducerIdsGranted
-from pidctl.controller.log.datadir import RESERVATION_FILE
+from pidctl.controller.core.records import (
+    RECORD_TYPES,
+    SNAPSHOT_RECORDS,
+    ClusterCreated,
+    DamagedTailTruncated,
+    JobAllocationExpired,
+    JobClockAdvanced,
+    ProducerIdsGranted,
+    TransactionalIdExpired,
+)
+from pidctl.controller.log.datadir import DAMAGED_TAIL_FILE, RESERVATION_FILE
 from pidctl.controller.log.logtools import verify
 from pidctl.controller.log.recovery import read_log, recover
 from pidctl.protocol import requests
@@ -237,3 +249,232 @@ def test_a_lost_reservation_file_stops_start_up_until_an_operators_word(
         busy = _pidctl("log", "reserve", "--data-dir", str(data_dir), "--producer-id", "0")
         assert busy.returncode == 1 and "stop the controller first" in busy.stderr
     assert min(first for first, _ in after) >= word
+
+
+# -- each record type in last position ------------------------------------------------------
+#
+# The damage above is to grants; what a lost record *answered* matters too. For each record
+# type the server writes, a data dir whose newest record is of that type (acknowledged, so
+# synced) gets a flipped bit in it, and the real server restarted on it answers every
+# earlier question as before or refuses it: a named job version gets its first blocks or
+# UNKNOWN_PRODUCER_ID (a version not in the log is refused for the reuse window), a
+# transactional id never the same (PID, epoch) twice (it moves to a new PID), and no PID is
+# handed out twice.
+
+
+@dataclass
+class Answered:
+    """What a server acknowledged: PID ranges, named job versions' blocks, the pairs "tx"
+    was given."""
+
+    ranges: list[tuple[int, int]]
+    jobs: dict[tuple[str, int], list[int]]
+    pairs: set[tuple[int, int]]
+
+
+class Asking:
+    """A client of one server that remembers every answer it was given."""
+
+    def __init__(self, server: ServerProcess, answered: Answered) -> None:
+        self.server = server
+        self.answered = answered
+
+    def job(self, app: str, version: int, blocks: int = 2) -> list[int]:
+        keys = [JobKey(app, version, block).client_id() for block in range(blocks)]
+        with SyncClient(self.server.bootstrap) as client:
+            answers = client.pipeline([requests.allocate(-1, -1)] * blocks, keys)
+        assert all(a.error_code == 0 for a in answers), answers
+        starts = [a.producer_id_start for a in answers]
+        self.answered.ranges += [(start, 1000) for start in starts]
+        self.answered.jobs[(app, version)] = starts
+        return starts
+
+    def tx(self) -> None:
+        with SyncClient(self.server.bootstrap) as client:
+            answer = client.request(requests.init_producer_id("tx"))
+        assert answer.error_code == 0
+        self.answered.pairs.add((answer.producer_id, answer.producer_epoch))
+
+    def broker_block(self, broker: int = 1) -> None:
+        with SyncClient(self.server.bootstrap) as client:
+            epoch = client.request(
+                requests.registration(broker, self.server.cluster_id(), uuid.UUID(int=broker))
+            ).broker_epoch
+            block = client.request(requests.allocate(broker, epoch))
+        assert block.error_code == 0
+        self.answered.ranges.append((block.producer_id_start, block.producer_id_len))
+
+    def request(self, body: object) -> None:
+        with SyncClient(self.server.bootstrap) as client:
+            assert client.request(body).error_code == 0  # type: ignore[arg-type]
+
+
+#: Settings under which the newest record is an expiry's (looked at often, expiring soon).
+EXPIRING = {
+    "TransactionalIdExpired": ("--transactional-id-expiration-ms", "1000"),
+    "JobAllocationExpired": (
+        *("--job-allocation-reuse-ms", "3000", "--job-allocation-expiration-ms", "6000"),
+    ),
+    "JobClockAdvanced": (
+        *("--job-allocation-reuse-ms", "10000", "--job-allocation-expiration-ms", "20000"),
+    ),
+}
+
+
+def _newest(data_dir: Path) -> object:
+    return read_log(data_dir).entries()[-1].record
+
+
+def _wait_newest(server: ServerProcess, kind: type) -> None:
+    wait_until(lambda: isinstance(_newest(server.data_dir), kind), f"a {kind.__name__} last", 30)
+
+
+def _write_history(data_dir: Path, last: str) -> Answered:
+    """A data dir the real server wrote, whose newest record is of type ``last``."""
+    answered = Answered([], {}, set())
+    settings: tuple[str, ...] = ()
+    if last in EXPIRING:
+        settings = ("--transactional-id-cleanup-interval-ms", "100", *EXPIRING[last])
+    server = ServerProcess(data_dir, *settings)
+    asking = Asking(server.start(), answered)
+    try:
+        asking.broker_block()
+        asking.job("app", 1)
+        asking.tx()
+        asking.tx()
+        if last == "ClusterCreated":
+            raise AssertionError("made by format alone")
+        if last == "JobBlockRecorded":
+            asking.job("app", 2)
+        elif last == "ProducerIdsGranted":
+            asking.broker_block()
+        elif last == "TransactionalIdUpdated":
+            asking.tx()
+        elif last == "BrokerRegistered":
+            asking.request(requests.registration(2, server.cluster_id(), uuid.UUID(int=2)))
+        elif last == "BrokerUnregistered":
+            asking.request(requests.unregister(1))
+        elif last == "ProducerIdsReserved":  # a clean stop lowers the reservation, last
+            assert server.terminate() == 0
+        elif last == "ControllerStarted":  # after a clean stop, a start writes only this
+            assert server.terminate() == 0
+            server.start()
+        elif last == "ProducerIdFloorRaised":  # after a crash, a start raises the floor
+            server.kill()
+            server.start()
+        elif last == "TransactionalIdExpired":
+            _wait_newest(server, TransactionalIdExpired)
+        elif last == "JobAllocationExpired":
+            _wait_newest(server, JobAllocationExpired)
+        elif last == "JobClockAdvanced":
+            _wait_newest(server, JobClockAdvanced)
+        elif last == "DamagedTailTruncated":  # a start on a damaged tail records it, last
+            server.kill()
+            _flip_newest(data_dir, "flip payload")
+            server.start()
+    finally:
+        server.kill()
+    assert type(_newest(data_dir)).__name__ == last
+    return answered
+
+
+def _flip_newest(data_dir: Path, how: str) -> None:
+    """Flip a bit in the newest record (its length field, or the middle of its payload);
+    the preallocated zeros after it a SIGKILL left are not its."""
+    segment = max(data_dir.glob("*" + SEGMENT_SUFFIX))
+    data = bytearray(segment.read_bytes())
+    start = end = 0
+    while end + 4 <= len(data) and (length := struct.unpack_from(">I", data, end)[0]):
+        start, end = end, end + 8 + length
+    position = start + (2 if how == "flip header" else (end - start) // 2)
+    data[position] ^= 0x10
+    segment.write_bytes(bytes(data))
+
+
+def _check_after_damage(data_dir: Path, answered: Answered) -> None:
+    """The real server on the damaged data dir: every earlier question answered as before
+    or refused; nothing handed out twice; a new version refused (it may be a lost one)."""
+    after: list[tuple[int, int]] = []
+    server = ServerProcess(data_dir).start()
+    try:
+        asking = Asking(server, Answered(after, {}, set()))
+        for (app, version), starts in answered.jobs.items():
+            keys = [JobKey(app, version, block).client_id() for block in range(len(starts))]
+            with SyncClient(server.bootstrap) as client:
+                answers = client.pipeline([requests.allocate(-1, -1)] * len(keys), keys)
+            # Its first blocks, or refused: as a version whose age is unknown, or (once a
+            # newer version of the app was answered) as an older version.
+            superseded = any(a == app and v > version for a, v in answered.jobs)
+            for answer, start in zip(answers, starts, strict=True):
+                assert (answer.error_code, answer.producer_id_start) in {
+                    (0, start),
+                    (ErrorCode.unknown_producer_id, 0),
+                    *([(ErrorCode.producer_fenced, 0)] if superseded else []),
+                }, (app, version, answer)
+        with SyncClient(server.bootstrap) as client:
+            (fresh,) = client.pipeline(
+                [requests.allocate(-1, -1)], [JobKey("new", 1, 0).client_id()]
+            )
+        assert fresh.error_code == ErrorCode.unknown_producer_id  # it may be a lost version
+        asking.tx()
+        assert not asking.answered.pairs & answered.pairs  # a new PID, not a lost epoch
+        asking.broker_block(3)
+        with SyncClient(server.bootstrap) as client:
+            pid = client.request(requests.init_producer_id())
+        after.append((pid.producer_id, 1))
+    finally:
+        server.kill()
+    assert first_overlap(answered.ranges + after) is None
+    # A transactional id keeps its PID across epochs; that PID is nobody else's.
+    tx_pids = [(pid, 1) for pid in {pid for pid, _ in answered.pairs | asking.answered.pairs}]
+    assert first_overlap(answered.ranges + after + tx_pids) is None
+    assert not (data_dir / DAMAGED_TAIL_FILE).exists()  # recorded in the log, the note gone
+    assert isinstance(_newest(data_dir), DamagedTailTruncated | ProducerIdsGranted)
+
+
+LAST_RECORDS = [
+    "JobBlockRecorded",
+    "ProducerIdsGranted",
+    "TransactionalIdUpdated",
+    "BrokerRegistered",
+    "BrokerUnregistered",
+    "ControllerStarted",
+    "ProducerIdFloorRaised",
+    "ProducerIdsReserved",
+    "TransactionalIdExpired",
+    "JobAllocationExpired",
+    "JobClockAdvanced",
+    "DamagedTailTruncated",
+]
+
+
+def test_every_record_type_a_server_writes_last_is_tried() -> None:
+    """ClusterCreated is written by ``pidctl format`` alone (below), ProducerIdsLeased only
+    with etcd (a fleet serves no named job; its grants are covered as above); a snapshot's
+    own records are never in the log."""
+    assert set(LAST_RECORDS) | {"ClusterCreated", "ProducerIdsLeased"} == {
+        cls.__name__ for cls in RECORD_TYPES.values() if cls not in SNAPSHOT_RECORDS
+    }
+
+
+@pytest.mark.parametrize("last", LAST_RECORDS)
+def test_a_flipped_bit_in_the_newest_record_of_each_type_changes_no_answer(
+    tmp_path: Path, last: str
+) -> None:
+    answered = _write_history(tmp_path / "written", last)
+    for how in ("flip header", "flip payload"):
+        data_dir = tmp_path / how.replace(" ", "-")
+        shutil.copytree(tmp_path / "written", data_dir)
+        _flip_newest(data_dir, how)
+        checked = _pidctl("log", "verify", "--data-dir", str(data_dir))
+        assert checked.returncode == 1 and "DAMAGED TAIL" in checked.stdout, checked.stdout
+        _check_after_damage(data_dir, answered)
+
+
+def test_a_flipped_bit_in_the_only_record_stops_start_up_clearly(tmp_path: Path) -> None:
+    data_dir = tmp_path / "d"
+    format_data_dir(data_dir)
+    assert isinstance(_newest(data_dir), ClusterCreated)
+    _flip_newest(data_dir, "flip payload")
+    with pytest.raises(RuntimeError, match="holds no ClusterCreated record"):
+        ServerProcess(data_dir).start()

@@ -123,7 +123,8 @@ def test_chart(tmp_path: Path) -> None:
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-#: The small campaign's cycles: SIGKILLs, I/O faults, bit flips, counter regressions.
+#: The small campaign's cycles: SIGKILLs, I/O faults, bit flips (each with named jobs of
+#: three principals), counter regressions.
 KILLS, FAULTS, FLIPS, REGRESSIONS = 2, 2, 2, 1
 
 
@@ -139,6 +140,9 @@ def test_a_small_fault_campaign_finds_nothing_lost(capsys: pytest.CaptureFixture
     assert result["kills"] == KILLS + flips
     assert result["bits_flipped"] >= 1 and flips >= FLIPS
     assert result["grants_checked"] >= result["grants_acknowledged"] > 0
+    # Named jobs of several principals ran through it, each checked: recorded for its
+    # owner, re-runs answered the same blocks or refused, another principal refused.
+    assert result["job_blocks_acknowledged"] > 0 and result["job_problems"] == 0
     # A fault not reached in time is tried again (at most as often as faults were asked for).
     assert result["faults_injected"] >= 1
     assert result["faults_injected"] + result["faults_not_reached"] >= FAULTS

@@ -290,6 +290,12 @@ class Metrics:
         self.snapshot_bytes = Gauge(
             "pidctl_snapshot_bytes", "Size of the latest snapshot.", registry=r
         )
+        self.audit_trail_floor_bytes = Gauge(
+            "pidctl_audit_trail_floor_bytes",
+            "Bytes of the audit trail (segments a snapshot covers) younger than "
+            "log_retention_ms, kept whatever log_retention_bytes says (at the last snapshot).",
+            registry=r,
+        )
         self.recovery_seconds = Gauge(
             "pidctl_recovery_duration_seconds",
             "Time the last start-up took to recover the log.",

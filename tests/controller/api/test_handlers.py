@@ -3,6 +3,7 @@ nothing), decided against an in-memory log: no server process needed."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -150,13 +151,55 @@ def test_unregister_broker_messages_are_kafkas() -> None:
 def test_metadata_topics_need_describe(version: int) -> None:
     # As Kafka: a topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED, whether
     # it exists or not; without an authorizer every topic is simply unknown.
-    acls = [Acl("User:p", "Describe", "Topic", "app-", "prefixed")]
+    acls = [
+        Acl("User:p", "Describe", "Topic", "app-", "prefixed"),
+        Acl("User:p", "Create", "Cluster", "kafka-cluster"),  # below v4 creation is asked for
+    ]
     controller = _controller(Authorizer(acls, enabled=True))
     answer = _handle(controller, requests.metadata(["app-1", "other"], version=version), "User:p")
     assert [(t.name, t.error_code) for t in answer.topics] == [("app-1", 3), ("other", 29)]
     open_controller = _controller()
     answer = _handle(open_controller, requests.metadata(["other"], version=version), "User:p")
     assert [t.error_code for t in answer.topics] == [3]
+
+
+@pytest.mark.parametrize("version", [1, 4, 12])
+def test_metadata_creation_allowed_needs_create_as_in_kafka(version: int) -> None:
+    # Kafka (auto.create.topics.enable, the default): creation allowed (always below v4),
+    # a topic the principal may Describe but not Create, on the cluster or the topic, is
+    # TOPIC_AUTHORIZATION_FAILED, listed after the others it may Describe.
+    acls = [
+        Acl("User:p", "Describe", "Topic", "*"),
+        Acl("User:p", "Create", "Topic", "mine"),
+    ]
+    controller = _controller(Authorizer(acls, enabled=True))
+    body = requests.metadata(["theirs", "mine"], version=version)
+    if version >= 4:
+        body = dataclasses.replace(body, allow_auto_topic_creation=True)
+    answer = _handle(controller, body, "User:p")
+    assert [(t.name, t.error_code) for t in answer.topics] == [("mine", 3), ("theirs", 29)]
+    if version >= 4:  # not asked to create: only Describe counts
+        body = dataclasses.replace(body, allow_auto_topic_creation=False)
+        answer = _handle(controller, body, "User:p")
+        assert [t.error_code for t in answer.topics] == [3, 3]
+
+
+def test_metadata_authorized_operations_follow_the_acls() -> None:
+    acls = [
+        Acl("User:p", "Read", "Topic", "t"),
+        Acl("User:p", "Describe", "Cluster", "kafka-cluster"),
+    ]
+    controller = _controller(Authorizer(acls, enabled=True))
+    body = dataclasses.replace(
+        requests.metadata(["t"], version=10),
+        include_topic_authorized_operations=True,
+        include_cluster_authorized_operations=True,
+    )
+    answer = _handle(controller, body, "User:p")
+    assert answer.topics[0].topic_authorized_operations == 1 << 3 | 1 << 8  # Read, Describe
+    assert answer.cluster_authorized_operations == 1 << 8
+    answer = _handle(controller, body, "User:q")
+    assert answer.topics[0].error_code == 29 and answer.cluster_authorized_operations == 0
 
 
 @pytest.mark.parametrize("version", [0, 9, 12, 13])
@@ -305,3 +348,75 @@ def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_wr
     assert refused == ["InitProducerId"] * 5 + ["AllocateProducerIds"] * 2
     controller.paused = None  # room again: granted
     assert controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn).error == 0
+
+
+def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
+    """A named job's block, through the handler, as ``principal``."""
+    key = f"pidctl-job/{version}/{block}/{app}"
+    answer, _, _ = controller.allocate_block(-1, -1, key, NOW, ConnectionInfo(principal=principal))
+    return answer
+
+
+def test_a_named_job_needs_write_on_its_app_id_as_a_transactional_id_does() -> None:
+    """Literal and prefixed ACLs on the AppId resource, a DENY beating an ALLOW; refused
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), and nothing written. IdempotentWrite on the
+    cluster (every idempotent producer's) is not enough for a name."""
+    acls = [
+        Acl("User:etl", "Write", "AppId", "etl-", "prefixed"),
+        Acl("User:etl", "Write", "AppId", "etl-secret", "literal", "deny"),
+        Acl("User:etl", "IdempotentWrite", "Cluster", "kafka-cluster"),
+        Acl("User:adhoc", "IdempotentWrite", "Cluster", "kafka-cluster"),
+        Acl("User:any", "Write", "AppId", "*"),
+    ]
+    controller = _controller(Authorizer(acls, enabled=True))
+    written = controller.state.next_offset
+    for app, principal in [
+        ("other", "User:etl"),
+        ("etl-secret", "User:etl"),
+        ("etl-a", "User:adhoc"),
+    ]:
+        assert _named(controller, app, 1, 0, principal).error == 53, (app, principal)
+    assert controller.state.next_offset == written
+    assert _named(controller, "etl-a", 1, 0, "User:etl").error == 0
+    assert _named(controller, "anything", 1, 0, "User:any").error == 0
+    # Without a name, a job still needs only IdempotentWrite.
+    unnamed, _, _ = controller.allocate_block(
+        -1, -1, "x", NOW, ConnectionInfo(principal="User:adhoc")
+    )
+    assert unnamed.error == 0
+
+
+def test_an_app_id_is_answered_and_fenced_only_for_its_owner() -> None:
+    """Two principals both allowed every app id: the second can neither read the first's
+    blocks, share its version, nor fence it; nothing it asks is written."""
+    acls = [Acl("User:*", "Write", "AppId", "*")]
+    controller = _controller(Authorizer(acls, enabled=True))
+    first = _named(controller, "orders", 5, 0, "User:owner")
+    written = controller.state.next_offset
+    for version, block in [(5, 0), (5, 1), (6, 0), (2**63 - 1, 0)]:
+        assert _named(controller, "orders", version, block, "User:intruder").error == 53
+    assert controller.state.next_offset == written
+    assert controller.app_id_refusal(ConnectionInfo(principal="User:intruder"), "orders") == 53
+    assert controller.app_id_refusal(ConnectionInfo(principal="User:owner"), "orders") == 0
+    again = _named(controller, "orders", 5, 0, "User:owner")
+    assert (again.error, again.first) == (0, first.first)
+
+
+def test_app_id_bounds_are_kafka_errors_and_write_nothing() -> None:
+    controller = _controller()
+    controller.state.configure(max_job_app_id_bytes=10, max_job_app_ids_per_principal=1)
+    written = controller.state.next_offset
+    assert _named(controller, "x" * 11, 1, 0, "User:p").error == ErrorCode.invalid_request
+    assert _named(controller, "a", 1, 0, "User:p").error == 0
+    written = controller.state.next_offset
+    assert _named(controller, "b", 1, 0, "User:p").error == ErrorCode.policy_violation
+    assert controller.state.next_offset == written
+
+
+def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
+    log = MemoryLog()
+    controller = _controller(log=log)
+    huge = "c" * 32_000
+    block, _, _ = controller.allocate_block(-1, -1, huge, NOW, ConnectionInfo())
+    assert block.error == 0
+    assert max(len(entry) for entry in log.entries) < 600

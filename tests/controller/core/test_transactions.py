@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import EPOCH_EXHAUSTED, INT64_MAX
-from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, ProducerIdRange
+from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsReserved,
@@ -16,6 +16,7 @@ from pidctl.controller.core.records import (
     TransactionalIdExpired,
     TransactionalIdUpdated,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import (
     MAX_UPDATED_MS,
@@ -25,6 +26,7 @@ from pidctl.controller.core.transactions import (
     parse_expected,
 )
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 OK = ErrorCode.none
 
@@ -281,3 +283,49 @@ def test_copies_are_independent_and_compare_by_content() -> None:
     assert copy == table
     del table["x"]
     assert "x" in copy and copy != table
+
+
+# -- after a damaged tail -------------------------------------------------------------------
+
+
+def _after_damaged_tail(pid: int, epoch: int, last_epoch: int = -1) -> ControllerState:
+    """ "tx" holds (pid, epoch) in the log, and start-up then cut a damaged tail: its newest
+    update (to epoch + 1, say) may have been lost."""
+    state = with_id(pid, epoch, last_epoch)
+    apply(state, state.damaged_tail(100, 0, 0))
+    return state
+
+
+@pytest.mark.parametrize("expected", [None, (7, 3), (7, 4), (7, 9)])
+def test_an_id_whose_update_may_be_lost_moves_to_a_new_pid(
+    expected: tuple[int, int] | None,
+) -> None:
+    """Its next epoch (7, 4) may already have been handed out in the lost record: the next
+    InitProducerId gets a new producer id instead (never the same pair twice), whether the
+    producer presents the epoch in the log, the lost one or none."""
+    state = _after_damaged_tail(7, 3)
+    answer = init(state, expected)
+    assert answer.error == OK and answer.producer_id != 7 and answer.producer_epoch == 0
+    assert held(state).previous_producer_id == 7
+    # Moved once: it is bumped as usual afterwards.
+    assert init(state, (answer.producer_id, 0)) == ProducerIdAndEpoch(OK, answer.producer_id, 1)
+
+
+def test_a_stale_producer_after_a_damaged_tail_is_still_fenced() -> None:
+    state = _after_damaged_tail(7, 3, last_epoch=2)
+    assert init(state, (7, 1)).error == ErrorCode.producer_fenced
+    # A retry of the bump to 3 is moved as well (its answer may have been bumped since).
+    assert init(state, (7, 2)).producer_id != 7
+
+
+def test_ids_updated_after_the_damaged_tail_are_not_moved() -> None:
+    state = _after_damaged_tail(7, 3)
+    init(state, now_ms=0)  # moved, and dated after the damage although the clock says 0
+    moved = held(state)
+    assert moved.updated_ms > state.transactions.rotate_updated_at_or_before_ms
+    assert init(state, now_ms=0) == ProducerIdAndEpoch(OK, moved.producer_id, 1)
+    # In snapshots too.
+    restored = through_snapshot(state)
+    assert restored.transactions.rotate_updated_at_or_before_ms == (
+        state.transactions.rotate_updated_at_or_before_ms
+    )

@@ -92,16 +92,19 @@ async def run_log(
     records: list[Record],
     snapshot_interval_records: int = 10_000,
     retention_bytes: int = 0,
+    retention_ms: int = 0,
 ) -> ControllerState:
-    """Write records through the real MetadataLog, as the server does."""
+    """Write records through the real MetadataLog, as the server does (without an audit
+    trail, unless told)."""
     state = ControllerState()
     metalog = MetadataLog(
         data_dir,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=snapshot_interval_records,
         retention_bytes=retention_bytes,
+        retention_ms=retention_ms,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
@@ -122,7 +125,7 @@ async def test_commits_run_on_the_loop_while_syncs_are_quick_or_always_in_the_th
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=inline_sync_max_s,
         listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
@@ -149,7 +152,7 @@ async def test_a_commit_nobody_waits_for_runs_in_the_thread_however_quick_the_di
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=60.0,
         listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
@@ -184,7 +187,7 @@ async def test_under_an_infinite_threshold_every_commit_runs_on_the_loop(tmp_pat
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=math.inf,
         listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
@@ -200,7 +203,7 @@ async def test_under_an_infinite_threshold_every_commit_runs_on_the_loop(tmp_pat
 
 async def test_a_task_that_never_waits_does_not_hold_commits_back(tmp_path: Path) -> None:
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records)
 
     async def busy() -> None:
         while True:
@@ -222,7 +225,7 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     batches: list[int] = []
     state = ControllerState()
     listener = Listener(batch=lambda n, *_: batches.append(n))
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     records = history(200)
     # trio starts tasks in no fixed order; each takes the next record when it runs.
     pending = iter(records)
@@ -251,7 +254,7 @@ async def test_what_gather_appends_joins_the_commit_about_to_be_made(tmp_path: P
     batches: list[int] = []
     state = ControllerState()
     listener = Listener(batch=lambda n, *_: batches.append(n))
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     records = iter(history(5))  # seven records
     gathered: list[int] = []
 
@@ -302,7 +305,7 @@ async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=25,
         snapshot_min_interval_s=min_interval_s,
         listener=Listener(snapshot=sizes.append),
@@ -360,23 +363,46 @@ async def write_and_snapshot(
             await trio.sleep(0.01)
 
 
-def retaining_log(data_dir: Path, state: ControllerState, retention_ms: int) -> MetadataLog:
+class TrailWatch(CommitListener):
+    """What the log says of its audit trail after each snapshot."""
+
+    def __init__(self) -> None:
+        self.floors: list[tuple[int, int]] = []
+
+    def audit_trail_kept(self, floor_bytes: int, retention_bytes: int) -> None:
+        self.floors.append((floor_bytes, retention_bytes))
+
+
+def retaining_log(
+    data_dir: Path,
+    state: ControllerState,
+    retention_ms: int,
+    retention_bytes: int = 10**9,
+    listener: CommitListener | None = None,
+) -> MetadataLog:
     return MetadataLog(
         data_dir,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=25,
-        retention_bytes=10**9,
+        retention_bytes=retention_bytes,
         retention_ms=retention_ms,
+        listener=listener,
     )
 
 
-async def test_retention_by_time_removes_covered_segments_past_it(tmp_path: Path) -> None:
-    """Within log_retention_bytes, a covered segment is kept only while its last write is
-    younger than log_retention_ms; the oldest go first and the log stays whole."""
-    records, state = history(60), ControllerState()
-    metalog = retaining_log(tmp_path, state, retention_ms=86_400_000)
+def age(path: Path, days: float) -> None:
+    then = time.time() - days * 86_400
+    os.utime(path, (then, then))
+
+
+async def test_retention_time_is_a_floor_that_no_byte_limit_cuts_into(tmp_path: Path) -> None:
+    """A covered segment younger than log_retention_ms is kept whatever the bytes (a burst
+    of large records cannot flush the audit trail), and said to be above the byte limit;
+    once older it goes, the oldest first, and the log stays whole."""
+    records, state, watch = history(60), ControllerState(), TrailWatch()
+    metalog = retaining_log(tmp_path, state, 86_400_000, retention_bytes=0, listener=watch)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         await write_and_snapshot(metalog, state, records[:32])  # segment 0 covered, kept
@@ -384,19 +410,40 @@ async def test_retention_by_time_removes_covered_segments_past_it(tmp_path: Path
             segment_name(0),
             segment_name(32),
         ]
-        eight_days_ago = time.time() - 8 * 86_400
-        os.utime(tmp_path / segment_name(0), (eight_days_ago, eight_days_ago))
-        # A snapshot at 62: segment 0 is past a day and goes, 32 is not and stays.
+        floor = (tmp_path / segment_name(0)).stat().st_size
+        assert watch.floors == [(floor, 0)]
+        age(tmp_path / segment_name(0), 8)
+        # A snapshot at 62: segment 0 is past the floor and over the bytes: it goes; 32 is
+        # within the floor and stays.
         await write_and_snapshot(metalog, state, records[32:])
         nursery.cancel_scope.cancel()
     assert sorted(p.name for p in tmp_path.glob("*.log")) == [segment_name(32), segment_name(62)]
+    assert watch.floors[-1] == ((tmp_path / segment_name(32)).stat().st_size, 0)
     assert read_log(tmp_path).entries()[0].offset == 32
     assert recover(tmp_path).state == state
 
 
-async def test_retention_of_zero_time_deletes_covered_segments_at_once(tmp_path: Path) -> None:
+async def test_retention_keeps_segments_past_the_floor_within_the_bytes(tmp_path: Path) -> None:
     records, state = history(60), ControllerState()
-    metalog = retaining_log(tmp_path, state, retention_ms=0)
+    first_size = 0
+    metalog = retaining_log(tmp_path, state, 86_400_000, retention_bytes=10**9)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metalog.run)
+        await write_and_snapshot(metalog, state, records[:32])
+        first_size = (tmp_path / segment_name(0)).stat().st_size
+        age(tmp_path / segment_name(0), 30)
+        await write_and_snapshot(metalog, state, records[32:])
+        nursery.cancel_scope.cancel()
+    names = sorted(p.name for p in tmp_path.glob("*.log"))
+    assert names == [segment_name(0), segment_name(32), segment_name(62)]
+    assert first_size > 0
+
+
+async def test_retention_of_zero_time_and_bytes_deletes_covered_segments_at_once(
+    tmp_path: Path,
+) -> None:
+    records, state = history(60), ControllerState()
+    metalog = retaining_log(tmp_path, state, retention_ms=0, retention_bytes=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         await write_and_snapshot(metalog, state, records[:32])
@@ -428,7 +475,7 @@ async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path
         seen.append((read_reservation(tmp_path), durable_end))
 
     listener = Listener(committed=committed)
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in reserving_history():
@@ -473,7 +520,7 @@ async def test_records_appended_while_a_reservation_is_written_wait_for_theirs(
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=0,  # every commit and reservation in the thread
         listener=Listener(committed=committed),
     )
@@ -507,7 +554,7 @@ async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=10,
         listener=Listener(snapshot=sizes.append),
     )
@@ -549,7 +596,7 @@ async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
     assert recover(tmp_path).state == state
     # Restarted: the snapshot on disk is the one to grow past.
     again = MetadataLog(
-        tmp_path, state.next_offset, metalog.snapshot_offset, lambda: state.copy().to_snapshot
+        tmp_path, state.next_offset, metalog.snapshot_offset, lambda: state.copy().snapshot_records
     )
     assert again.snapshot_size == sizes[1]
 
@@ -571,7 +618,7 @@ async def test_records_go_before_the_zeros_preallocated_for_them_and_a_clean_clo
 ) -> None:
     state = ControllerState()
     metalog = MetadataLog(
-        tmp_path, 0, 0, lambda: state.copy().to_snapshot, preallocate_bytes=2 * CHUNK
+        tmp_path, 0, 0, lambda: state.copy().snapshot_records, preallocate_bytes=2 * CHUNK
     )
     segment = tmp_path / segment_name(0)
     async with trio.open_nursery() as nursery:
@@ -593,7 +640,9 @@ async def test_a_batch_larger_than_the_zeros_ahead_is_written_whole(tmp_path: Pa
     them: a commit that would reach past the zeros waits for the chunk being written, so
     the zeros never land on records."""
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, preallocate_bytes=CHUNK)
+    metalog = MetadataLog(
+        tmp_path, 0, 0, lambda: state.copy().snapshot_records, preallocate_bytes=CHUNK
+    )
     ids = (f"tx-{i:05d}-" + "x" * 200 for i in itertools.count())
     written: list[Record] = []
     async with trio.open_nursery() as nursery:
@@ -617,7 +666,7 @@ async def test_zeros_stop_where_the_segment_rolls_and_a_roll_gives_them_back(
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         segment_max_bytes=3 * CHUNK,
         preallocate_bytes=8 * CHUNK,
     )
@@ -650,7 +699,7 @@ async def test_a_commit_writes_at_most_max_commit_bytes(tmp_path: Path) -> None:
             sizes.append(size)
 
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=Sizes())
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=Sizes())
     written = [
         TransactionalIdUpdated(f"{i}-" + "x" * 400_000, 7, 0, -1, -1, 60_000, 0) for i in range(6)
     ]

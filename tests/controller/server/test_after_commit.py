@@ -98,3 +98,26 @@ def test_a_storage_failure_makes_the_server_not_ready(tmp_path: Path) -> None:
     after.applied(0, grant(0))
     after.storage_failed(StorageFailed(tmp_path / "0.log", "fdatasync", OSError(5, "EIO")))
     assert not http.ready and granted(metrics) == 0
+
+
+def test_an_audit_trail_floor_above_its_bytes_is_shown_and_said_not_failed(
+    audit: io.StringIO,
+) -> None:
+    """The floor (log_retention_ms) is kept whatever its size; above log_retention_bytes it
+    is a gauge and an error line (once, not per snapshot), and /readyz stays up."""
+    metrics = Metrics()
+    http = HttpEndpoint(metrics, 1)
+    after = AfterCommit(metrics, http)
+    after.audit_trail_kept(500, 1000)
+    assert lines(audit) == []
+    after.audit_trail_kept(5000, 1000)
+    after.audit_trail_kept(6000, 1000)
+    said = [
+        line for line in lines(audit) if line["event"] == "audit trail above log_retention_bytes"
+    ]
+    assert len(said) == 1 and said[0]["floor_bytes"] == 5000
+    assert metrics.registry.get_sample_value("pidctl_audit_trail_floor_bytes") == 6000
+    assert http.faults == {}
+    after.audit_trail_kept(10, 1000)  # back under: the next time above is said at once
+    after.audit_trail_kept(7000, 1000)
+    assert len([line for line in lines(audit) if str(line["event"]).startswith("audit trail")]) == 2
