@@ -325,6 +325,31 @@ def test_a_credentials_file_on_a_hung_mount_holds_up_no_client(tmp_path: Path) -
         assert _metric(server, 'pidctl_config_reloads_total{result="failed"}') >= 2
 
 
+def test_a_config_file_on_a_hung_mount_holds_up_no_client(tmp_path: Path) -> None:
+    """The config file itself (with its ACLs) on a hung mount: a named pipe with no writer
+    blocks open(2). Read in the reload's thread: clients are served meanwhile, the reload
+    fails after reload_timeout_ms, and the access stays the one before."""
+    config = tmp_path / "pidctl.toml"
+    config.write_text('authorizer = "none"\n')
+    server = ServerProcess(tmp_path / "d", "--config", str(config), "--reload-timeout-ms", "500")
+    with server, SyncClient(server.bootstrap, timeout=5) as client:
+        config.unlink()
+        os.mkfifo(config)
+        before = len(server.events)
+        _sighup(server)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:
+            sent = time.monotonic()
+            assert client.request(requests.init_producer_id()).error_code == 0
+            assert time.monotonic() - sent < 0.5
+        outcome = _reload_outcome(server, before)
+        assert outcome["event"] == "reload failed; the previous configuration stays"
+        assert "reload_timeout_ms" in str(outcome["error"])
+        with open(config, "w") as pipe:  # (the mount comes back: the read returns)
+            pipe.write('authorizer = "none"\n')
+        assert client.request(requests.init_producer_id()).error_code == 0
+
+
 def _signals(pid: int, field: str) -> int:
     """A signal mask of /proc/PID/status (SigIgn, SigCgt); 0 once the process is gone."""
     try:
