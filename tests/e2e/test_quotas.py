@@ -6,16 +6,19 @@ from __future__ import annotations
 import datetime
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, wait_until
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
 from tests import wire
+from tests.e2e.test_hostile import sasl_plaintext_server
 from tests.e2e.test_operations import scrape
 
 
@@ -219,6 +222,74 @@ def test_an_honest_client_beside_an_evader_of_its_principal_waits_at_most_one_re
     assert max(throttles) <= 1000  # at most one window (here one request: 100 ms)
     assert max(waits) < 1.0, max(waits)  # answered at once, refused or granted
     assert granted > 0
+
+
+#: A client of its own process (no GIL shared with the measuring one) that ignores every
+#: throttle: a new SASL connection per InitProducerId, reset when done, until killed.
+_ABUSER = """
+import socket, struct, sys
+from pidctl.client import SyncClient
+from pidctl.protocol import requests
+bootstrap, user = sys.argv[1], sys.argv[2]
+while True:
+    try:
+        with SyncClient(bootstrap, sasl=("PLAIN", user, user + "-pw")) as client:
+            client.request(requests.init_producer_id())
+            client._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (ConnectionError, OSError):
+        pass
+"""
+
+
+def _honest_latencies(server: ServerProcess, count: int) -> list[float]:
+    """``count`` InitProducerIds of alice, one at a time on one new connection, each after
+    the throttle it was told (so never refused); the seconds each took to be answered."""
+    waits = []
+    with SyncClient(server.bootstrap, sasl=("PLAIN", "alice", "alice-pw")) as honest:
+        for _ in range(count):
+            sent = time.monotonic()
+            answer = honest.request(requests.init_producer_id())
+            waits.append(time.monotonic() - sent)
+            assert answer.error_code == 0
+            time.sleep(max(answer.throttle_time / _MS / 1000, 0.02))
+    return sorted(waits)
+
+
+def test_an_honest_principal_beside_an_abuser_of_its_address_keeps_its_latency(
+    tmp_path: Path,
+) -> None:
+    """Closed-by-the-client muted connections of an abuser held max_connections_per_address,
+    and every client of that address was refused, whatever its principal. With the abuser
+    (mallory, producer_ids_rate 10/s, a new connection per request) on the same address,
+    an honest principal (alice) connects and keeps its p99 within a bound of its own
+    baseline, measured alone in the same run."""
+    server = sasl_plaintext_server(tmp_path, "alice", "mallory")
+    server.extra += ["--producer-ids-rate", "10", "--max-connections-per-address", "50"]
+    with server:
+        baseline = _honest_latencies(server, 50)
+        abuser = subprocess.Popen(
+            [sys.executable, "-c", _ABUSER, server.bootstrap, "mallory"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            mallory = 'pidctl_producer_ids_created_total{principal="User:mallory"}'
+            wait_until(
+                lambda: scrape(server.metrics_url).get(mallory, 0) > 15,
+                "the abuser past its burst",
+            )
+            time.sleep(1.0)  # (abusing a while longer: not waiting for anything)
+            beside = _honest_latencies(server, 50)
+            metrics = scrape(server.metrics_url)
+        finally:
+            abuser.kill()
+            abuser.wait()
+    p99 = lambda waits: waits[int(len(waits) * 0.99) - 1]  # noqa: E731
+    # Its usual latency: a busy 2-core machine serving the abuser's connections meanwhile
+    # may add a few scheduler slices, never a throttle or a wait for a slot.
+    assert p99(beside) < p99(baseline) + 0.05, (p99(baseline), p99(beside))
+    assert metrics['pidctl_quota_refusals_total{api="init_producer_id"}'] > 100
+    assert metrics['pidctl_producer_ids_created_total{principal="User:alice"}'] == 100
 
 
 def test_a_muted_connection_whose_client_hung_up_frees_its_place_at_once(
