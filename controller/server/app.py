@@ -146,8 +146,8 @@ class PidctlServer:
         - ``applied``."""
         try:
             loaded = await reader.read(load)
-        except ReloadRefused as e:
-            log.error("reload refused; the previous configuration stays", reason=str(e))
+        except ReloadRefused as refused:  # (its own name: compiled, a name has one type)
+            log.error("reload refused; the previous configuration stays", reason=str(refused))
             return self._reloaded("refused")
         except Exception as e:  # any error: a reload must not take the server down
             log.error(

@@ -255,6 +255,10 @@ def _honest_latencies(server: ServerProcess, count: int) -> list[float]:
     return sorted(waits)
 
 
+def _p99(sorted_waits: list[float]) -> float:
+    return sorted_waits[int(len(sorted_waits) * 0.99) - 1]
+
+
 def test_an_honest_principal_beside_an_abuser_of_its_address_keeps_its_latency(
     tmp_path: Path,
 ) -> None:
@@ -284,10 +288,9 @@ def test_an_honest_principal_beside_an_abuser_of_its_address_keeps_its_latency(
         finally:
             abuser.kill()
             abuser.wait()
-    p99 = lambda waits: waits[int(len(waits) * 0.99) - 1]  # noqa: E731
     # Its usual latency: a busy 2-core machine serving the abuser's connections meanwhile
     # may add a few scheduler slices, never a throttle or a wait for a slot.
-    assert p99(beside) < p99(baseline) + 0.05, (p99(baseline), p99(beside))
+    assert _p99(beside) < _p99(baseline) + 0.05, (_p99(baseline), _p99(beside))
     assert metrics['pidctl_quota_refusals_total{api="init_producer_id"}'] > 100
     assert metrics['pidctl_producer_ids_created_total{principal="User:alice"}'] == 100
 
