@@ -10,11 +10,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient
 
-# (Their defining modules: confluent_kafka.admin re-exports them without saying so to mypy.)
-from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
-from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+# (confluent-kafka's admin package re-exports these without saying so to a type checker.)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from ops.testing.kafka import START_TIMEOUT_S, KafkaNode
 from ops.testing.serverproc import ServerProcess, add_sasl_user
