@@ -788,6 +788,7 @@ def load_settings_with_sources(
     line each; ``for_reload`` (a SIGHUP), :class:`ReloadRefused` for a config file that
     ends inside an ``[[acls]]`` table (:func:`ends_inside_acl_table`)."""
     merged: dict[str, tuple[str, Any]] = {}
+    text = ""
     if config_file is not None:
         try:
             with open(config_file, "rb") as f:
@@ -795,13 +796,6 @@ def load_settings_with_sources(
             data = tomllib.loads(text)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             raise SettingsError(f"config file {config_file}: {e}") from e
-        if for_reload and ends_inside_acl_table(text):
-            raise ReloadRefused(
-                f"config file {config_file} ends inside an [[acls]] table, as one cut while "
-                "it was being written would (a half-written ACL can allow more than the "
-                "whole file); write the ACLs as one array, acls = [{...}, ...], which a cut "
-                "leaves unreadable, or restart the server to take this file"
-            )
         for name, value in data.items():
             merged[name.replace("-", "_")] = (f"{config_file}: {name}", value)
     ignored = set(service_link_variables(environ))
@@ -827,6 +821,14 @@ def load_settings_with_sources(
     problems = _check_together(settings)
     if problems:
         raise SettingsError("\n".join(problems))
+    # (After the checks: a file with a malformed setting is refused for what is wrong.)
+    if for_reload and config_file is not None and ends_inside_acl_table(text):
+        raise ReloadRefused(
+            f"config file {config_file} ends inside an [[acls]] table, as one cut while "
+            "it was being written would (a half-written ACL can allow more than the "
+            "whole file); write the ACLs as one array, acls = [{...}, ...], which a cut "
+            "leaves unreadable, or restart the server to take this file"
+        )
     return settings, {name: source for name, (source, _) in merged.items()}
 
 
