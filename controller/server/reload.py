@@ -1,14 +1,15 @@
 """SIGHUP: what a reload may change, how its files are read, and what it refuses.
 
 A reload takes new ACLs, super users, the authorizer's switch and the SASL credentials
-(:data:`RELOADED`); every other setting takes a restart, and a reload that finds one
-changed says which. Its files are read in a worker thread, under a time limit: a file on a
-hung mount blocks its reader, never the event loop. And since a reload cannot tell an
-operator's intent from an editor's write caught half done, it never makes a change that a
-cut file could have made up (:func:`reload_refusal`, and the config file's own check in
-``settings.py``: a file ending inside an ``[[acls]]`` table is refused); those take a
-restart. Writing the new file elsewhere and renaming it into place (what a Kubernetes
-ConfigMap volume does) is never caught half done: each reload opens the file anew.
+(``RELOADABLE_SETTINGS``: the configuration reference's ``reload`` column); every other
+setting takes a restart, and a reload that finds one changed says which. Its files are read
+in a worker thread, under a time limit: a file on a hung mount blocks its reader, never the
+event loop. And since a reload cannot tell an operator's intent from an editor's write
+caught half done, it never makes a change that a cut file could have made up
+(:func:`reload_refusal`, and the config file's own check in ``settings.py``: a file ending
+inside an ``[[acls]]`` table is refused); those take a restart. Writing the new file
+elsewhere and renaming it into place (what a Kubernetes ConfigMap volume does) is never
+caught half done: each reload opens the file anew.
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ import trio
 
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.server.security.sasl import CredentialStore
-from pidctl.controller.settings import Settings
-
-#: The settings a reload applies; every other one takes a restart.
-RELOADED = ("authorizer", "acls", "super_users", "credentials_file")
+from pidctl.controller.settings import RELOADABLE_SETTINGS, Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +114,7 @@ def restart_only_changes(running: Settings, loaded: Settings) -> list[str]:
     return [
         f.name
         for f in dataclasses.fields(Settings)
-        if f.name not in RELOADED and getattr(running, f.name) != getattr(loaded, f.name)
+        if f.name not in RELOADABLE_SETTINGS and getattr(running, f.name) != getattr(loaded, f.name)
     ]
 
 

@@ -76,10 +76,24 @@ def test_healthz_answers_within_100_ms_beside_1000_held_metrics_connections(
     assert ready[0] == 200
 
 
+#: The shipped manifests with a pidctl container: a sidecar pod, and a StatefulSet.
+MANIFESTS = ("ops/deploy/kubernetes-sidecar.yaml", "ops/deploy/kubernetes/pidctl.yaml")
+
+
 def _manifest_probes() -> dict[str, dict[str, object]]:
-    pod = yaml.safe_load((ROOT / "ops/deploy/kubernetes-sidecar.yaml").read_text())
-    [sidecar] = [c for c in pod["spec"]["containers"] if c["name"] == "pidctl"]
-    return {kind: sidecar[kind] for kind in ("livenessProbe", "readinessProbe")}
+    """Every probe of every shipped manifest's pidctl container, by manifest and kind."""
+    probes = {}
+    for manifest in MANIFESTS:
+        for document in yaml.safe_load_all((ROOT / manifest).read_text()):
+            spec = (document or {}).get("spec", {})
+            pod = spec.get("template", {}).get("spec", spec)
+            for container in pod.get("containers", []):
+                if container["name"] != "pidctl":
+                    continue
+                for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    if kind in container:
+                        probes[f"{manifest} {kind}"] = container[kind]
+    return probes
 
 
 def _healthcheck_timeout() -> float:
@@ -95,6 +109,7 @@ def test_the_shipped_probes_pass_beside_a_flood_of_held_connections(tmp_path: Pa
     failureThreshold, 3 by default, failures in a row restart the container) and Docker's
     HEALTHCHECK command as the Dockerfile runs it, beside the flood."""
     probes = _manifest_probes()
+    assert len(probes) >= 5  # (the sidecar's two, the StatefulSet's three)
     _, _, healthcheck = dockerfile()
     with ServerProcess(tmp_path / "d") as server, HttpFlood(server.metrics_port, HELD) as flood:
         _flooded(server, flood)

@@ -1,10 +1,13 @@
-"""What a SIGHUP reads, how long it may take, and what it refuses (the server's side is
-tests/e2e/test_reload.py, with real files and signals)."""
+"""What a SIGHUP reads, how long it may take, and what it refuses; what it takes from the
+new settings is what the configuration reference marks ``reload`` (a setting read by the
+reload but documented as restart-only, or the other way round, fails here). The server's
+side is tests/e2e/test_reload.py, with real files and signals."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import Any
 
 import pytest
 import trio
@@ -14,11 +17,13 @@ from pidctl.controller.server.reload import (
     ReloadReader,
     ReloadTimedOut,
     StillReading,
+    build_authorizer,
+    load_credentials,
     reload_refusal,
     restart_only_changes,
 )
 from pidctl.controller.server.security.sasl import CredentialStore
-from pidctl.controller.settings import Settings
+from pidctl.controller.settings import RELOADABLE_SETTINGS, Settings
 from pidctl.protocol.addresses import HostPort
 
 
@@ -94,3 +99,24 @@ def test_a_reload_never_lets_through_what_was_refused(
         assert reason is None
     else:
         assert reason is not None and refused.split()[0] in reason
+
+
+_read: set[str] = set()
+
+
+class _RecordingSettings(Settings):
+    """Default settings that note every setting read from them."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("__"):
+            _read.add(name)
+        return super().__getattribute__(name)
+
+
+def test_a_reload_reads_exactly_the_reloadable_settings() -> None:
+    # A reload builds its new state with these two and nothing else from the settings.
+    _read.clear()
+    settings = _RecordingSettings()
+    build_authorizer(settings)
+    load_credentials(settings)
+    assert _read == set(RELOADABLE_SETTINGS)
