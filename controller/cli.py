@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import uuid
@@ -139,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reserve.add_argument("--data-dir", type=Path, required=True)
     reserve.add_argument("--producer-id", type=int, required=True, metavar="N")
+    reserve.add_argument(
+        "--last-producer-id",
+        type=int,
+        metavar="N",
+        help="the controller's last_producer_id, if set (default: PIDCTL_LAST_PRODUCER_ID, "
+        "else 2^63-2): --producer-id may be at most the start of its last block",
+    )
+    reserve.add_argument(
+        "--force",
+        action="store_true",
+        help="lower an intact reservation (refused without it: the reservation is what a "
+        "start-up skips to, above grants the log's lost tail may have held)",
+    )
 
     register = commands.add_parser("register", help="register a broker; prints its epoch")
     register.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -235,20 +249,28 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
 
 
-def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
-    """Settings from flags, environment and file; raises SettingsError naming each problem."""
+def _load_settings(
+    args: argparse.Namespace, *, for_reload: bool = False
+) -> tuple[Any, dict[str, str]]:
+    """Settings from flags, environment and file; raises SettingsError naming each problem
+    (``for_reload``: ReloadRefused for a config file a reload must not take)."""
     from pidctl.controller.settings import SETTING_NAMES, load_settings_with_sources
 
     environ: Mapping[str, str] = args.environ
     env_config = environ.get("PIDCTL_CONFIG")
     config = args.config or (Path(env_config) if env_config else None)
     flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
-    return load_settings_with_sources(flags, environ, config)
+    return load_settings_with_sources(flags, environ, config, for_reload=for_reload)
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one ``pidctl`` command; ``environ`` (default ``os.environ``) is where PIDCTL_*
     settings are read from."""
+    if argv is None and sys.argv[1:2] == ["serve"]:
+        # SIGHUP's default action ends the process: until the server's signal watch runs
+        # (after its imports, ~0.3 s), a SIGHUP (a reload asked early) is ignored instead.
+        # (Only as the process's own command: a caller in process keeps its handlers.)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
     args.environ = os.environ if environ is None else environ
     try:
@@ -324,7 +346,7 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
     def reload() -> Any:
         """SIGHUP: the same flags, the environment and the config file read again (a
         SettingsError names what is wrong; the server logs it and keeps what it has)."""
-        return _load_settings(args)[0]
+        return _load_settings(args, for_reload=True)[0]
 
     trio.run(serve, settings, reload)
     return 0
@@ -498,8 +520,19 @@ def _log(args: argparse.Namespace) -> int:
     if args.log_command == "reserve":
         if args.producer_id < 0:
             raise UsageError("--producer-id must not be negative")
+        last = args.last_producer_id
+        if last is None:  # the setting, from the environment or its default
+            from pidctl.controller.settings import load_settings_with_sources
+
+            name = "PIDCTL_LAST_PRODUCER_ID"
+            wanted = {name: args.environ[name]} if name in args.environ else {}
+            last = load_settings_with_sources({}, wanted)[0].last_producer_id
         try:
-            print(reserve_by_operator(args.data_dir, args.producer_id))
+            print(
+                reserve_by_operator(
+                    args.data_dir, args.producer_id, last_producer_id=last, force=args.force
+                )
+            )
         except LogCorruption as e:
             raise _corrupt(e) from e
         return 0

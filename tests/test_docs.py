@@ -32,7 +32,7 @@ from pidctl.client import SyncClient
 from pidctl.controller.cli import build_parser
 from pidctl.controller.core.acl import Authorizer, parse_acl
 from pidctl.controller.core.records import RECORD_TYPES
-from pidctl.controller.settings import SETTING_NAMES
+from pidctl.controller.settings import SETTING_NAMES, SettingsError, load_settings_with_sources
 from pidctl.protocol import requests
 from tests import docs
 
@@ -95,6 +95,9 @@ BLOCKS = {
     ),
     ("docs/security.md", "Security", 0): run_by(
         "tests/test_docs.py::test_the_security_configuration_as_written"
+    ),
+    ("docs/quotas-and-reloads.md", "Reloads (SIGHUP)", 0): run_by(
+        "tests/test_docs.py::test_the_reloadable_acls_as_written"
     ),
     ("docs/job-allocations.md", "Owners and ACLs", 0): run_by(
         "tests/test_docs.py::test_the_app_id_acl_as_written"
@@ -501,6 +504,23 @@ def test_the_app_id_acl_as_written() -> None:
     assert authorizer.authorize("User:etl", "Write", "AppId", "etl-orders")
     assert not authorizer.authorize("User:etl", "Write", "AppId", "orders")
     assert not authorizer.authorize("User:other", "Write", "AppId", "etl-orders")
+
+
+def test_the_reloadable_acls_as_written(tmp_path: Path) -> None:
+    """docs/quotas-and-reloads.md's ACLs as one array: a reload takes the file, and the file
+    cut after any of its lines is no longer one it takes (it does not parse)."""
+    text = docs.block("docs/quotas-and-reloads.md", "Reloads (SIGHUP)", 0)
+    config = tmp_path / "pidctl.toml"
+    config.write_text(text)
+    settings, _ = load_settings_with_sources({}, {}, config, for_reload=True)
+    authorizer = Authorizer(settings.acls, enabled=settings.authorizer == "acl")
+    assert authorizer.authorize("User:etl", "Write", "TransactionalId", "etl-orders")
+    assert not authorizer.authorize("User:etl", "Write", "TransactionalId", "orders")
+    lines = text.splitlines(keepends=True)
+    for cut in range(lines.index("acls = [\n") + 1, len(lines)):
+        config.write_text("".join(lines[:cut]))
+        with pytest.raises(SettingsError):
+            load_settings_with_sources({}, {}, config, for_reload=True)
 
 
 def _is_commit(word: str) -> bool:

@@ -98,6 +98,9 @@ _REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
 #: A named job without Write on its app id, as a transactional id without Write on it.
 _APP_ID_DENIED = ErrorCode.transactional_id_authorization_failed
 _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
+#: AllocateProducerIds while grants are paused (the disk nearly full): Kafka's retriable
+#: storage error.
+_PAUSED_BLOCK = Block(ErrorCode.kafka_storage_error, 0, 0)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group (KIP-932, from
 #: v6 only).
@@ -142,6 +145,8 @@ class InitAnswer:
 
 _TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)
 _IDEMPOTENT_WRITE_DENIED = InitAnswer(ErrorCode.cluster_authorization_failed)
+#: InitProducerId while grants are paused: the error every client retries.
+_PAUSED_INIT = InitAnswer(ErrorCode.coordinator_load_in_progress)
 
 
 class IdempotentRun(NamedTuple):
@@ -213,6 +218,14 @@ class Controller:
         #: whether the range is used up for good (an operator must widen it) rather than
         #: waiting for a lease or a block.
         self.on_no_producer_id: Callable[[str, bool], None] = lambda api, exhausted: None
+        #: Why grants are paused now, or None: the data dir's filesystem is nearly full
+        #: (``server/app.py`` watches it), and a grant's record could meet ENOSPC, which
+        #: stops the server. Meanwhile InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS
+        #: and AllocateProducerIds KAFKA_STORAGE_ERROR (both retried by clients and
+        #: brokers), and nothing is written.
+        self.paused: str | None = None
+        #: Told of each request refused while grants are paused: the API's name.
+        self.on_paused: Callable[[str], None] = lambda api: None
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self.api_versions = ApiVersionsAnswers(self.supported)
         self._handlers: dict[int, Handler] = {
@@ -350,7 +363,7 @@ class Controller:
 
     def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         body = request.body
-        block, offset = self.allocate_block(
+        block, offset, created = self.allocate_block(
             body.broker_id, body.broker_epoch, request.header.client_id, now, conn
         )
         # Plain ints, as in _init_producer_id: a broker's every block request answers here.
@@ -360,7 +373,7 @@ class Controller:
             producer_id_start=block.first,
             producer_id_len=block.length,
         )
-        return Reply(response, offset)
+        return Reply(response, offset, created)
 
     def allocate_block(
         self,
@@ -369,10 +382,12 @@ class Controller:
         client_id: str | None,
         now: Now,
         conn: ConnectionInfo,
-    ) -> tuple[Block, int]:
-        """An AllocateProducerIds' block (or refusal) and the offset that must be durable
-        before it is answered: for requests read by kio (:meth:`handle`) and by ``struct``
-        (``protocol.block_requests``) alike."""
+    ) -> tuple[Block, int, int]:
+        """An AllocateProducerIds' block (or refusal), the offset that must be durable
+        before it is answered, and the producer ids it created for a job (a new job block's
+        1,000, for the quota on new producer ids; 0 for a broker's block, which is the
+        cluster's, and for a job's block answered again): for requests read by kio
+        (:meth:`handle`) and by ``struct`` (``protocol.block_requests``) alike."""
         manager = self.state.producer_ids
         # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction: an
@@ -382,28 +397,33 @@ class Controller:
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         # (No record of it can be too large: a client id is at most 32,767 bytes, an app id
         # at most max_job_app_id_bytes.)
+        key = None
         if job:
             try:
                 key = parse_job_key(client_id)
             except ValueError:
-                return _INVALID_BLOCK, NO_WAIT
+                return _INVALID_BLOCK, NO_WAIT, 0
             if key is not None:
                 refused = self.app_id_refusal(conn, key.app_id)
                 if refused:
-                    return Block(refused, 0, 0), NO_WAIT
-                result = self.state.jobs.allocate(
-                    key,
-                    wall_ms=now.wall_ms,
-                    mono_ms=now.mono_ms,
-                    principal=conn.principal,
-                    client_id=client_id,
-                )
+                    return Block(refused, 0, 0), NO_WAIT, 0
             elif not self._may_write_idempotently(conn):
-                return _REFUSED_BLOCK, NO_WAIT
-            else:
-                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+                return _REFUSED_BLOCK, NO_WAIT, 0
         elif not self._may(conn, "ClusterAction"):
-            return _REFUSED_BLOCK, NO_WAIT
+            return _REFUSED_BLOCK, NO_WAIT, 0
+        if self.paused is not None:
+            self.on_paused("AllocateProducerIds")
+            return _PAUSED_BLOCK, NO_WAIT, 0
+        if key is not None:
+            result = self.state.jobs.allocate(
+                key,
+                wall_ms=now.wall_ms,
+                mono_ms=now.mono_ms,
+                principal=conn.principal,
+                client_id=client_id,
+            )
+        elif job:
+            result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
         else:
             result = manager.allocate(
                 broker_id=broker_id,
@@ -414,7 +434,9 @@ class Controller:
         block, offset = self._apply(result, now)
         if block.error in _NO_BLOCK:
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
-        return block, offset
+        # A job's block is new when it was recorded now (one answered again writes nothing).
+        created = block.length if job and result.records else 0
+        return block, offset, created
 
     def app_id_refusal(
         self, conn: ConnectionInfo, app_id: str, operation: str = "Write"
@@ -470,6 +492,9 @@ class Controller:
                 return _TRANSACTIONAL_ID_DENIED
         elif not self._may_write_idempotently(conn):
             return _IDEMPOTENT_WRITE_DENIED
+        if self.paused is not None:
+            self.on_paused("InitProducerId")
+            return _PAUSED_INIT
         expected = parse_expected(producer_id, producer_epoch)
         if isinstance(expected, ErrorCode):
             return InitAnswer(expected)
@@ -508,6 +533,10 @@ class Controller:
         first requests in order; the rest are answered ``error``."""
         if not self._may_write_idempotently(conn):
             return IdempotentRun([], _DENIED, NO_WAIT)
+        if self.paused is not None:
+            for _ in range(count):
+                self.on_paused("InitProducerId")
+            return IdempotentRun([], _NO_PRODUCER_ID_YET, NO_WAIT)
         transactions, apply = self.state.transactions, self._apply
         taken, offset = apply(transactions.init_idempotent_run(count), now)
         if len(taken) == count:  # (nearly always: the run fits before the next refill)

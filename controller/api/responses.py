@@ -94,6 +94,24 @@ REFUSALS: dict[int, dict[str, Any]] = {
 }
 
 
+#: The error of a request refused by a strict quota (core/quotas.py), per API that takes
+#: one. AllocateProducerIds: THROTTLING_QUOTA_EXCEEDED, as KIP-599's controller mutation
+#: quota refuses (a broker backs off and retries on any error). InitProducerId:
+#: COORDINATOR_LOAD_IN_PROGRESS, which every client retries, where Kafka's Java producer
+#: fails for good on any error it does not expect there, THROTTLING_QUOTA_EXCEEDED too
+#: (TransactionManager's InitProducerIdHandler).
+QUOTA_REFUSALS: dict[int, ErrorCode] = {
+    ApiKey.ALLOCATE_PRODUCER_IDS: ErrorCode.throttling_quota_exceeded,
+    ApiKey.INIT_PRODUCER_ID: ErrorCode.coordinator_load_in_progress,
+}
+
+
+def over_quota(request: Request) -> Reply:
+    """The answer to a request its quota refuses (the caller sets the throttle time)."""
+    error = QUOTA_REFUSALS[request.api_key]
+    return Reply(response_for(request, error_code=error, **REFUSALS[request.api_key]))
+
+
 def too_many_keys(request: Request, asked: int, most: int) -> Any:
     """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
     was asked, so the answer stays small."""

@@ -44,13 +44,17 @@ class SyncClient:
         timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
         sasl: tuple[str, str, str] | None = None,
+        source_address: tuple[str, int] | None = None,
     ) -> None:
         """Connect to ``bootstrap`` (``HOST:PORT``); ``timeout`` bounds every socket wait.
 
         ``ssl_context`` makes it a TLS connection; ``sasl`` = (mechanism, user, password)
-        authenticates with PLAIN or SCRAM-SHA-256/512 first (raises AuthenticationError)."""
+        authenticates with PLAIN or SCRAM-SHA-256/512 first (raises AuthenticationError);
+        ``source_address`` (host, port) is the local address to connect from (port 0: any)."""
         host, port = parse_bootstrap(bootstrap)
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection(
+            (host, port), timeout=timeout, source_address=source_address
+        )
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ssl_context is not None:
             sock = ssl_context.wrap_socket(sock, server_hostname=host)

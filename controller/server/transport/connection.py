@@ -32,11 +32,12 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller
 from pidctl.controller.api.quorum import Now
-from pidctl.controller.api.responses import NO_WAIT
-from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.api.responses import NO_WAIT, over_quota
+from pidctl.controller.core.quotas import Quotas, quota_subject
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.security.sasl_session import SaslSession
 from pidctl.controller.server.telemetry.metrics import Metrics, api_name
+from pidctl.controller.server.transport.hangups import Hangups
 from pidctl.controller.server.transport.outbox import Durability, Outbox, Outboxes, Timings
 from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
@@ -105,6 +106,8 @@ class LiveConnection:
     """What the watchdog and the shutdown need to know of a running connection."""
 
     connection: ServerConnection
+    #: The socket's descriptor (a TLS connection's too), for watching it while muted.
+    descriptor: int = -1
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     reading: bool = False
     stopping: bool = False
@@ -150,14 +153,18 @@ class ConnectionServer:
         self.poller = Poller() if available() else None
         poller = self.poller
         metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
+        #: Mutes throttled connections, ending a mute when its client hangs up.
+        self.hangups = Hangups()
 
     async def poll(self) -> None:
-        """Run the poller until cancelled (cancel it after :meth:`stop_all`: it then wakes
-        the connections still parked)."""
-        if self.poller is None:
-            await trio.sleep_forever()
-        else:
-            await self.poller.run()
+        """Run the poller and the watch of muted connections until cancelled (cancel it
+        after :meth:`stop_all`: the poller then wakes the connections still parked)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.hangups.run)
+            if self.poller is None:
+                await trio.sleep_forever()
+            else:
+                await self.poller.run()
 
     def stop_all(self) -> None:
         """Shutdown: every connection stops reading (answers in progress are finished), and
@@ -197,7 +204,7 @@ class ConnectionServer:
         # answers, waiting for the log, in an outbox either way (outbox.py).
         io = SocketIO(stream.fileno()) if isinstance(stream, socket.socket) else StreamIO(stream)
         outbox = Outbox(io)
-        live = LiveConnection(connection)
+        live = LiveConnection(connection, descriptor=_descriptor_of(stream))
         if self._stopped:
             live.stop()
         self.live.add(live)
@@ -288,10 +295,11 @@ class ConnectionServer:
                         detail=closed.detail,
                     )
                 return closed.reason
-            if decided.throttle:
-                # KIP-219: answer at once, then read nothing more from this client until the
-                # throttle time has passed, whether or not it honours the field.
-                await trio.sleep(decided.throttle)
+            # KIP-219: answer at once, then read nothing more from this client until the
+            # throttle time has passed, whether or not it honours the field; a client that
+            # hangs up meanwhile frees its place at once (hangups.py).
+            if decided.throttle and await self.hangups.mute(live.descriptor, decided.throttle):
+                return "client"
 
     def _may_park(self, live: LiveConnection) -> bool:
         """Whether the connection's reads may be left to the poller: authenticated (or no
@@ -371,10 +379,12 @@ class ConnectionServer:
         # The requests of one round are decided at one time (and received at one).
         decided_at: Now | None = None
         received = 0.0
+        quotas_on = limited or quotas.limits_producer_ids
+        client_id: str | None = None
         # Idempotent InitProducerIds in a row are decided as one run, other InitProducerIds
         # and AllocateProducerIds read by struct, unless each request must be throttled or
         # logged on its own (as next_event says).
-        runs = not (limited or quotas.limits_producer_ids or self.log_requests)
+        runs = not (quotas_on or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
             event = connection.next_event(
                 min(room - len(answers.data), budget - decided.work) if runs else 0
@@ -410,15 +420,29 @@ class ConnectionServer:
             if decided_at is None:
                 decided_at, received = now(), time.perf_counter()
             api = api_name(request.api_key)
-            # Unpacked at once: one step, where each field read by name is a lookup.
-            body, durable_offset, new_producer_ids, encoded = handle(request, decided_at, info)
             delay = 0.0
-            if limited:
-                delay = quotas.request(
-                    request.api_key, info.principal, request.header.client_id, time.monotonic()
+            if quotas_on:
+                # Strict quotas (core/quotas.py): a request that finds its bucket behind is
+                # refused before it is decided, whichever connection or client id it came
+                # by; one decided is counted, and its throttle mutes this connection.
+                client_id, creates = quota_subject(
+                    request.api_key, request.header.client_id, request.body
                 )
-            if new_producer_ids:
-                delay = max(delay, self._new_producer_ids(info.principal, new_producer_ids))
+                delay = quotas.refusal(
+                    request.api_key, info.principal, client_id, creates, time.monotonic()
+                )
+            if delay:
+                body, durable_offset, new_producer_ids, encoded = over_quota(request)
+                self.metrics.quota_refusals.labels(api).inc()
+            else:
+                # Unpacked at once: one step, where each field read by name is a lookup.
+                body, durable_offset, new_producer_ids, encoded = handle(request, decided_at, info)
+                if limited:
+                    delay = quotas.request(
+                        request.api_key, info.principal, client_id, time.monotonic()
+                    )
+                if new_producer_ids:
+                    delay = max(delay, self._new_producer_ids(info.principal, new_producer_ids))
             if delay:
                 millis = datetime.timedelta(milliseconds=round(delay * 1000))
                 body = dataclasses.replace(body, throttle_time=millis)
@@ -510,11 +534,13 @@ class ConnectionServer:
     ) -> int:
         """Decide and answer an AllocateProducerIds read by ``struct``, as :meth:`_go_on`
         does the requests kio reads: one request."""
-        block, offset = self.controller.allocate_block(
+        block, offset, created = self.controller.allocate_block(
             request.broker_id, request.broker_epoch, request.client_id, decided_at, info
         )
         error = block.error
         self._tally(_ALLOCATE_PRODUCER_IDS, 0, error, 1)
+        if created:
+            self._new_producer_ids(info.principal, created)  # counted (no quota here)
         data = allocate_producer_ids_answer(
             request.correlation_id, error, block.first, block.length
         )
@@ -612,6 +638,16 @@ class ConnectionServer:
         if error:
             name = ErrorCode(error).name.upper()
             self.metrics.errors.labels(api, str(version), name).inc(count)
+
+
+def _descriptor_of(stream: socket.socket | trio.abc.Stream) -> int:
+    """The descriptor of a connection's socket: a plain one's, or the one under a TLS
+    stream; -1 if there is none to be had."""
+    if isinstance(stream, socket.socket):
+        return stream.fileno()
+    transport = getattr(stream, "transport_stream", None)
+    sock = getattr(transport, "socket", None)
+    return sock.fileno() if sock is not None else -1
 
 
 # _Round and _Answers are plain classes, not dataclasses: one of each is made per round, and

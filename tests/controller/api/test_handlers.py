@@ -305,19 +305,55 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
     written."""
     controller = _controller()
     written = controller.state.next_offset
-    block, _ = controller.allocate_block(
+    block, _, created = controller.allocate_block(
         -1, -1, client_id_of(b"pidctl-job/1/0/app-\xff"), NOW, ConnectionInfo()
     )
-    assert (block.error, block.first, block.length) == (ErrorCode.invalid_request, 0, 0)
+    assert (block.error, block.first, block.length, created) == (
+        ErrorCode.invalid_request,
+        0,
+        0,
+        0,
+    )
     assert controller.state.next_offset == written
-    named, _ = controller.allocate_block(-1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo())
-    assert named.error == ErrorCode.none
+    named, _, created = controller.allocate_block(
+        -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
+    )
+    assert (named.error, created) == (ErrorCode.none, 1000)
+    # The same block asked again (a re-run) is answered as recorded: no new producer ids.
+    again, _, created = controller.allocate_block(
+        -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
+    )
+    assert (again.first, created) == (named.first, 0)
+
+
+def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_written() -> None:
+    """The data dir's filesystem below data_dir_min_free_bytes (server/app.py sets it):
+    InitProducerId COORDINATOR_LOAD_IN_PROGRESS, AllocateProducerIds KAFKA_STORAGE_ERROR."""
+    controller = _controller()
+    refused: list[str] = []
+    controller.on_paused = refused.append
+    controller.paused = "1.0 MiB free on the data dir's filesystem"
+    written = controller.state.next_offset
+    conn = ConnectionInfo()
+    init = controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn)
+    assert init.error == ErrorCode.coordinator_load_in_progress
+    tx = controller.init_producer_id(5, "tx", 60_000, -1, -1, NOW, conn)
+    assert tx.error == ErrorCode.coordinator_load_in_progress
+    run = controller.init_idempotent_run(3, NOW, conn)
+    assert (list(run.producer_ids), run.error) == ([], ErrorCode.coordinator_load_in_progress)
+    for broker_id in (-1, 1):
+        block, _, created = controller.allocate_block(broker_id, -1, None, NOW, conn)
+        assert (block.error, block.length, created) == (ErrorCode.kafka_storage_error, 0, 0)
+    assert controller.state.next_offset == written
+    assert refused == ["InitProducerId"] * 5 + ["AllocateProducerIds"] * 2
+    controller.paused = None  # room again: granted
+    assert controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn).error == 0
 
 
 def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
     """A named job's block, through the handler, as ``principal``."""
     key = f"pidctl-job/{version}/{block}/{app}"
-    answer, _ = controller.allocate_block(-1, -1, key, NOW, ConnectionInfo(principal=principal))
+    answer, _, _ = controller.allocate_block(-1, -1, key, NOW, ConnectionInfo(principal=principal))
     return answer
 
 
@@ -344,7 +380,9 @@ def test_a_named_job_needs_write_on_its_app_id_as_a_transactional_id_does() -> N
     assert _named(controller, "etl-a", 1, 0, "User:etl").error == 0
     assert _named(controller, "anything", 1, 0, "User:any").error == 0
     # Without a name, a job still needs only IdempotentWrite.
-    unnamed, _ = controller.allocate_block(-1, -1, "x", NOW, ConnectionInfo(principal="User:adhoc"))
+    unnamed, _, _ = controller.allocate_block(
+        -1, -1, "x", NOW, ConnectionInfo(principal="User:adhoc")
+    )
     assert unnamed.error == 0
 
 
@@ -379,6 +417,6 @@ def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
     log = MemoryLog()
     controller = _controller(log=log)
     huge = "c" * 32_000
-    block, _ = controller.allocate_block(-1, -1, huge, NOW, ConnectionInfo())
+    block, _, _ = controller.allocate_block(-1, -1, huge, NOW, ConnectionInfo())
     assert block.error == 0
     assert max(len(entry) for entry in log.entries) < 600
