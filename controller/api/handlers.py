@@ -34,6 +34,7 @@ from pidctl.controller.api.responses import (
     too_many_topics,
 )
 from pidctl.controller.core.acl import APP_ID, Authorizer
+from pidctl.controller.core.job_commits import parse_commit_key
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge
@@ -353,13 +354,24 @@ class Controller:
         # at most max_job_app_id_bytes.)
         if job:
             try:
-                key = parse_job_key(client_id)
+                commit = parse_commit_key(client_id)
+                key = None if commit is not None else parse_job_key(client_id)
             except ValueError:
                 return _INVALID_BLOCK, NO_WAIT
+            if commit is not None:
+                # A named job's version completed (core/job_commits.py): recorded for the
+                # app id's owner, as its blocks are.
+                refused = self.app_id_refusal(conn, commit.app_id)
+                if refused:
+                    return Block(refused, 0, 0), NO_WAIT
+                return self._apply(self.state.commits.commit(commit, principal=conn.principal), now)
             if key is not None:
                 refused = self.app_id_refusal(conn, key.app_id)
                 if refused:
                     return Block(refused, 0, 0), NO_WAIT
+                committed = self.state.commits.committed_block(key.app_id, key.version, key.block)
+                if committed is not None:  # a re-run of a completed version writes nothing
+                    return committed, NO_WAIT
                 result = self.state.jobs.allocate(
                     key,
                     wall_ms=now.wall_ms,

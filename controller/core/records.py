@@ -248,6 +248,15 @@ class ProducerIdsReserved:
     next_producer_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class JobVersionCommitted:
+    """Version ``version`` of the job named ``app_id`` completed: every task wrote its rows
+    (``core/job_commits.py``). A re-run of it, or of an older version, writes nothing."""
+
+    app_id: str
+    version: int
+
+
 Record = (
     ClusterCreated
     | ControllerStarted
@@ -263,6 +272,7 @@ Record = (
     | ProducerIdsReserved
     | JobClockAdvanced
     | DamagedTailTruncated
+    | JobVersionCommitted
 )
 
 #: Each record type's stable numeric id (the frame's type byte): a record's class is its
@@ -283,6 +293,7 @@ RECORD_TYPES: dict[int, type[Record]] = {
     12: ProducerIdsReserved,
     13: JobClockAdvanced,
     14: DamagedTailTruncated,
+    15: JobVersionCommitted,
 }
 
 #: :data:`RECORD_TYPES` the other way round: a record class's id.

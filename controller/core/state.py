@@ -14,6 +14,7 @@ from typing import Any
 
 from pidctl.controller.core.cluster import ClusterControlManager
 from pidctl.controller.core.errors import InvariantViolation
+from pidctl.controller.core.job_commits import JobCommitManager
 from pidctl.controller.core.jobs import JobAllocationManager
 from pidctl.controller.core.producer_ids import ProducerIdControlManager, ProducerIdRange
 from pidctl.controller.core.records import (
@@ -25,6 +26,7 @@ from pidctl.controller.core.records import (
     JobAllocationExpired,
     JobBlockRecorded,
     JobClockAdvanced,
+    JobVersionCommitted,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
@@ -47,6 +49,7 @@ class ControllerState:
     producer_ids: ProducerIdControlManager = field(init=False)
     transactions: TransactionControlManager = field(init=False)
     jobs: JobAllocationManager = field(init=False)
+    commits: JobCommitManager = field(init=False)
     next_offset: int = 0
     _owners: dict[type, Callable[[int, Any], None]] = field(init=False, compare=False, repr=False)
 
@@ -54,6 +57,7 @@ class ControllerState:
         self.producer_ids = ProducerIdControlManager(self.cluster)
         self.transactions = TransactionControlManager(self.producer_ids)
         self.jobs = JobAllocationManager(self.producer_ids)
+        self.commits = JobCommitManager(self.jobs)
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -71,10 +75,16 @@ class ControllerState:
             TransactionalIdUpdated: transactions.replay,
             TransactionalIdExpired: transactions.replay,
             JobBlockRecorded: jobs.replay,
-            JobAllocationExpired: jobs.replay,
+            JobAllocationExpired: self._replay_expired_app,
             JobClockAdvanced: jobs.replay,
             DamagedTailTruncated: self._replay_damaged_tail,
+            JobVersionCommitted: self.commits.replay,
         }
+
+    def _replay_expired_app(self, offset: int, record: JobAllocationExpired) -> None:
+        # The app id is forgotten with its commit.
+        self.jobs.replay(offset, record)
+        self.commits.replay(offset, record)
 
     def _replay_damaged_tail(self, offset: int, record: DamagedTailTruncated) -> None:
         # Both managers' answers may have been in the lost tail.
@@ -156,6 +166,7 @@ class ControllerState:
         copied.producer_ids = self.producer_ids.copy(copied.cluster)
         copied.transactions = self.transactions.copy(copied.producer_ids)
         copied.jobs = self.jobs.copy(copied.producer_ids)
+        copied.commits = self.commits.copy(copied.jobs)
         copied._dispatch()
         return copied
 
@@ -167,6 +178,7 @@ class ControllerState:
             "next_offset": self.next_offset,
             **self.transactions.snapshot_fields(),
             **self.jobs.snapshot_fields(),
+            **self.commits.snapshot_fields(),
         }
 
     @classmethod
@@ -175,4 +187,5 @@ class ControllerState:
         state.producer_ids.restore(data)
         state.transactions.restore(data)
         state.jobs.restore(data)
+        state.commits.restore(data)
         return state
