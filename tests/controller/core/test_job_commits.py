@@ -64,7 +64,8 @@ def test_a_committed_version_is_answered_written_already_with_its_blocks() -> No
     assert state.commits.committed_block("app", 7, 0) == Block(
         ErrorCode.duplicate_sequence_number, first, BLOCK_SIZE
     )
-    assert state.commits.committed_block("app", 7, 1).first == second
+    held = state.commits.committed_block("app", 7, 1)
+    assert held is not None and held.first == second
     # A block it never held, and an older version: written already, no block named.
     assert state.commits.committed_block("app", 7, 2) == Block(ErrorCode.duplicate_sequence_number)
     assert state.commits.committed_block("app", 6, 0) == Block(ErrorCode.duplicate_sequence_number)

@@ -67,6 +67,16 @@ def pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="session")
+def job_pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A controller serving Spark jobs that write to Kafka: its producer ids from 2^62, far
+    above the test broker's own (from 0), as docs/spark-kafka.md says to set it up (the sink
+    refuses ids in the cluster's range)."""
+    data_dir: Path = tmp_path_factory.mktemp("job-pidctl") / "data"
+    with ServerProcess(data_dir, "--first-producer-id", str(2**62)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresProcess]:
     """A throwaway PostgreSQL server (Debian's postgresql) for the session."""
     with PostgresProcess() as server:

@@ -44,14 +44,14 @@ def test_the_documents_have_their_examples() -> None:
 def test_example_runs_and_writes_every_row_once(
     spark: Any,
     kafka: KafkaNode,
-    pidctl: ServerProcess,
+    job_pidctl: ServerProcess,
     where: str,
     blocks: list[str],
     topic: str,
     rows: int,
 ) -> None:
     fresh = new_topic(kafka.bootstrap, 2, prefix=topic)
-    addresses = {"127.0.0.1:9092": kafka.bootstrap, "127.0.0.1:9093": pidctl.bootstrap}
+    addresses = {"127.0.0.1:9092": kafka.bootstrap, "127.0.0.1:9093": job_pidctl.bootstrap}
     code = (
         docs.moved(blocks[0], addresses)
         .replace(f'"{topic}"', f'"{fresh}"')
