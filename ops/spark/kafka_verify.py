@@ -49,14 +49,13 @@ class _Producer:
     fingerprint: int = 0
     differing: int = 0
 
-    def add(self, base_sequence: int, rows: list[bytes], stamped: int | None) -> None:
-        for index, row in enumerate(rows):
-            sequence = base_sequence + index
+    def add(self, rows: list[tuple[int, bytes]], last: int, stamped: int | None) -> None:
+        """A batch's rows (sequence, canonical bytes) and its last sequence."""
+        for sequence, row in rows:
             self.sequences[sequence] += 1
             if sequence == self.contiguous:
                 self.fingerprint = crc32c(row, self.fingerprint)
                 self.contiguous += 1
-        last = base_sequence + len(rows) - 1
         if stamped is not None and last == self.contiguous - 1 and stamped != self.fingerprint:
             self.differing += len(rows)
 
@@ -163,17 +162,25 @@ def verify_version(
             records = batch.records()
             stamp = Stamp.read(records[0].header(FINGERPRINT_HEADER)) if records else None
             ours = stamp is not None and stamp.app_id == app_id and stamp.version == version
-            rows = [r.canonical() for r in records]
+            # Records below the start (deleted: a batch is returned whole) are left out, as a
+            # consumer leaves them out; a record's sequence is its batch's plus its offset's.
+            rows = [
+                (batch.base_sequence + r.offset - batch.base_offset, r.canonical())
+                for r in records
+                if r.offset >= start
+            ]
             if not ours and batch.producer_id not in producers:
-                other_rows += map(hash, rows)
+                other_rows += (hash(row) for _, row in rows)
                 continue
-            version_rows += map(hash, rows)
+            version_rows += (hash(row) for _, row in rows)
             fingerprint = stamp.fingerprint if stamp is not None else None
-            producers[batch.producer_id].add(batch.base_sequence, rows, fingerprint)
+            producers[batch.producer_id].add(rows, batch.last_sequence, fingerprint)
         leaders = cluster.describe_producers([tp]).get(tp, [])
         last_known = {p.producer_id: p.last_sequence for p in leaders}
         repeated = missing = rows_here = differing = 0
         for producer_id, seen in producers.items():
+            if not seen.sequences:
+                continue
             top = max(seen.sequences)
             repeated += sum(count - 1 for count in seen.sequences.values())
             missing += top + 1 - len(seen.sequences)
