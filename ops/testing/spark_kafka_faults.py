@@ -9,7 +9,9 @@ Faults (joined with ``+`` to combine, e.g. ``executor+speculation``): ``none``; 
 ``worker`` (SIGKILL the second worker with its executor; a new one replaces it afterwards);
 ``speculation`` (``spark.speculation`` on, one partition's first attempt 5x slower, so a copy
 runs beside it); ``driver`` (SIGKILL ``spark-submit`` mid-write, then run the job again, as a
-scheduler would: pidctl-kafka with the same ``txnAppId``/``txnVersion``).
+scheduler would: pidctl-kafka with the same ``txnAppId``/``txnVersion``); ``broker`` (SIGKILL
+the broker mid-write, start it again :data:`BROKER_DOWN_S` later on its data and ports).
+A pidctl-kafka run is also checked by ``pidctl kafka verify`` (``kafka_verify.py``).
 """
 
 from __future__ import annotations
@@ -31,14 +33,20 @@ from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic, written_rows
 from ops.testing.serverproc import ServerProcess, wait_until
 from ops.testing.spark_cluster import SparkCluster, live_processes
+from pidctl.spark.kafka_verify import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "ops" / "spark" / "examples" / "kafka_write.py"
-FAULTS = ("none", "executor", "worker", "speculation", "driver")
+FAULTS = ("none", "executor", "worker", "speculation", "driver", "broker")
 SINKS = ("pidctl-kafka", "kafka")
 #: How long one submission may take on a busy 2-core machine.
 SUBMIT_TIMEOUT_S = 600
 SECOND_HOST = "127.0.0.2"
+#: How long the broker stays down in the ``broker`` fault.
+BROKER_DOWN_S = 5.0
+#: Rows per Arrow batch of the faults' jobs: ``--slow-ms`` sleeps per batch, so that a
+#: partition's rows arrive over a few seconds and a fault lands mid-write.
+BATCH_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,10 @@ class FaultRun:
     #: Task attempts beyond each partition's first (retries and speculative copies; of the
     #: last run for ``driver``).
     extra_attempts: int
+    #: ``pidctl kafka verify``'s verdict on the version (pidctl-kafka only; else None).
+    verified: bool | None = None
+    topic: str = ""
+    app_id: str = ""
 
 
 def executor_pids(groups: list[int]) -> list[int]:
@@ -111,7 +123,8 @@ class KafkaFaults:
             command += ["--conf", f"{name}={value}"]
         command += [str(JOB), "--format", sink, "--kafka", self.kafka.bootstrap, "--topic", topic]
         command += ["--rows", str(self.rows), "--partitions", str(self.partitions)]
-        command += ["--slow-ms", str(self.slow_ms), "--pidctl", self.pidctl.bootstrap]
+        command += ["--slow-ms", str(self.slow_ms), "--batch-rows", str(BATCH_ROWS)]
+        command += ["--pidctl", self.pidctl.bootstrap]
         command += ["--app-id", app_id, "--version", "1", "--attempts-dir", str(attempts)]
         if speculation:
             command += ["--straggler", "0"]
@@ -173,6 +186,11 @@ class KafkaFaults:
             self._mid_write(topic, proc)
             os.killpg(self.second_worker.pid, signal.SIGKILL)
             self.second_worker.wait(30)
+        elif kills == {"broker"}:
+            self._mid_write(topic, proc)
+            self.kafka.kill()
+            time.sleep(BROKER_DOWN_S)
+            self.kafka.restart()
         elif kills == {"driver"}:
             self._mid_write(topic, proc)
             os.killpg(proc.pid, signal.SIGKILL)
@@ -193,6 +211,10 @@ class KafkaFaults:
         extra = sum(1 for path in attempts.iterdir() if not path.name.endswith("-0"))
         shutil.rmtree(attempts)
         counted = count(self.kafka.bootstrap, topic, self.rows)
+        verified = None
+        if sink == "pidctl-kafka":
+            verdict = verify([self.kafka.bootstrap], topic, app_id, 1, expected_rows=self.rows)
+            verified = verdict.ok
         return FaultRun(
             fault,
             sink,
@@ -202,6 +224,9 @@ class KafkaFaults:
             tuple(codes),
             seconds,
             extra,
+            verified,
+            topic,
+            app_id,
         )
 
 
