@@ -98,6 +98,11 @@ BLOCKS = {
         "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
         " (after the block before it, as the page reads)"
     ),
+    ("docs/spark-kafka.md", "Using it", 2): not_run(
+        "a spark-submit of the reader's job; the carrier's jar is built by the same command and"
+        " put on the class path in tests/ops/spark/conftest.py::spark and in the cluster"
+        " benchmark (ops/bench/spark_kafka.py)"
+    ),
     ("docs/spark-kafka.md", "What a write does", 0): not_run(
         "a log line; the job of tests/ops/spark/test_kafka_on_cluster.py::"
         "test_every_row_once_when_an_executor_dies_and_the_verifier_says_so writes one"

@@ -8,14 +8,15 @@ same broker, measured in the same run.
   data team runs it): the job ``ops/spark/examples/kafka_write.py`` (``--rows`` rows in
   ``--partitions`` Spark partitions into a fresh topic of ``--topic-partitions`` partitions,
   a string key and a ~107-byte value) submitted with ``spark-submit``, by Spark's
-  ``format("kafka")`` (spark-sql-kafka-0-10 4.2.0 from Maven Central) and by
-  ``format("pidctl-kafka")`` in turn, ``--rounds`` rounds, each sink first in every other
+  ``format("kafka")`` (spark-sql-kafka-0-10 4.2.0 from Maven Central), by
+  ``format("pidctl-kafka")`` (Python tasks) and by ``write_kafka`` (the JVM carrier,
+  ``ops/spark/carrier.py``) in turn, ``--rounds`` rounds, each sink first in every third
   round. Per run: the submission's seconds (start to exit, what a scheduler waits for), the
   write's own seconds (``save()``, printed by the job), and the CPU seconds of the cluster
   (workers, executors and their Python workers), of the driver (``spark-submit``, its
   Python and Python workers), of the broker and of pidctl; every run's rows counted by id
-  with a consumer. Per round the ratios Spark's seconds / pidctl-kafka's (above 1:
-  pidctl-kafka is faster); the result is the median round's.
+  with a consumer. Per round the ratios Spark's seconds / each of ours (above 1: ours is
+  faster); the results are their medians.
 - The broker's producer-state count after a job of ``--wide-partitions`` Spark partitions
   (DescribeProducers over every partition of the topic), for both sinks, in a local
   session: pidctl-kafka holds one PID per Spark partition and Kafka partition written,
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from ops.testing.kafka_topics import count, new_topic
 from ops.testing.serverproc import WITHOUT_HYPOTHESIS, ServerProcess
 from ops.testing.spark_cluster import SparkCluster
 from ops.testing.spark_kafka_faults import FAULTS, SINKS, KafkaFaults, report
+from pidctl.spark import carrier
 from pidctl.spark.kafka_cluster import KafkaCluster
 
 #: The PID range the docs recommend for a pidctl serving jobs: far above a Kafka controller's.
@@ -133,8 +135,10 @@ def children_cpu_seconds() -> float:
     return used.ru_utime + used.ru_stime
 
 
-#: The sinks in the order of the even rounds (the odd ones run them the other way round).
-CLUSTER_SINKS = ("kafka", "pidctl-kafka")
+#: The sinks, each first in every third round: Spark's own, pidctl-kafka's data source and
+#: write_kafka (the JVM carrier).
+CLUSTER_SINKS = ("kafka", "pidctl-kafka", "write_kafka")
+OURS = ("pidctl-kafka", "write_kafka")
 
 
 class ClusterRuns:
@@ -144,7 +148,9 @@ class ClusterRuns:
         self, cluster: SparkCluster, kafka: KafkaNode, pidctl: ServerProcess, args: Any
     ) -> None:
         self.cluster, self.kafka, self.pidctl, self.args = cluster, kafka, pidctl, args
-        self.jars = classpath("spark-kafka").replace(os.pathsep, ",")
+        jars = classpath("spark-kafka").split(os.pathsep)
+        clients = next(jar for jar in jars if "kafka-clients" in jar)
+        self.jars = ",".join([*jars, str(carrier.build(Path(clients)))])
         #: Spark's Python workers as an installed pidctl's: no hypothesis (kio imports it).
         self.python_path = str(WITHOUT_HYPOTHESIS)
 
@@ -217,12 +223,18 @@ class ClusterRuns:
         return run
 
 
+def _ratio_of(sink: str) -> Callable[[dict[str, Any]], float]:
+    """A round's job ratio of ``sink`` (what the median round is chosen by)."""
+    return lambda round_: float(round_[f"{sink}_job_ratio"])
+
+
 def cluster_rounds(
     kafka: KafkaNode, pidctl: ServerProcess, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Both sinks on the same job, alternately, ``--rounds`` rounds on one standalone cluster
-    (a master and two workers of one core and 1 GiB): per round each run's times and CPU,
-    and the ratios Spark's / pidctl-kafka's; the median round's ratios."""
+    """The sinks on the same job in turn, ``--rounds`` rounds on one standalone cluster (a
+    master and two workers of one core and 1 GiB), each sink first in one round of every
+    three: per round each run's times and CPU, and the ratios Spark's seconds / each of
+    pidctl-kafka's; the median of each over the rounds."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     rounds = []
     with SparkCluster(workers=2, env={"PATH": path}) as cluster:
@@ -230,28 +242,30 @@ def cluster_rounds(
         for sink in CLUSTER_SINKS:  # a first small job of each: jars and caches warm
             runs.run(sink, 1000, 2, counted=False)
         for index in range(args.rounds):
-            order = CLUSTER_SINKS if index % 2 == 0 else CLUSTER_SINKS[::-1]
+            turn = index % len(CLUSTER_SINKS)
+            order = CLUSTER_SINKS[turn:] + CLUSTER_SINKS[:turn]
             by_sink = {sink: runs.run(sink, args.rows, args.partitions) for sink in order}
-            spark, mine = by_sink["kafka"], by_sink["pidctl-kafka"]
-            one = {
-                "round": index,
-                "first": order[0],
-                "job_ratio": round(spark["job_s"] / mine["job_s"], 3),
-                "write_ratio": round(spark["write_s"] / mine["write_s"], 3),
-                "spark_kafka_sink": spark,
-                "pidctl_kafka": mine,
-            }
+            spark = by_sink["kafka"]
+            one: dict[str, Any] = {"round": index, "first": order[0], "kafka": spark}
+            for sink in OURS:
+                mine = by_sink[sink]
+                one[sink] = mine
+                one[f"{sink}_job_ratio"] = round(spark["job_s"] / mine["job_s"], 3)
+                one[f"{sink}_write_ratio"] = round(spark["write_s"] / mine["write_s"], 3)
             rounds.append(one)
             partial(f"round {index}", one)
-    median = median_by(rounds, lambda r: r["job_ratio"])
+    medians: dict[str, Any] = {}
+    for sink in OURS:
+        for measure in ("job", "write"):
+            key = f"{sink}_{measure}_ratio"
+            medians[f"median_{key}"] = statistics.median(r[key] for r in rounds)
+        medians[f"{sink}_median_round"] = median_by(rounds, _ratio_of(sink))
     return {
         "rows": args.rows,
         "partitions": args.partitions,
         "topic_partitions": args.topic_partitions,
         "workers": 2,
-        "median_job_ratio": statistics.median(r["job_ratio"] for r in rounds),
-        "median_write_ratio": statistics.median(r["write_ratio"] for r in rounds),
-        "median_round": median,
+        **medians,
         "rounds": rounds,
         "load_average": [round(load, 2) for load in os.getloadavg()],
     }

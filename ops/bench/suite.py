@@ -612,19 +612,20 @@ def row_spark(run: Run) -> None:
 def row_spark_kafka(run: Run) -> None:
     r = run_json("ops.bench.spark_kafka", "--rounds", "3")
     cluster = r["cluster"]
-    median = cluster["median_round"]
-    mine, spark = median["pidctl_kafka"], median["spark_kafka_sink"]
-    run.row(
-        "spark-kafka",
-        f"pidctl-kafka job seconds, {cluster['rows']:,} rows on a two-worker cluster, against "
-        "Spark's own Kafka sink",
-        mine["job_s"],
-        vs_spark_kafka_sink=cluster["median_job_ratio"],
-        write_vs_spark_kafka_sink=cluster["median_write_ratio"],
-        spark_sink_job_s=spark["job_s"],
-        cpu_s=mine["cpu_s"],
-        spark_sink_cpu_s=spark["cpu_s"],
-    )
+    for sink in ("write_kafka", "pidctl-kafka"):
+        median = cluster[f"{sink}_median_round"]
+        mine, spark = median[sink], median["kafka"]
+        run.row(
+            "spark-kafka",
+            f"{sink} job seconds, {cluster['rows']:,} rows on a two-worker cluster, against "
+            "Spark's own Kafka sink",
+            mine["job_s"],
+            vs_spark_kafka_sink=cluster[f"median_{sink}_job_ratio"],
+            write_vs_spark_kafka_sink=cluster[f"median_{sink}_write_ratio"],
+            spark_sink_job_s=spark["job_s"],
+            cpu_s=mine["cpu_s"],
+            spark_sink_cpu_s=spark["cpu_s"],
+        )
     states = r["producer_states"]
     run.row(
         "spark-kafka",

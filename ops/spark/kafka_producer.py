@@ -595,7 +595,9 @@ class TaskProducer:
     def _connection_lost(self, leader: int) -> None:
         """Every batch in flight to ``leader`` failed: resolved by LastSequence later."""
         self.cluster.drop(leader)
-        for lost in self._in_flight.pop(leader, deque()):
+        queue = self._in_flight.pop(leader, deque())
+        while queue:
+            lost = queue.popleft()
             self.partitions[lost.partition].in_flight -= 1
             self._failed(lost, ErrorCode.network_exception)
 
@@ -666,7 +668,8 @@ class TaskProducer:
         if any(b.last == last for b in state.failed):
             # Its own batches up to there were written: their answers were lost.
             for written in [b for b in state.failed if b.last <= last]:
-                state.sent_rows += written.last - max(written.first, state.written_through + 1) + 1
+                first = max(written.first, state.written_through + 1)
+                state.sent_rows += max(written.last - first + 1, 0)
                 state.failed.remove(written)
         else:
             stamp = self._stamp_of(tp, mine)
@@ -722,8 +725,8 @@ class TaskProducer:
         if self._pending_checks:
             self._differs_unchecked()
         while True:
-            for leader, queue in list(self._in_flight.items()):
-                while queue:
+            for leader in list(self._in_flight):
+                while self._in_flight.get(leader):
                     self._receive(leader)
             pending = [(tp, s) for tp, s in self.partitions.items() if s.failed]
             if not pending and not any(self._in_flight.values()):

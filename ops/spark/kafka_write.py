@@ -18,8 +18,10 @@ where the PID's rows end, and compares their fingerprint with the one stamped on
 batch written; any difference — another data set, a non-deterministic input, another
 partitioning — stops the write with :class:`~pidctl.spark.kafka_producer.RowsDiffer`, before
 any row is sent. A task of the write itself checks its own rows again (as the data source's
-do). Then the write (one ``mapInArrow`` job: the tasks' reports come back to the driver), the
-commit at pidctl, and a :class:`~pidctl.spark.kafka_driver.WriteSummary`: rows written and
+do). Then the write — by the JVM carrier when it is on Spark's class path (``carrier.py``: Spark's
+JVM tasks carry the rows, as Spark's JDBC writer carries ``write_sql``'s), else by a
+``mapInArrow`` job of Python tasks; either way the tasks' reports come back to the driver —
+the commit at pidctl, and a :class:`~pidctl.spark.kafka_driver.WriteSummary`: rows written and
 found written, per Kafka partition, also logged at WARNING.
 
 ``format("pidctl-kafka")`` makes the same per-task check, but its driver (``writer()``, in a
@@ -34,6 +36,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from pidctl.spark import carrier
 from pidctl.spark import kafka_driver as driver
 from pidctl.spark.allocation import application_id
 from pidctl.spark.kafka_driver import WritePlan, WriteSummary
@@ -103,14 +106,21 @@ def write_kafka(df: Any, options: dict[str, Any] | None = None, /, **named: Any)
                 f"the version's first run wrote: {problems[0]}"
             )
     name = None if o.app_id is None or o.app_version is None else (o.app_id, o.app_version)
-    reports = df.mapInArrow(_writer(o, allocation, plan, name), _REPORT_SCHEMA).collect()
+    if carrier.available(spark) and carrier.usable(o):
+        written = carrier.write(df, *carrier.plan_json(o, allocation, plan, name))
+    else:
+        if carrier.usable(o):
+            log.warning(
+                "pidctl-kafka: the JVM carrier is not on Spark's class path (spark-submit --jars "
+                '"$(python -m pidctl.spark.carrier)"): the rows are written from Python tasks'
+            )
+        rows = df.mapInArrow(_writer(o, allocation, plan, name), _REPORT_SCHEMA).collect()
+        written = [json.loads(row.report) for row in rows]
     if name is not None:
         driver.commit_version(
             o.pidctl_bootstrap, *name, budget_s=budget, connection=o.pidctl_connection
         )
-    summary = driver.summarize(
-        (_report(json.loads(row.report)) for row in reports), o.app_id, o.app_version
-    )
+    summary = driver.summarize((_report(fields) for fields in written), o.app_id, o.app_version)
     log.warning(summary.line())
     return summary
 

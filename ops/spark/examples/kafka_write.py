@@ -52,7 +52,12 @@ def main() -> None:
     parser.add_argument("--kafka", required=True, help="kafka.bootstrap.servers")
     parser.add_argument("--topic", required=True)
     parser.add_argument("--pidctl", help="pidctl's HOST:PORT (pidctl-kafka)")
-    parser.add_argument("--format", default="pidctl-kafka", choices=["pidctl-kafka", "kafka"])
+    parser.add_argument(
+        "--format",
+        default="pidctl-kafka",
+        choices=["pidctl-kafka", "kafka", "write_kafka"],
+        help="a data source, or write_kafka (pidctl-kafka from the driver)",
+    )
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--app-id", help="txnAppId (pidctl-kafka)")
@@ -77,18 +82,20 @@ def main() -> None:
     df = df.selectExpr(
         "CAST(id AS STRING) AS key", "CONCAT(CAST(id AS STRING), ':', REPEAT('x', 100)) AS value"
     )
-    writer = (
-        df.write.format(args.format)
-        .mode("append")
-        .option("kafka.bootstrap.servers", args.kafka)
-        .option("topic", args.topic)
-    )
-    if args.format == "pidctl-kafka":
-        writer = writer.option("pidctl.bootstrap", args.pidctl)
+    options = {"kafka.bootstrap.servers": args.kafka, "topic": args.topic}
+    if args.format != "kafka":
+        options["pidctl.bootstrap"] = args.pidctl
         if args.app_id:
-            writer = writer.option("txnAppId", args.app_id).option("txnVersion", args.version)
+            options |= {"txnAppId": args.app_id, "txnVersion": args.version}
+        else:
+            options["delivery"] = "at-least-once"
     started = time.perf_counter()
-    writer.save()
+    if args.format == "write_kafka":
+        from pidctl.spark import write_kafka
+
+        write_kafka(df, options)
+    else:
+        df.write.format(args.format).mode("append").options(**options).save()
     seconds = time.perf_counter() - started
     print(json.dumps({"format": args.format, "rows": args.rows, "write_s": round(seconds, 3)}))
     spark.stop()
