@@ -1,5 +1,6 @@
-"""Faults during a Spark-to-Kafka job on a real standalone cluster, for ``pidctl-kafka`` and for
-Spark's own Kafka sink side by side: the same job (``ops/spark/examples/kafka_write.py``),
+"""Faults during a Spark-to-Kafka job on a real standalone cluster, for ``pidctl-kafka`` (its
+data source, and ``write_kafka`` with the JVM carrier) and for Spark's own Kafka sink side by
+side: the same job (``ops/spark/examples/kafka_write.py``),
 the same broker, the same cluster (a master and two workers on two loopback hosts, 127.0.0.1
 and 127.0.0.2, so that speculation has another host to copy a task to). Each run writes a
 fresh topic and counts its rows by their unique id with a real consumer.
@@ -33,12 +34,13 @@ from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic, written_rows
 from ops.testing.serverproc import ServerProcess, wait_until
 from ops.testing.spark_cluster import SparkCluster, live_processes
+from pidctl.spark import carrier
 from pidctl.spark.kafka_verify import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "ops" / "spark" / "examples" / "kafka_write.py"
 FAULTS = ("none", "executor", "worker", "speculation", "driver", "broker")
-SINKS = ("pidctl-kafka", "kafka")
+SINKS = ("pidctl-kafka", "write_kafka", "kafka")
 #: How long one submission may take on a busy 2-core machine.
 SUBMIT_TIMEOUT_S = 600
 SECOND_HOST = "127.0.0.2"
@@ -97,7 +99,10 @@ class KafkaFaults:
     ) -> None:
         self.cluster, self.kafka, self.pidctl = cluster, kafka, pidctl
         self.rows, self.partitions, self.slow_ms = rows, partitions, slow_ms
-        self.jars = classpath("spark-kafka").replace(os.pathsep, ",")
+        jars = classpath("spark-kafka").split(os.pathsep)
+        clients = next(jar for jar in jars if "kafka-clients" in jar)
+        # write_kafka's JVM carrier beside Spark's own connector.
+        self.jars = ",".join([*jars, str(carrier.build(Path(clients)))])
         self.second_worker = cluster.add_worker(SECOND_HOST)
         #: The last submission's stdout and stderr, beside the cluster's own logs.
         self.output = cluster.directory / "submit.log"
@@ -212,7 +217,7 @@ class KafkaFaults:
         shutil.rmtree(attempts)
         counted = count(self.kafka.bootstrap, topic, self.rows)
         verified = None
-        if sink == "pidctl-kafka":
+        if sink != "kafka":
             verdict = verify([self.kafka.bootstrap], topic, app_id, 1, expected_rows=self.rows)
             verified = verdict.ok
         return FaultRun(

@@ -132,3 +132,36 @@ def test_the_carrier_resumes_what_was_written_and_refuses_other_rows(
     assert sum(r["skipped"] for r in reports) == ROWS // 3
     assert sum(r["written"] for r in reports) == ROWS - ROWS // 3
     assert count(kafka.bootstrap, topic, ROWS) == (ROWS, ROWS, 0, 0)
+
+
+def test_a_carrier_task_retried_after_a_failure_mid_write_writes_nothing_twice(
+    spark: Any, kafka: KafkaNode, job_pidctl: ServerProcess
+) -> None:
+    """The input of each task's first attempt fails after part of its rows went out (a
+    Python step upstream, in the same stage): the carrier's retried task asks what its PID
+    wrote, checks it against the stamps, and writes the rest."""
+    topic, app = new_topic(kafka.bootstrap, 3), f"retried-{uuid.uuid4().hex[:8]}"
+
+    def failing_first_attempt(batches: Any) -> Any:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        handed = 0
+        for batch in batches:
+            for start in range(0, batch.num_rows, 100):
+                if context.attemptNumber() == 0 and handed >= 1500:
+                    raise RuntimeError("injected failure after part of the output")
+                piece = batch.slice(start, 100)
+                handed += piece.num_rows
+                yield piece
+
+    df = spark.range(0, ROWS, 1, 2)
+    df = df.mapInArrow(failing_first_attempt, df.schema).selectExpr(
+        "CONCAT('k', CAST(id AS STRING)) AS key", "CONCAT(CAST(id AS STRING), ':r') AS value"
+    )
+    options = {**_options(kafka, job_pidctl, topic), "batchBytes": "2000"}
+    result = write_kafka(df, options, txnAppId=app, txnVersion=1)
+    assert result.present > 0  # the retries found rows their first attempts wrote
+    assert (result.rows, result.written + result.present) == (ROWS, ROWS)
+    assert count(kafka.bootstrap, topic, ROWS) == (ROWS, ROWS, 0, 0)
