@@ -83,6 +83,8 @@ def build(kafka_clients: Path | None = None) -> Path:
     ``jar`` of the JDK Spark runs on)."""
     clients = kafka_clients or kafka_clients_jar()
     sources = sorted(SOURCES.rglob("*.java"))
+    if not sources:
+        raise CarrierUnavailable(f"the carrier's Java sources are not installed ({SOURCES})")
     digest = hashlib.sha256(str(clients).encode())
     for source in sources:
         digest.update(source.read_bytes())
