@@ -37,13 +37,10 @@ from pidctl.controller.core.kafka import (
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
     INT64_MAX,
 )
-from pidctl.controller.core.producer_ids import (
-    DEFAULT_LEASE_SIZE,
-    DEFAULT_PREFETCH_RATIO,
-    DEFAULT_RESERVATION_SIZE,
-    ProducerIdRange,
-)
+from pidctl.controller.core.pid_leases import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO
+from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
     DEFAULT_PREALLOCATE_BYTES,

@@ -50,7 +50,7 @@ class UnsupportedVersion(ProtocolViolation):
 
 
 class MalformedRequest(ProtocolViolation):
-    """The header or body does not parse, or bytes are left over after the body.
+    """The header or body does not parse (bytes after the body are ignored, as in Kafka).
 
     This includes tagged fields kio does not know: kio refuses them where Kafka would skip
     them (none of the request versions pidctl serves defines any the clients send)."""
@@ -162,16 +162,13 @@ def decode_request(
             if limit is not None and entries > limit:
                 raise TooManyEntries(header, entries, limit)
     try:
-        body, size = layout[1](frame, offset)
+        body = layout[1](frame, offset)[0]
     except Exception as e:
         raise MalformedRequest(
             f"API key {api_key} v{api_version}: body does not parse ({e})"
         ) from e
-    # kio readers return the number of bytes consumed, not an end offset.
-    if offset + size != len(frame):
-        raise MalformedRequest(
-            f"API key {api_key} v{api_version}: {len(frame) - offset - size} bytes after the body"
-        )
+    # Bytes after the body are ignored, as Kafka ignores them (RequestContext.parseRequest
+    # reads the body and never looks at what the buffer has left).
     return Request(header, body, entries)
 
 

@@ -11,6 +11,7 @@ is durable; an idempotent InitProducerId's once its PID's block's grant is
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -29,6 +30,7 @@ from pidctl.controller.api.responses import (
     Reply,
     build_entity,
     first_listener,
+    metadata_refusal,
     response_for,
     too_many_keys,
     too_many_topics,
@@ -43,6 +45,16 @@ from pidctl.controller.core.producer_ids import (
     JOB_BROKER_ID,
     LEASE_EXHAUSTED,
     Block,
+)
+from pidctl.controller.core.topics import (
+    AUTHORIZED_OPERATIONS_NOT_REQUESTED,
+    authorized_operations,
+    invalid_topic_name,
+    is_internal_topic,
+    is_share_partition_key,
+    java_hash_set_order,
+    java_string_hash,
+    java_uuid_hash,
 )
 from pidctl.controller.core.transactions import parse_expected
 from pidctl.protocol.apis import (
@@ -88,8 +100,18 @@ _REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
 _APP_ID_DENIED = ErrorCode.transactional_id_authorization_failed
 _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
 
-#: FindCoordinator key types Kafka defines: group, transaction, share group.
+#: FindCoordinator key types Kafka defines: group, transaction, share group (KIP-932, from
+#: v6 only).
 _COORDINATOR_KEY_TYPES = (0, 1, 2)
+_TRANSACTION_KEYS = 1
+_SHARE_KEYS = 2
+_FIRST_SHARE_VERSION = 6
+
+
+def _topic_id(topic: Any) -> uuid.UUID | None:
+    """A Metadata request topic's id, None for none (v0-v9) or the zero id (Kafka's "none")."""
+    topic_id = getattr(topic, "topic_id", None)
+    return topic_id if topic_id is not None and topic_id.int else None
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
@@ -250,6 +272,14 @@ class Controller:
             conn.principal, operation, resource_type, name, conn.host
         )
 
+    def _may_write_idempotently(self, conn: ConnectionInfo) -> bool:
+        """What an idempotent producer needs, as Kafka asks it (KIP-679): IdempotentWrite on
+        the cluster, or else Write on any topic."""
+        authorizer = self.authorizer
+        return self._may(conn, "IdempotentWrite") or authorizer.authorize_any(
+            conn.principal, "Write", "Topic", conn.host
+        )
+
     # -- handlers ---------------------------------------------------------------------------
 
     def _api_versions(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
@@ -273,6 +303,7 @@ class Controller:
             listeners=tuple(f"{lst.name}://{lst.host}:{lst.port}" for lst in body.listeners),
             now_ms=now.mono_ms,
             next_offset=self.state.next_offset,
+            migrating_zk_broker=getattr(body, "is_migrating_zk_broker", False),
         )
         registered, offset = self._apply(result, now)
         response = response_for(
@@ -346,9 +377,9 @@ class Controller:
         manager = self.state.producer_ids
         # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction: an
-        # idempotent producer's IdempotentWrite, or for a named job (app id, version, block
-        # in the client id, controller/core/jobs.py) what a transactional id needs, Write on
-        # its app id, which it must also own.
+        # idempotent producer's IdempotentWrite (or Write on a topic), or for a named job
+        # (app id, version, block in the client id, controller/core/jobs.py) what a
+        # transactional id needs, Write on its app id, which it must also own.
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         # (No record of it can be too large: a client id is at most 32,767 bytes, an app id
         # at most max_job_app_id_bytes.)
@@ -379,7 +410,7 @@ class Controller:
                     principal=conn.principal,
                     client_id=client_id,
                 )
-            elif not self._may(conn, "IdempotentWrite"):
+            elif not self._may_write_idempotently(conn):
                 return _REFUSED_BLOCK, NO_WAIT
             else:
                 result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
@@ -449,7 +480,7 @@ class Controller:
         if transactional_id is not None:
             if not self._may(conn, "Write", "TransactionalId", transactional_id):
                 return _TRANSACTIONAL_ID_DENIED
-        elif not self._may(conn, "IdempotentWrite"):
+        elif not self._may_write_idempotently(conn):
             return _IDEMPOTENT_WRITE_DENIED
         expected = parse_expected(producer_id, producer_epoch)
         if isinstance(expected, ErrorCode):
@@ -487,7 +518,7 @@ class Controller:
         ``protocol.idempotent_inits``): decided as that many :meth:`_init_producer_id` calls
         would decide them, without a request or response entity each. The PIDs go to the
         first requests in order; the rest are answered ``error``."""
-        if not self._may(conn, "IdempotentWrite"):
+        if not self._may_write_idempotently(conn):
             return IdempotentRun([], _DENIED, NO_WAIT)
         transactions, apply = self.state.transactions, self._apply
         taken, offset = apply(transactions.init_idempotent_run(count), now)
@@ -509,8 +540,47 @@ class Controller:
         return self._pool_grants.offset_of(pids[-1], offset) if pids else offset
 
     def _metadata(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
-        """This node is the only broker and the controller; it hosts no topics."""
+        """This node is the only broker and the controller; it hosts no topics. Each topic
+        asked for is answered as Kafka's KafkaApis.handleTopicMetadataRequest answers one
+        that does not exist (no topic is created, whatever the request allows)."""
         version, cls = request.api_version, response_class(request.api_key, request.api_version)
+        asked = request.body.topics or ()
+        if len(asked) > self.limits.max_metadata_topics:
+            return Reply(too_many_topics(request, len(asked), self.limits.max_metadata_topics))
+        if version < 12 and any(t.name is None or _topic_id(t) for t in asked):
+            # (Kafka: InvalidRequestException, "Topic IDs are not supported in requests for
+            # version ..." or "Topic name can not be null for version ...".)
+            return Reply(metadata_refusal(request, ErrorCode.invalid_request))
+        ids = [i for i in map(_topic_id, asked) if i is not None]
+        if not ids and any(t.name is None for t in asked):
+            # Neither a name nor an id: Kafka fails on it (kept-on-purpose table).
+            return Reply(metadata_refusal(request, ErrorCode.invalid_request))
+        topic_entry = entity_class(cls, "topics")
+        topics: list[Any] = []
+        if ids:
+            # Named by id (v12+): the names are not looked at, as in Kafka.
+            for topic_id in java_hash_set_order(ids, java_uuid_hash):
+                topics.append(
+                    build_entity(
+                        topic_entry,
+                        error_code=ErrorCode.unknown_topic_id,
+                        name=None,
+                        topic_id=topic_id,
+                        is_internal=False,
+                        partitions=(),
+                    )
+                )
+        else:
+            topics = self._unknown_topics(request, conn, topic_entry, [t.name for t in asked])
+        cluster_operations = AUTHORIZED_OPERATIONS_NOT_REQUESTED
+        if 8 <= version <= 10 and request.body.include_cluster_authorized_operations:
+            cluster_operations = (
+                authorized_operations(
+                    self.authorizer, conn.principal, conn.host, "Cluster", CLUSTER_RESOURCE
+                )
+                if self._may(conn, "Describe")
+                else 0
+            )
         broker = build_entity(
             entity_class(cls, "brokers"),
             node_id=i32(self.node_id),
@@ -518,29 +588,6 @@ class Controller:
             port=i32(conn.advertised_port),
             rack=None,
         )
-        asked = request.body.topics or ()
-        if len(asked) > self.limits.max_metadata_topics:
-            return Reply(too_many_topics(request, len(asked), self.limits.max_metadata_topics))
-        topics = []
-        for topic in asked:
-            # v10+ may name a topic by id only: Kafka answers UNKNOWN_TOPIC_ID for those. A
-            # topic named by a principal that may not Describe it is, as in Kafka,
-            # TOPIC_AUTHORIZATION_FAILED, whether it exists or not (nothing leaks).
-            error = ErrorCode.unknown_topic_or_partition
-            if topic.name is None and version >= 10:
-                error = ErrorCode.unknown_topic_id
-            elif topic.name is not None and not self._may(conn, "Describe", "Topic", topic.name):
-                error = ErrorCode.topic_authorization_failed
-            topics.append(
-                build_entity(
-                    entity_class(cls, "topics"),
-                    error_code=error,
-                    name=topic.name,
-                    topic_id=getattr(topic, "topic_id", None),
-                    is_internal=False,
-                    partitions=(),
-                )
-            )
         body = build_entity(
             cls,
             throttle_time=NO_THROTTLE,
@@ -548,9 +595,75 @@ class Controller:
             cluster_id=self.state.cluster_id,
             controller_id=i32(self.node_id),
             topics=tuple(topics),
+            cluster_authorized_operations=i32(cluster_operations),
             error_code=ErrorCode.none,  # v13+ (KIP-1102): a top-level error
         )
         return Reply(body)
+
+    def _unknown_topics(
+        self, request: Request, conn: ConnectionInfo, entry: Any, names: list[str]
+    ) -> list[Any]:
+        """The entries of topics named that do not exist, in Kafka's order (its set's):
+        those the principal may Describe (INVALID_TOPIC_EXCEPTION for a name Kafka's
+        Topic.validate refuses, else UNKNOWN_TOPIC_OR_PARTITION; marked internal if Kafka's
+        own; with the operations allowed on it if asked for), then, when creation is allowed,
+        those it may not create (TOPIC_AUTHORIZATION_FAILED), then those it may not Describe
+        (TOPIC_AUTHORIZATION_FAILED whether they exist or not: nothing leaks)."""
+        with_operations = request.api_version >= 8 and getattr(
+            request.body, "include_topic_authorized_operations", False
+        )
+        allowed: list[Any] = []
+        denied: list[Any] = []
+        not_creatable: list[Any] = []
+        # Creation allowed (always below v4): Kafka then needs Create on the cluster or the
+        # topic before it looks at the name, and refuses the others as unauthorized.
+        creating = getattr(request.body, "allow_auto_topic_creation", True)
+        may_create_any = not creating or self._may(conn, "Create")
+        for name in java_hash_set_order(names, java_string_hash):
+            if not self._may(conn, "Describe", "Topic", name):
+                denied.append(
+                    build_entity(
+                        entry,
+                        error_code=ErrorCode.topic_authorization_failed,
+                        name=name,
+                        topic_id=None,
+                        is_internal=False,
+                        partitions=(),
+                    )
+                )
+                continue
+            if not may_create_any and not self._may(conn, "Create", "Topic", name):
+                not_creatable.append(
+                    build_entity(
+                        entry,
+                        error_code=ErrorCode.topic_authorization_failed,
+                        name=name,
+                        topic_id=None,
+                        is_internal=is_internal_topic(name),
+                        partitions=(),
+                    )
+                )
+                continue
+            error = ErrorCode.unknown_topic_or_partition
+            if invalid_topic_name(name) is not None:
+                error = ErrorCode.invalid_topic_exception
+            operations = AUTHORIZED_OPERATIONS_NOT_REQUESTED
+            if with_operations:
+                operations = authorized_operations(
+                    self.authorizer, conn.principal, conn.host, "Topic", name
+                )
+            allowed.append(
+                build_entity(
+                    entry,
+                    error_code=error,
+                    name=name,
+                    topic_id=None,
+                    is_internal=is_internal_topic(name),
+                    partitions=(),
+                    topic_authorized_operations=i32(operations),
+                )
+            )
+        return allowed + not_creatable + denied
 
     def _describe_cluster(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
         """The brokers registered with this controller (endpoint type 1), or this controller
@@ -642,7 +755,7 @@ class Controller:
         }
         resource, denied = (
             ("TransactionalId", ErrorCode.transactional_id_authorization_failed)
-            if key_type == 1
+            if key_type == _TRANSACTION_KEYS
             else ("Group", ErrorCode.group_authorization_failed)
         )
         not_allowed = {
@@ -650,13 +763,39 @@ class Controller:
             "error_code": denied,
             "error_message": "" if batched else KAFKA_MESSAGES[denied],
         }
+        # Share groups (KIP-932): pidctl has no share coordinator. Kafka refuses the key type
+        # below v6, and a key that is not group:topicId:partition; a well-formed key is
+        # answered as Kafka answers one while its share coordinator is not available.
+        share_refused = {**refused, "error_code": ErrorCode.invalid_request, "error_message": ""}
+        share_unavailable = {**share_refused, "error_code": ErrorCode.coordinator_not_available}
+        if not batched:
+            share_refused["error_message"] = KAFKA_MESSAGES[ErrorCode.invalid_request]
 
         def answer(key: str) -> dict[str, Any]:
             if key_type not in _COORDINATOR_KEY_TYPES:
                 return unknown_type
+            if key_type == _SHARE_KEYS:
+                if version < _FIRST_SHARE_VERSION or not is_share_partition_key(key):
+                    return share_refused
+                return share_unavailable
             if not self._may(conn, "Describe", resource, key):
                 return not_allowed
             return found
+
+        if key_type == _SHARE_KEYS and version >= _FIRST_SHARE_VERSION:
+            keys = body.coordinator_keys
+            if keys and not self._may(conn, "ClusterAction"):
+                # Kafka checks ClusterAction on the cluster at the first share key and fails
+                # the whole request: every key CLUSTER_AUTHORIZATION_FAILED.
+                error = ErrorCode.cluster_authorization_failed
+                entry = entity_class(cls, "coordinators")
+                coordinators = tuple(
+                    entry(key=key, **refused, error_code=error, error_message=KAFKA_MESSAGES[error])
+                    for key in keys
+                )
+                return Reply(
+                    build_entity(cls, throttle_time=NO_THROTTLE, coordinators=coordinators)
+                )
 
         if version >= 4:
             entry = entity_class(cls, "coordinators")

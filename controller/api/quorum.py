@@ -13,9 +13,9 @@ loop, so nothing needs a lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from pidctl.controller.core.jobs import DEFAULT_EXPIRY_BATCH as DEFAULT_JOB_EXPIRY_BATCH
 from pidctl.controller.core.logformat import RecordTooLarge, encode_entry
@@ -92,9 +92,10 @@ class QuorumController:
                     observe(offset, record)
         return result.response, state.next_offset - 1
 
-    def snapshot(self) -> Callable[[], dict[str, Any]]:
-        """What the log needs for a snapshot at this instant: taken at once, built later."""
-        return self.state.copy().to_snapshot
+    def snapshot(self) -> Callable[[], Iterator[tuple[int, Record]]]:
+        """What the log needs for a snapshot at this instant: a copy taken at once, its
+        records (every manager's, ``ControllerState.snapshot_records``) made later."""
+        return self.state.copy().snapshot_records
 
     def expire_transactional_ids(
         self, now: Now, limit: int = DEFAULT_EXPIRY_BATCH

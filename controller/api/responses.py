@@ -78,6 +78,12 @@ NO_THROTTLE = datetime.timedelta(0)
 KAFKA_MESSAGES = {
     ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
     ErrorCode.group_authorization_failed: "Group authorization failed.",
+    ErrorCode.cluster_authorization_failed: "Cluster authorization failed.",
+    ErrorCode.invalid_request: (
+        "This most likely occurs because of a request being malformed by the client library "
+        "or the message was sent to an incompatible broker. See the broker logs for more "
+        "details."
+    ),
 }
 #: The rest of an error answer, per API that writes records.
 REFUSALS: dict[int, dict[str, Any]] = {
@@ -128,6 +134,34 @@ def too_many_topics(request: Request, asked: int, most: int) -> Any:
         controller_id=i32(-1),
         topics=topics,
         error_code=ErrorCode.invalid_request,  # v13+ only
+    )
+
+
+def metadata_refusal(request: Request, error: ErrorCode) -> Any:
+    """Metadata refused as a whole, as Kafka's MetadataRequest.getErrorResponse answers: no
+    brokers, no cluster, each topic asked for with ``error`` (a null name as ""), and the
+    top-level error from v13."""
+    cls: Any = response_class(request.api_key, request.api_version)
+    entity = entity_class(cls, "topics")
+    topics = tuple(
+        build_entity(
+            entity,
+            error_code=error,
+            name=topic.name or "",
+            topic_id=getattr(topic, "topic_id", None),
+            is_internal=False,
+            partitions=(),
+        )
+        for topic in request.body.topics or ()
+    )
+    return build_entity(
+        cls,
+        throttle_time=NO_THROTTLE,
+        brokers=(),
+        cluster_id=None,
+        controller_id=i32(-1),
+        topics=topics,
+        error_code=error,  # v13+ only
     )
 
 

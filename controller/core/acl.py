@@ -191,3 +191,42 @@ class Authorizer:
         if any(a.permission == "deny" and a.covers(operation) for a in matching):
             return False
         return any(a.permission == "allow" and a.covers(operation) for a in matching)
+
+    def authorize_any(self, principal: str, operation: str, resource_type: str, host: str) -> bool:
+        """Whether ``principal`` may do ``operation`` on some resource of ``resource_type``
+        (Kafka's ``Authorizer.authorizeByResourceType``, which lets an idempotent producer in
+        with Write on any topic, KIP-679): allowed if a name would be (a super user, or ``*``),
+        else if some ALLOW names a resource (literal or prefix) that no DENY of the same
+        literal name or of a prefix of it takes back. Only ``operation`` itself or All
+        counts, as in Kafka: an implied operation does not."""
+        if self.authorize(principal, operation, resource_type, "hardcode", host):
+            return True
+        allowed: list[Acl] = []
+        denied_literals: set[str] = set()
+        denied_prefixes: set[str] = set()
+        for acl in self.acls:
+            if (
+                acl.resource_type != resource_type
+                or acl.principal not in (principal, "User:*")
+                or acl.host not in ("*", host)
+                or acl.operation not in (operation, "All")
+            ):
+                continue
+            if acl.permission == "allow":
+                allowed.append(acl)
+            elif acl.pattern_type == "prefixed":
+                denied_prefixes.add(acl.resource_name)
+            elif acl.resource_name == "*":
+                return False  # a DENY of every name beats any ALLOW
+            else:
+                denied_literals.add(acl.resource_name)
+        if any(a.resource_name == "*" and a.pattern_type == "literal" for a in allowed):
+            return True
+        return any(
+            not (acl.pattern_type == "literal" and acl.resource_name in denied_literals)
+            and not any(
+                acl.resource_name[:end] in denied_prefixes
+                for end in range(1, len(acl.resource_name) + 1)
+            )
+            for acl in allowed
+        )

@@ -9,8 +9,8 @@ just because the controller restarted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -21,6 +21,7 @@ from pidctl.controller.core.records import (
     BrokerUnregistered,
     ClusterCreated,
     ControllerStarted,
+    Record,
 )
 from pidctl.controller.core.result import ControllerResult, answer
 
@@ -40,8 +41,7 @@ class BrokerRegistration:
 @dataclass(slots=True)
 class _Session:
     last_contact_ms: int
-    wants_fence: bool = True  # KRaft registers brokers fenced until their first heartbeat
-    shutting_down: bool = False
+    fenced: bool = True  # KRaft registers brokers fenced until their first heartbeat
 
 
 class BrokerSessions:
@@ -54,7 +54,7 @@ class BrokerSessions:
     def start(self, broker_id: int, now_ms: int, *, fenced: bool = True) -> None:
         """A (re-)registration: the broker is alive and fenced until it heartbeats (or, after
         a restart, ``fenced=False``: as it is taken to have been)."""
-        self._sessions[broker_id] = _Session(now_ms, wants_fence=fenced)
+        self._sessions[broker_id] = _Session(now_ms, fenced=fenced)
 
     def touch(self, broker_id: int, now_ms: int) -> _Session:
         session = self._sessions.setdefault(broker_id, _Session(now_ms))
@@ -72,14 +72,28 @@ class BrokerSessions:
         and heard from within the session timeout. Only such a broker keeps another
         incarnation from registering with its id."""
         session = self._sessions.get(broker_id)
-        return self._alive(session, now_ms) and not (session is None or session.wants_fence)
+        return self._alive(session, now_ms) and not (session is None or session.fenced)
 
     def is_fenced(self, broker_id: int, now_ms: int) -> bool:
-        """Fenced: asked to be, shutting down, or silent for longer than the session timeout."""
+        """Fenced: by a heartbeat (it asked to be, or shut down), or silent for longer than
+        the session timeout."""
         session = self._sessions.get(broker_id)
         if session is None or not self._alive(session, now_ms):
             return True
-        return session.wants_fence or session.shutting_down
+        return session.fenced
+
+
+def next_broker_state(fenced: bool, want_fence: bool, want_shut_down: bool) -> tuple[bool, bool]:
+    """A heartbeating broker's next state, as (fenced, should shut down): KRaft's
+    calculateNextBrokerState for a broker with no partition leaderships and caught up, so
+    that its CONTROLLED_SHUTDOWN state is never entered (SHUTDOWN_NOW at once)."""
+    if fenced:
+        if want_shut_down:
+            return True, True  # SHUTDOWN_NOW
+        return want_fence, False  # unfenced once it stops asking to be fenced
+    if want_fence or want_shut_down:
+        return True, want_shut_down  # FENCED, or SHUTDOWN_NOW
+    return False, False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +145,13 @@ class ClusterControlManager:
         listeners: tuple[str, ...],
         now_ms: int,
         next_offset: int,
+        migrating_zk_broker: bool = False,
     ) -> ControllerResult[Registered]:
         """BrokerRegistration: the same incarnation keeps its epoch; a new one gets a new
         epoch (the offset its record will get, ``next_offset``) unless the old incarnation
         has a valid session (unfenced and heard from within the session timeout: as in
-        Kafka, a fenced broker's id may be taken over at once)."""
+        Kafka, a fenced broker's id may be taken over at once). A broker migrating from
+        ZooKeeper is refused BROKER_ID_NOT_REGISTERED, as Kafka 4 refuses it."""
         if cluster_id != self.cluster_id:
             return answer(Registered(ErrorCode.inconsistent_cluster_id))
         if broker_id < 0:
@@ -146,6 +162,9 @@ class ClusterControlManager:
             return answer(Registered(broker_epoch=existing.epoch))
         if existing is not None and self.sessions.has_valid_session(broker_id, now_ms):
             return answer(Registered(ErrorCode.duplicate_broker_registration))
+        if migrating_zk_broker:
+            # Kafka 4 (no ZooKeeper): "Controller does not support registering ZK brokers."
+            return answer(Registered(ErrorCode.broker_id_not_registered))
         self.sessions.start(broker_id, now_ms)
         record = BrokerRegistered(broker_id, incarnation_id, next_offset, rack, listeners)
         return ControllerResult((record,), Registered(broker_epoch=next_offset))
@@ -160,20 +179,17 @@ class ClusterControlManager:
         now_ms: int,
     ) -> ControllerResult[HeartbeatAnswer]:
         """BrokerHeartbeat: keeps the session alive and moves the broker in or out of
-        fencing. pidctl has no partitions to move, so a controlled shutdown completes at once
-        and a broker is always caught up with the (empty) metadata it would replicate."""
+        fencing, as KRaft's BrokerHeartbeatManager.calculateNextBrokerState does for a broker
+        that leads no partition and has caught up (pidctl has neither partitions nor a
+        metadata log to replay): a controlled shutdown is granted at once and fences the
+        broker, whose next heartbeat without it unfences it again."""
         error = self.check_broker_epoch(broker_id, broker_epoch)
         if error:
             return answer(HeartbeatAnswer(error))
-        session = self.sessions.touch(broker_id, now_ms)
-        session.wants_fence = want_fence
-        session.shutting_down = session.shutting_down or want_shut_down
-        return answer(
-            HeartbeatAnswer(
-                is_fenced=self.sessions.is_fenced(broker_id, now_ms),
-                should_shut_down=session.shutting_down,
-            )
-        )
+        was_fenced = self.sessions.is_fenced(broker_id, now_ms)  # (silent too long: fenced)
+        fenced, shut_down = next_broker_state(was_fenced, want_fence, want_shut_down)
+        self.sessions.touch(broker_id, now_ms).fenced = fenced
+        return answer(HeartbeatAnswer(is_fenced=fenced, should_shut_down=shut_down))
 
     def unregister(self, broker_id: int) -> ControllerResult[ErrorCode]:
         """UnregisterBroker: BROKER_ID_NOT_REGISTERED if there is no registration."""
@@ -240,28 +256,14 @@ class ClusterControlManager:
         """A copy later records do not change (registrations are immutable)."""
         return ClusterControlManager(self.cluster_id, self.node_id, dict(self.brokers))
 
-    def snapshot_fields(self) -> dict[str, Any]:
-        return {
-            "cluster_id": self.cluster_id,
-            "node_id": self.node_id,
-            "brokers": [
-                {
-                    "broker_id": b.broker_id,
-                    "incarnation_id": b.incarnation_id,
-                    "epoch": b.epoch,
-                    "rack": b.rack,
-                    "listeners": list(b.listeners),
-                }
-                for b in self.brokers.values()
-            ],
-        }
-
-    @classmethod
-    def from_snapshot(cls, data: dict[str, Any]) -> ClusterControlManager:
-        brokers = {
-            b["broker_id"]: BrokerRegistration(
-                b["broker_id"], b["incarnation_id"], b["epoch"], b["rack"], tuple(b["listeners"])
+    def snapshot_records(self) -> Iterator[tuple[int, Record]]:
+        """The cluster restated as its log's own records, each at the offset it was
+        written at: its creation, then every registration (a broker's epoch is its offset)."""
+        if self.cluster_id is None or self.node_id is None:
+            return
+        yield 0, ClusterCreated(self.cluster_id, self.node_id)
+        for b in sorted(self.brokers.values(), key=lambda registration: registration.epoch):
+            yield (
+                b.epoch,
+                BrokerRegistered(b.broker_id, b.incarnation_id, b.epoch, b.rack, b.listeners),
             )
-            for b in data["brokers"]
-        }
-        return cls(data["cluster_id"], data["node_id"], brokers)

@@ -25,9 +25,10 @@ that a snapshot shares and a change copies, so a snapshot copies none of them on
 
 from __future__ import annotations
 
+import base64
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -36,7 +37,13 @@ from pidctl.controller.core.job_table import SHARDS, shard_of
 from pidctl.controller.core.jobs import JOB_KEY_PREFIX, UNREADABLE, JobAllocationManager
 from pidctl.controller.core.kafka import BLOCK_SIZE
 from pidctl.controller.core.producer_ids import Block
-from pidctl.controller.core.records import JobAllocationExpired, JobVersionCommitted
+from pidctl.controller.core.records import (
+    SNAPSHOT_CHUNK_BYTES,
+    JobAllocationExpired,
+    JobCommitsLoaded,
+    JobVersionCommitted,
+    Record,
+)
 from pidctl.controller.core.result import ControllerResult, answer
 
 #: What a commit's key holds where a block request's holds the block number.
@@ -117,36 +124,44 @@ class CommitTable:
         copied._shared = bytearray(b"\x01" * SHARDS)
         return copied
 
-    def packed(self) -> bytearray:
-        """Every app id and version in one buffer: a u16 length, the id in UTF-8, an i64."""
-        out = bytearray()
+    def packed_chunks(self, most_bytes: int) -> Iterator[tuple[int, bytearray]]:
+        """Every app id and version in chunks of about ``most_bytes`` (an entry never
+        split), each with how many app ids it holds: per app id a u16 (little-endian)
+        length, the id in UTF-8, an i64."""
+        out, count = bytearray(), 0
         for shard in self._shards:
             for app_id, version in shard.items():
                 key = app_id.encode("utf-8", "surrogatepass")
-                out += _PACKED_LENGTH.pack(len(key)) + key + _PACKED_VERSION.pack(version)
-        return out
-
-    @classmethod
-    def from_packed(cls, data: bytes | bytearray | memoryview, count: int) -> CommitTable:
-        """The table :meth:`packed` wrote (``count`` app ids); ValueError if it is not."""
-        table, view, at = cls(), memoryview(data), 0
-        while at < len(view):
-            if len(view) - at < _PACKED_LENGTH.size:
-                raise ValueError(f"packed job commits: truncated at byte {at}")
-            end = at + _PACKED_LENGTH.size + _PACKED_LENGTH.unpack_from(view, at)[0]
-            if end + _PACKED_VERSION.size > len(view):
-                raise ValueError(f"packed job commits: truncated at byte {at}")
-            app_id = str(view[at + _PACKED_LENGTH.size : end], "utf-8", "surrogatepass")
-            table.put(app_id, _PACKED_VERSION.unpack_from(view, end)[0])
-            at = end + _PACKED_VERSION.size
-        if len(table) != count:
-            raise ValueError(f"packed job commits: {len(table)} app ids, expected {count}")
-        return table
+                entry = _PACKED_LENGTH.pack(len(key)) + key + _PACKED_VERSION.pack(version)
+                if out and len(out) + len(entry) > most_bytes:
+                    yield count, out
+                    out, count = bytearray(), 0
+                out += entry
+                count += 1
+        if out:
+            yield count, out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CommitTable) and sorted(self.items()) == sorted(other.items())
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def unpack_commits(data: bytes | bytearray | memoryview) -> list[tuple[str, int]]:
+    """The app ids and versions of a chunk ``CommitTable.packed_chunks`` wrote; ValueError
+    if it is not one."""
+    view, at = memoryview(data), 0
+    entries: list[tuple[str, int]] = []
+    while at < len(view):
+        if len(view) - at < _PACKED_LENGTH.size:
+            raise ValueError(f"packed job commits: truncated at byte {at}")
+        end = at + _PACKED_LENGTH.size + _PACKED_LENGTH.unpack_from(view, at)[0]
+        if end + _PACKED_VERSION.size > len(view):
+            raise ValueError(f"packed job commits: truncated at byte {at}")
+        app_id = str(view[at + _PACKED_LENGTH.size : end], "utf-8", "surrogatepass")
+        entries.append((app_id, _PACKED_VERSION.unpack_from(view, end)[0]))
+        at = end + _PACKED_VERSION.size
+    return entries
 
 
 @dataclass(slots=True)
@@ -208,21 +223,38 @@ class JobCommitManager:
                 self.committed.put(record.app_id, record.version)
             case JobAllocationExpired():
                 self.committed.discard(record.app_id)
+            case JobCommitsLoaded():  # (a snapshot's)
+                self._replay_loaded(offset, record)
+
+    def _replay_loaded(self, offset: int, record: JobCommitsLoaded) -> None:
+        try:
+            rows = base64.b64decode(record.rows, validate=True)
+            entries = unpack_commits(rows)
+        except ValueError as e:  # (binascii.Error is one)
+            raise InvariantViolation(f"offset {offset}: {e}") from e
+        if len(entries) != record.count:
+            raise InvariantViolation(
+                f"offset {offset}: {len(entries)} job commits, the record says {record.count}"
+            )
+        for app_id, version in entries:
+            held = self.jobs.apps.get(app_id)
+            if held is None or held.version < version:
+                raise InvariantViolation(
+                    f"offset {offset}: commits {app_id!r} version {version}, "
+                    "which pidctl does not hold"
+                )
+            if self.committed.get(app_id) is not None:
+                raise InvariantViolation(f"offset {offset}: commits {app_id!r} twice")
+        for app_id, version in entries:
+            self.committed.put(app_id, version)
 
     # -- snapshots ------------------------------------------------------------------------
 
     def copy(self, jobs: JobAllocationManager) -> JobCommitManager:
         return JobCommitManager(jobs, self.committed.copy())
 
-    def snapshot_fields(self) -> dict[str, Any]:
-        return {
-            "job_commit_count": len(self.committed),
-            "job_commits_packed": self.committed.packed(),
-        }
-
-    def restore(self, data: dict[str, Any]) -> None:
-        packed = data.get("job_commits_packed")
-        if packed is None:  # a snapshot from before commits
-            self.committed = CommitTable()
-            return
-        self.committed = CommitTable.from_packed(packed, data["job_commit_count"])
+    def snapshot_records(self, at: int) -> Iterator[tuple[int, Record]]:
+        """The committed versions restated as records at offset ``at``, in chunks of their
+        packed rows (replayed after the app ids they belong to)."""
+        for count, rows in self.committed.packed_chunks(SNAPSHOT_CHUNK_BYTES):
+            yield at, JobCommitsLoaded(count, base64.b64encode(rows).decode("ascii"))

@@ -16,7 +16,6 @@ stops at the first app id still in use.
 
 from __future__ import annotations
 
-import itertools
 import struct
 import zlib
 from collections.abc import Iterator
@@ -33,7 +32,10 @@ _BLOCK = struct.Struct("<q")
 #: Where a row keeps its running ms, read without unpacking the rest.
 _RUNNING = struct.Struct("<q")
 _RUNNING_AT = 16
-#: In :meth:`JobTable.packed`: a key's or a row's length (a row holds at most 1000 blocks).
+#: Where a row keeps its owner index, read or replaced without unpacking the rest.
+_OWNER = struct.Struct("<I")
+_OWNER_AT = 24
+#: In :meth:`JobTable.packed_chunks`: a key's or a row's length (a row holds at most 1000 blocks).
 _LENGTH = struct.Struct("<H")
 #: The owner index of "no owner".
 NO_OWNER = 0
@@ -201,34 +203,51 @@ class JobTable:
         copied._held = dict(self._held)
         return copied
 
-    def packed(self) -> bytearray:
-        """Every app id and its row in one buffer, shard by shard, each in its order: per
-        app id a u16 (little-endian) length, the id in UTF-8, a u16 length, the row."""
+    def packed_chunks(self, most_bytes: int) -> Iterator[tuple[int, tuple[str, ...], bytearray]]:
+        """Every app id and its row in chunks of about ``most_bytes`` (a row never split),
+        shard by shard, each in its order: per app id a u16 (little-endian) length, the id
+        in UTF-8, a u16 length, the row. Each chunk with how many app ids it holds and the
+        owners its rows name (their indices into that tuple; 0: no owner)."""
         out = bytearray()
-        length = _LENGTH.pack
+        count = 0
+        local: dict[int, int] = {NO_OWNER: NO_OWNER}
+        owners: list[str] = [""]
+        length, head = _LENGTH.pack, _HEAD.size
         for shard in self._shards:
             for app_id, row in shard.items():
                 key = app_id.encode("utf-8", "surrogatepass")
+                if out and len(out) + 2 * _LENGTH.size + len(key) + len(row) > most_bytes:
+                    yield count, tuple(owners), out
+                    out, count = bytearray(), 0
+                    local, owners = {NO_OWNER: NO_OWNER}, [""]
+                owner = _OWNER.unpack_from(row, _OWNER_AT)[0]
+                index = local.get(owner)
+                if index is None:
+                    index = local[owner] = len(owners)
+                    owners.append(self.owners[owner])
                 out += length(len(key))
                 out += key
                 out += length(len(row))
-                out += row
-        return out
+                out += row[:_OWNER_AT]
+                out += _OWNER.pack(index)
+                out += row[head:]
+                count += 1
+        if out:
+            yield count, tuple(owners), out
 
-    @classmethod
-    def from_packed(
-        cls, data: bytes | bytearray | memoryview, count: int, owners: list[str]
-    ) -> JobTable:
-        """The table :meth:`packed` wrote (``count`` distinct app ids, ``owners`` its
-        owners); raises ValueError if it does not hold that."""
-        table = cls()
-        table.owners = list(owners)
+    def load_packed(
+        self, data: bytes | bytearray | memoryview, count: int, owners: tuple[str, ...]
+    ) -> None:
+        """Append the ``count`` app ids (none held yet) of a chunk :meth:`packed_chunks`
+        wrote, whose rows name ``owners``; ValueError if it does not hold that (what was
+        appended before the fault stays: replay stops the start-up then)."""
         if not owners or owners[0] != "":
             raise ValueError("packed job allocations: owners must start with the empty owner")
-        table._owner_index = {owner: index for index, owner in enumerate(owners) if index}
+        mine = [NO_OWNER] + [self._owner(owner) for owner in owners[1:]]
         view = memoryview(data)
         size, position, read_length = len(view), 0, _LENGTH.unpack_from
         rows = 0
+        unsorted: set[int] = set()
         while position < size:
             if size - position < _LENGTH.size:
                 raise ValueError(f"packed job allocations: truncated at byte {position}")
@@ -241,45 +260,35 @@ class JobTable:
             row = bytes(view[row_start:position])
             if position > size or len(row) < _HEAD.size + _BLOCK.size:
                 raise ValueError(f"packed job allocations: a bad row at byte {row_start}")
-            if (len(row) - _HEAD.size) % _BLOCK.size or _HEAD.unpack_from(row)[3] >= len(owners):
+            owner = _OWNER.unpack_from(row, _OWNER_AT)[0]
+            if (len(row) - _HEAD.size) % _BLOCK.size or owner >= len(owners):
                 raise ValueError(f"packed job allocations: a bad row at byte {row_start}")
-            table._load(str(view[key_start:key_end], "utf-8", "surrogatepass"), row)
+            if mine[owner] != owner:
+                row = row[:_OWNER_AT] + _OWNER.pack(mine[owner]) + row[_HEAD.size :]
+            app_id = str(view[key_start:key_end], "utf-8", "surrogatepass")
+            if not self._load(app_id, row):
+                unsorted.add(shard_of(app_id))
             rows += 1
-        if len(table) != count or rows != count:
-            raise ValueError(f"packed job allocations: {len(table)} distinct, expected {count}")
-        table.keep_running_order()
-        return table
+        for index in unsorted:
+            self._sort(index)
+        if rows != count:
+            raise ValueError(f"packed job allocations: {rows} app ids, expected {count}")
 
-    def load_version(
-        self,
-        app_id: str,
-        version: int,
-        allocated_ms: int,
-        running_ms: int,
-        owner: str | None,
-        blocks: list[int],
-    ) -> None:
-        """An app id read from an older snapshot: appended to its shard (call
-        :meth:`keep_running_order` once all are loaded)."""
-        row = _HEAD.pack(version, allocated_ms, running_ms, self._owner(owner))
-        self._load(app_id, row + b"".join(_BLOCK.pack(first) for first in blocks))
-
-    def _load(self, app_id: str, row: bytes) -> None:
-        shard = self._shards[shard_of(app_id)]
+    def _load(self, app_id: str, row: bytes) -> bool:
+        """Append a row read back to its shard; whether the shard is still in the order of
+        running stamps (as a snapshot writes each shard; one written with other shards may
+        not be: :meth:`_sort` it then)."""
+        shard = self._writable(shard_of(app_id))
         if app_id in shard:
             raise ValueError(f"app id {app_id!r} twice")
+        in_order = not shard or _running(next(reversed(shard.values()))) <= _running(row)
         shard[app_id] = row
-        self._count(_HEAD.unpack_from(row)[3], 1)
+        self._count(_OWNER.unpack_from(row, _OWNER_AT)[0], 1)
+        return in_order
 
-    def keep_running_order(self) -> None:
-        """Each shard in the order of its running stamps (already so, unless the snapshot
-        was written with other shards)."""
-        running = _RUNNING.unpack_from
-        for index, shard in enumerate(self._shards):
-            stamps = [running(row, _RUNNING_AT)[0] for row in shard.values()]
-            if any(later < earlier for earlier, later in itertools.pairwise(stamps)):
-                ordered = sorted(shard.items(), key=lambda item: running(item[1], _RUNNING_AT)[0])
-                self._shards[index] = dict(ordered)
+    def _sort(self, index: int) -> None:
+        shard = self._shards[index]
+        self._shards[index] = dict(sorted(shard.items(), key=lambda item: _running(item[1])))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JobTable) or len(self) != len(other):
@@ -297,3 +306,8 @@ def _same(mine: AppVersion, theirs: AppVersion | None) -> bool:
         mine.owner,
         mine.blocks,
     ) == (theirs.version, theirs.allocated_ms, theirs.running_ms, theirs.owner, theirs.blocks)
+
+
+def _running(row: bytes) -> int:
+    """A row's running stamp."""
+    return int(_RUNNING.unpack_from(row, _RUNNING_AT)[0])

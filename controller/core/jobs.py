@@ -43,8 +43,9 @@ INVALID_REQUEST (a job without a name is served as before).
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -54,10 +55,13 @@ from pidctl.controller.core.job_table import AppVersion, JobTable
 from pidctl.controller.core.kafka import BLOCK_SIZE
 from pidctl.controller.core.producer_ids import Block, ProducerIdControlManager
 from pidctl.controller.core.records import (
+    SNAPSHOT_CHUNK_BYTES,
     DamagedTailTruncated,
     JobAllocationExpired,
+    JobAllocationsLoaded,
     JobBlockRecorded,
     JobClockAdvanced,
+    JobsState,
     Record,
 )
 from pidctl.controller.core.result import ControllerResult, answer
@@ -287,6 +291,19 @@ class JobAllocationManager:
             case DamagedTailTruncated():
                 self.damaged_tail_running_ms = max(self.damaged_tail_running_ms, record.running_ms)
                 self.running_ms = max(self.running_ms, record.running_ms)
+            case JobAllocationsLoaded():  # (a snapshot's)
+                try:
+                    self.apps.load_packed(
+                        base64.b64decode(record.rows), record.count, record.owners
+                    )
+                except ValueError as e:  # (binascii.Error is one)
+                    raise InvariantViolation(f"offset {offset}: {e}") from e
+            case JobsState():  # (a snapshot's)
+                self.running_ms = max(self.running_ms, record.running_ms)
+                self.last_allocated_ms = max(self.last_allocated_ms, record.last_allocated_ms)
+                self.damaged_tail_running_ms = max(
+                    self.damaged_tail_running_ms, record.damaged_tail_running_ms
+                )
 
     def _replay_block(self, offset: int, record: JobBlockRecorded) -> None:
         held = self.apps.get(record.app_id)
@@ -343,35 +360,12 @@ class JobAllocationManager:
             self.damaged_tail_running_ms,
         )
 
-    def snapshot_fields(self) -> dict[str, Any]:
-        """The app ids packed (:meth:`JobTable.packed`, a raw section), their owners, and
-        the clocks' and the quarantine's durable values."""
-        return {
-            "job_app_id_count": len(self.apps),
-            "job_owners": list(self.apps.owners),
-            "job_allocations_packed": self.apps.packed(),
-            "job_running_ms": self.running_ms,
-            "job_last_allocated_ms": self.last_allocated_ms,
-            "job_damaged_tail_running_ms": self.damaged_tail_running_ms,
-        }
-
-    def restore(self, data: dict[str, Any]) -> None:
-        """The job state of a snapshot: packed, or (written before app ids had owners) a
-        list of ``[app id, version, allocated ms, [blocks' first PIDs]]`` in expiry order."""
-        packed = data.get("job_allocations_packed")
-        if packed is not None:
-            count, owners = data["job_app_id_count"], data["job_owners"]
-            self.apps = JobTable.from_packed(packed, count, owners)
-        else:
-            self.apps = JobTable()
-            for app_id, version, allocated_ms, blocks in data.get("job_allocations", []):
-                self.apps.load_version(app_id, version, allocated_ms, allocated_ms, None, blocks)
-                self.last_allocated_ms = allocated_ms
-                self.running_ms = max(self.running_ms, allocated_ms)
-            self.apps.keep_running_order()
-        self.running_ms = data.get("job_running_ms", self.running_ms)
-        self.last_allocated_ms = data.get("job_last_allocated_ms", self.last_allocated_ms)
-        self.damaged_tail_running_ms = data.get("job_damaged_tail_running_ms", -1)
+    def snapshot_records(self, at: int) -> Iterator[tuple[int, Record]]:
+        """The app ids restated as records at offset ``at``: their packed rows in chunks,
+        then the clocks' durable values and the quarantine."""
+        for count, owners, rows in self.apps.packed_chunks(SNAPSHOT_CHUNK_BYTES):
+            yield at, JobAllocationsLoaded(count, owners, base64.b64encode(rows).decode("ascii"))
+        yield at, JobsState(self.running_ms, self.last_allocated_ms, self.damaged_tail_running_ms)
 
 
 def _longer_than(text: str, most_bytes: int) -> bool:

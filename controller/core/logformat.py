@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,6 +185,21 @@ def walk_segment(
         expected += 1
         pos = end
     return SegmentEnd(expected - base_offset, pos)
+
+
+def read_entries(data: bytes | memoryview) -> Iterator[LogEntry]:
+    """Every record framed in ``data``, which holds nothing else (a snapshot's body: its
+    offsets are those its records stand at, not a count), one at a time as it is parsed;
+    ValueError at the first that does not parse."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        try:
+            entry, end = _parse_at(view, pos)
+        except _Invalid as e:
+            raise ValueError(f"at byte {pos}: {e}") from e
+        yield entry
+        pos = end
 
 
 def _all_zero(view: memoryview) -> bool:

@@ -8,7 +8,7 @@ exactly the state that wrote it. Broken invariants are corruption: replay raises
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,25 +16,36 @@ from pidctl.controller.core.cluster import ClusterControlManager
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.job_commits import JobCommitManager
 from pidctl.controller.core.jobs import JobAllocationManager
+from pidctl.controller.core.pid_leases import LeaseManager
 from pidctl.controller.core.producer_ids import ProducerIdControlManager, ProducerIdRange
 from pidctl.controller.core.records import (
+    SNAPSHOT_RECORDS,
     BrokerRegistered,
     BrokerUnregistered,
     ClusterCreated,
     ControllerStarted,
     DamagedTailTruncated,
     JobAllocationExpired,
+    JobAllocationsLoaded,
     JobBlockRecorded,
     JobClockAdvanced,
+    JobCommitsLoaded,
+    JobsState,
     JobVersionCommitted,
+    LeasesState,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
     ProducerIdsReserved,
+    ProducerIdsState,
     Record,
     TransactionalIdExpired,
+    TransactionalIdsLoaded,
     TransactionalIdUpdated,
+    TransactionsState,
+    record_name,
 )
+from pidctl.controller.core.reservations import ReservationManager
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.transactions import TransactionControlManager
 
@@ -46,6 +57,8 @@ class ControllerState:
     """Every manager, as of ``next_offset`` (the offset the next record will get)."""
 
     cluster: ClusterControlManager = field(default_factory=ClusterControlManager)
+    leases: LeaseManager = field(init=False)
+    reservations: ReservationManager = field(init=False)
     producer_ids: ProducerIdControlManager = field(init=False)
     transactions: TransactionControlManager = field(init=False)
     jobs: JobAllocationManager = field(init=False)
@@ -54,24 +67,30 @@ class ControllerState:
     _owners: dict[type, Callable[[int, Any], None]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.producer_ids = ProducerIdControlManager(self.cluster)
+        self.leases = LeaseManager(self._granted)
+        self.reservations = ReservationManager(self._granted)
+        self.producer_ids = ProducerIdControlManager(self.cluster, self.leases, self.reservations)
         self.transactions = TransactionControlManager(self.producer_ids)
         self.jobs = JobAllocationManager(self.producer_ids)
         self.commits = JobCommitManager(self.jobs)
         self._dispatch()
 
+    def _granted(self) -> int:
+        """The high-water mark, for the leases' and reservations' checks."""
+        return self.producer_ids.next_producer_id
+
     def _dispatch(self) -> None:
         cluster, producer_ids, transactions = self.cluster, self.producer_ids, self.transactions
-        jobs = self.jobs
+        leases, reservations, jobs = self.leases, self.reservations, self.jobs
         self._owners = {
             ClusterCreated: cluster.replay,
             ControllerStarted: cluster.replay,
             BrokerRegistered: cluster.replay,
             BrokerUnregistered: cluster.replay,
             ProducerIdsGranted: producer_ids.replay,
-            ProducerIdsLeased: producer_ids.replay,
+            ProducerIdsLeased: leases.replay,
             ProducerIdFloorRaised: producer_ids.replay,
-            ProducerIdsReserved: producer_ids.replay,
+            ProducerIdsReserved: reservations.replay,
             TransactionalIdUpdated: transactions.replay,
             TransactionalIdExpired: transactions.replay,
             JobBlockRecorded: jobs.replay,
@@ -79,6 +98,14 @@ class ControllerState:
             JobClockAdvanced: jobs.replay,
             DamagedTailTruncated: self._replay_damaged_tail,
             JobVersionCommitted: self.commits.replay,
+            # Only in snapshots (records.py says why):
+            ProducerIdsState: producer_ids.replay,
+            LeasesState: leases.replay,
+            TransactionalIdsLoaded: transactions.replay,
+            TransactionsState: transactions.replay,
+            JobAllocationsLoaded: jobs.replay,
+            JobsState: jobs.replay,
+            JobCommitsLoaded: self.commits.replay,
         }
 
     def _replay_expired_app(self, offset: int, record: JobAllocationExpired) -> None:
@@ -125,7 +152,7 @@ class ControllerState:
         if max_job_app_ids_per_principal is not None:
             self.jobs.max_app_ids_per_principal = max_job_app_ids_per_principal
         if reservation_size is not None:
-            self.producer_ids.reservation_size = reservation_size
+            self.reservations.reservation_size = reservation_size
         return self
 
     def replay(self, offset: int, record: Record) -> None:
@@ -134,6 +161,8 @@ class ControllerState:
             raise InvariantViolation(f"record at offset {offset}, expected {self.next_offset}")
         if self.cluster.cluster_id is None and not isinstance(record, ClusterCreated):
             raise InvariantViolation(f"offset {offset}: log does not start with ClusterCreated")
+        if type(record) in SNAPSHOT_RECORDS:
+            raise InvariantViolation(f"offset {offset}: a snapshot's {record_name(record)}")
         self._owners[type(record)](offset, record)
         self.next_offset = offset + 1
 
@@ -163,29 +192,44 @@ class ControllerState:
     def copy(self) -> ControllerState:
         """A copy that later records do not change (for a snapshot built off the loop)."""
         copied = ControllerState(self.cluster.copy(), next_offset=self.next_offset)
-        copied.producer_ids = self.producer_ids.copy(copied.cluster)
+        copied.leases = self.leases.copy(copied._granted)
+        copied.reservations = self.reservations.copy(copied._granted)
+        copied.producer_ids = self.producer_ids.copy(
+            copied.cluster, copied.leases, copied.reservations
+        )
         copied.transactions = self.transactions.copy(copied.producer_ids)
         copied.jobs = self.jobs.copy(copied.producer_ids)
         copied.commits = self.commits.copy(copied.jobs)
         copied._dispatch()
         return copied
 
-    def to_snapshot(self) -> dict[str, Any]:
-        """A JSON-friendly copy of the whole state: every manager's fields."""
-        return {
-            **self.cluster.snapshot_fields(),
-            **self.producer_ids.snapshot_fields(),
-            "next_offset": self.next_offset,
-            **self.transactions.snapshot_fields(),
-            **self.jobs.snapshot_fields(),
-            **self.commits.snapshot_fields(),
-        }
+    def snapshot_records(self) -> Iterator[tuple[int, Record]]:
+        """The whole state restated as records, with the offset each stands at (``cluster``:
+        where its record was written; the rest: :attr:`next_offset`, the state they restate),
+        in an order :meth:`from_snapshot_records` replays: every manager's own, as Kafka's
+        managers write snapshots."""
+        if self.cluster.cluster_id is None:
+            return  # (a log not begun: nothing to restate)
+        at = self.next_offset
+        yield from self.cluster.snapshot_records()
+        yield from self.leases.snapshot_records(at)
+        yield from self.producer_ids.snapshot_records(at)
+        yield from self.reservations.snapshot_records(at)
+        yield from self.transactions.snapshot_records(at)
+        yield from self.jobs.snapshot_records(at)
+        yield from self.commits.snapshot_records(at)
 
     @classmethod
-    def from_snapshot(cls, data: dict[str, Any]) -> ControllerState:
-        state = cls(ClusterControlManager.from_snapshot(data), next_offset=data["next_offset"])
-        state.producer_ids.restore(data)
-        state.transactions.restore(data)
-        state.jobs.restore(data)
-        state.commits.restore(data)
+    def from_snapshot_records(
+        cls, next_offset: int, records: Iterable[tuple[int, Record]]
+    ) -> ControllerState:
+        """The state a snapshot at ``next_offset`` holds, its records replayed by each
+        manager's ``replay`` (as the log's are); :class:`InvariantViolation` if one breaks
+        an invariant."""
+        state = cls(next_offset=next_offset)
+        owners = state._owners
+        for offset, record in records:
+            if state.cluster.cluster_id is None and not isinstance(record, ClusterCreated):
+                raise InvariantViolation("a snapshot that does not start with ClusterCreated")
+            owners[type(record)](offset, record)
         return state

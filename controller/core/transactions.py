@@ -10,11 +10,12 @@ retry and fencing rules when the client sends its current (producer id, epoch).
 
 from __future__ import annotations
 
+import base64
 import operator
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -30,10 +31,13 @@ from pidctl.controller.core.kafka import (
 )
 from pidctl.controller.core.producer_ids import ProducerIdControlManager
 from pidctl.controller.core.records import (
+    SNAPSHOT_CHUNK_BYTES,
     DamagedTailTruncated,
     Record,
     TransactionalIdExpired,
+    TransactionalIdsLoaded,
     TransactionalIdUpdated,
+    TransactionsState,
 )
 from pidctl.controller.core.result import ControllerResult, answer
 
@@ -219,26 +223,33 @@ class TransactionalIdTable:
         """A copy later changes do not reach (the rows are immutable bytes)."""
         return TransactionalIdTable(dict(self._rows))
 
-    def packed(self) -> bytearray:
-        """Every id and its row in one buffer, as snapshots store them: per id a u16
-        (little-endian) length, the id in UTF-8, then its 30-byte row. Built without an
-        object per id, so a snapshot of a million ids costs one buffer, not a million lists."""
+    def packed_chunks(self, most_bytes: int) -> Iterator[tuple[int, bytearray]]:
+        """Every id and its row, packed, in chunks of about ``most_bytes`` (a row never
+        split), in the order of their last updates: per id a u16 (little-endian) length,
+        the id in UTF-8, then its 30-byte row. Each chunk with how many ids it holds. Built
+        without an object per id, so a snapshot of a million ids costs its buffers, not a
+        million lists."""
         out = bytearray()
+        count = 0
         length = _KEY_LENGTH.pack
         for transactional_id, row in self._rows.items():
             key = transactional_id.encode("utf-8", "surrogatepass")
+            if out and len(out) + _KEY_LENGTH.size + len(key) + len(row) > most_bytes:
+                yield count, out
+                out, count = bytearray(), 0
             out += length(len(key))
             out += key
             out += row
-        return out
+            count += 1
+        if out:
+            yield count, out
 
-    @classmethod
-    def from_packed(cls, data: bytes | bytearray | memoryview, count: int) -> TransactionalIdTable:
-        """The table :meth:`packed` wrote, which must hold ``count`` distinct ids; raises
-        ValueError if it does not. Only the ids and rows kept are allocated."""
+    def load_packed(self, data: bytes | bytearray | memoryview, count: int) -> None:
+        """Append the ``count`` ids (none held yet) of a chunk :meth:`packed_chunks` wrote;
+        ValueError, with nothing kept of it, if it does not hold that."""
         view = memoryview(data)
         size = len(view)
-        rows: dict[str, bytes] = {}
+        loaded: dict[str, bytes] = {}
         key_length = _KEY_LENGTH.unpack_from
         key_bytes = _KEY_LENGTH.size
         row_bytes = _PACKED.size
@@ -251,12 +262,14 @@ class TransactionalIdTable:
             position = row_start + row_bytes
             if position > size:
                 raise ValueError(f"packed transactional ids: truncated at byte {key_start}")
-            rows[str(view[key_start:row_start], "utf-8", "surrogatepass")] = bytes(
+            loaded[str(view[key_start:row_start], "utf-8", "surrogatepass")] = bytes(
                 view[row_start:position]
             )
-        if len(rows) != count:
-            raise ValueError(f"packed transactional ids: {len(rows)} distinct, expected {count}")
-        return cls(rows)
+        if len(loaded) != count:
+            raise ValueError(f"packed transactional ids: {len(loaded)} distinct, expected {count}")
+        if not self._rows.keys().isdisjoint(loaded):
+            raise ValueError("packed transactional ids: an id held already")
+        self._rows.update(loaded)
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (see above)
@@ -466,6 +479,15 @@ class TransactionControlManager:
                 self.rotate_updated_at_or_before_ms = max(
                     self.rotate_updated_at_or_before_ms, record.updated_ms
                 )
+            case TransactionalIdsLoaded():  # (a snapshot's)
+                try:
+                    self.transactional_ids.load_packed(base64.b64decode(record.rows), record.count)
+                except ValueError as e:  # (binascii.Error is one)
+                    raise InvariantViolation(f"offset {offset}: {e}") from e
+            case TransactionsState():  # (a snapshot's)
+                self.rotate_updated_at_or_before_ms = max(
+                    self.rotate_updated_at_or_before_ms, record.rotate_updated_at_or_before_ms
+                )
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -481,31 +503,13 @@ class TransactionControlManager:
             rotate_updated_at_or_before_ms=self.rotate_updated_at_or_before_ms,
         )
 
-    def snapshot_fields(self) -> dict[str, Any]:
-        """The transactional ids packed (:meth:`TransactionalIdTable.packed`): a snapshot
-        stores bytes-like fields as raw sections, not as JSON."""
-        return {
-            "transactional_id_count": len(self.transactional_ids),
-            "transactional_ids_packed": self.transactional_ids.packed(),
-            "transactional_ids_rotate_at_or_before_ms": self.rotate_updated_at_or_before_ms,
-        }
-
-    def restore(self, data: dict[str, Any]) -> None:
-        """The transactional ids of a snapshot: packed, or (a ``PIDSNAP1`` snapshot, all
-        JSON) a list of ``[id, producer id, epoch, previous id, last epoch, timeout,
-        updated]``."""
-        self.rotate_updated_at_or_before_ms = data.get(
-            "transactional_ids_rotate_at_or_before_ms", -1
-        )
-        packed = data.get("transactional_ids_packed")
-        if packed is not None:
-            count = data["transactional_id_count"]
-            self.transactional_ids = TransactionalIdTable.from_packed(packed, count)
-            return
-        table = TransactionalIdTable()
-        for row in data.get("transactional_ids", []):
-            table[row[0]] = TransactionalIdState(*row[1:])
-        self.transactional_ids = table
+    def snapshot_records(self, at: int) -> Iterator[tuple[int, Record]]:
+        """The transactional ids restated as records at offset ``at``: their packed rows in
+        chunks, then the damaged tail's bound, if one was cut."""
+        for count, rows in self.transactional_ids.packed_chunks(SNAPSHOT_CHUNK_BYTES):
+            yield at, TransactionalIdsLoaded(count, base64.b64encode(rows).decode("ascii"))
+        if self.rotate_updated_at_or_before_ms >= 0:
+            yield at, TransactionsState(self.rotate_updated_at_or_before_ms)
 
 
 def _too_long(transactional_id: str) -> bool:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import struct
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,15 @@ from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.logformat import (
     TMP_SUFFIX,
     LogCorruption,
+    LogEntry,
+    encode_entry,
     offset_of,
+    read_entries,
     snapshot_name,
 )
+from pidctl.controller.core.records import SNAPSHOT_RECORDS, Record
 from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.legacy_snapshot import LEGACY_MAGICS, legacy_snapshot_entries
 
 LOCK_FILE = ".lock"
 
@@ -48,17 +53,9 @@ RESERVATION_FILE = "producer-ids.reserved"
 RESERVATION_NEXT_FILE = RESERVATION_FILE + ".next"
 
 
-_SNAPSHOT_MAGIC = b"PIDSNAP2"
-
-
-#: Snapshots written before the binary sections (JSON only); still read.
-_SNAPSHOT_MAGIC_V1 = b"PIDSNAP1"
-
-
+#: A snapshot: this header (magic, CRC-32 and length of the rest), then records.
+_SNAPSHOT_MAGIC = b"PIDSNAP3"
 _SNAPSHOT_HEADER = struct.Struct(">8sIQ")
-
-
-_SNAPSHOT_JSON_LENGTH = struct.Struct(">I")
 
 
 _RESERVATION_MAGIC = b"PIDRSRV1"
@@ -98,72 +95,76 @@ def storage_call(path: Path, operation: str, call: Callable[..., Any], *args: An
         raise StorageFailed(path, operation, e) from e
 
 
-_BINARY = (bytes, bytearray, memoryview)
+#: The records a snapshot restates, each with the offset it stands at
+#: (``ControllerState.snapshot_records``).
+SnapshotRecords = Iterable[tuple[int, Record]]
 
 
-def snapshot_parts(offset: int, state: dict[str, Any]) -> list[bytes | bytearray | memoryview]:
-    """A snapshot file's bytes in parts, header first: the state's fields as JSON, except
-    bytes-like ones (a million transactional ids, packed), which follow the JSON as raw
-    sections, so neither writing nor loading one builds an object per value. The parts are
-    written one after the other, never joined: a joined copy of the raw sections would
-    double what a snapshot of a million ids holds while it is written (44 MB more)."""
-    raw = [(name, value) for name, value in state.items() if isinstance(value, _BINARY)]
-    fields = {name: value for name, value in state.items() if not isinstance(value, _BINARY)}
-    head = json.dumps(
-        {"offset": offset, "state": fields, "raw": [[name, len(value)] for name, value in raw]},
-        separators=(",", ":"),
-    ).encode()
-    parts = [_SNAPSHOT_JSON_LENGTH.pack(len(head)), head, *(value for _, value in raw)]
-    crc = 0
-    for part in parts:
-        crc = zlib.crc32(part, crc)
-    length = sum(len(part) for part in parts)
-    return [_SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, crc, length), *parts]
+class _SnapshotBody:
+    """A snapshot's records framed one by one as the log frames them
+    (``logformat.encode_entry``), a record at a time (writing a snapshot of a million ids
+    holds one record's bytes, not the file's), and the header they make: magic, then the
+    CRC-32 and length of everything after it, known once every record is."""
+
+    def __init__(self, records: SnapshotRecords, timestamp_ms: int) -> None:
+        self._records = records
+        self._timestamp_ms = timestamp_ms
+        self._crc = 0
+        self._length = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for at, record in self._records:
+            entry = encode_entry(at, self._timestamp_ms, record)
+            self._crc = zlib.crc32(entry, self._crc)
+            self._length += len(entry)
+            yield entry
+
+    def header(self) -> bytes:
+        """The header, once every record was taken."""
+        return _SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, self._crc, self._length)
 
 
-def encode_snapshot(offset: int, state: dict[str, Any]) -> bytes:
-    """A snapshot file's bytes (:func:`snapshot_parts` joined)."""
-    return b"".join(snapshot_parts(offset, state))
+def encode_snapshot(records: SnapshotRecords, timestamp_ms: int = 0) -> bytes:
+    """A snapshot file's bytes: its header, then its records."""
+    body = _SnapshotBody(records, timestamp_ms)
+    entries = b"".join(body)
+    return body.header() + entries
 
 
-def decode_snapshot(path: Path, data: bytes | memoryview) -> tuple[int, dict[str, Any]]:
-    """Parse a snapshot file; raise :class:`LogCorruption` if it is damaged in any way.
-
-    Raw sections come back as views of ``data`` (nothing is copied)."""
+def decode_snapshot(path: Path, data: bytes | memoryview) -> tuple[int, Iterator[LogEntry]]:
+    """The offset a snapshot file stands at, and its records (each at the offset it stands
+    at) as they are parsed, for replay to apply one at a time: :class:`LogCorruption` if the
+    file is damaged in any way (its checksum, here; a record, when it is reached). A
+    snapshot written before snapshots were records (``PIDSNAP1``, ``PIDSNAP2``) comes back
+    as records too (``legacy_snapshot.py``, the one converter)."""
     view = memoryview(data)
     if len(view) < _SNAPSHOT_HEADER.size:
         raise LogCorruption(f"{path}: snapshot is truncated")
     magic, crc, length = _SNAPSHOT_HEADER.unpack_from(view, 0)
     body = view[_SNAPSHOT_HEADER.size :]
     if (
-        magic not in (_SNAPSHOT_MAGIC, _SNAPSHOT_MAGIC_V1)
+        (magic != _SNAPSHOT_MAGIC and magic not in LEGACY_MAGICS)
         or length != len(body)
         or zlib.crc32(body) != crc
     ):
         raise LogCorruption(f"{path}: snapshot checksum or length mismatch")
+    offset = offset_of(path)
+    if magic in LEGACY_MAGICS:
+        return offset, iter(legacy_snapshot_entries(path, magic, body, offset))
+    return offset, _checked_entries(path, body, offset)
+
+
+def _checked_entries(path: Path, body: memoryview, offset: int) -> Iterator[LogEntry]:
     try:
-        if magic == _SNAPSHOT_MAGIC_V1:
-            parsed = json.loads(bytes(body))
-            raw = []
-        else:
-            (head_length,) = _SNAPSHOT_JSON_LENGTH.unpack_from(body, 0)
-            head_end = _SNAPSHOT_JSON_LENGTH.size + head_length
-            parsed = json.loads(bytes(body[_SNAPSHOT_JSON_LENGTH.size : head_end]))
-            raw = parsed["raw"]
-        offset = int(parsed["offset"])
-        state = parsed["state"]
-        if raw:
-            position = head_end
-            for name, size in raw:
-                state[name] = body[position : position + size]
-                position += size
-            if position != len(body):
-                raise ValueError(f"raw sections end at {position} of {len(body)} bytes")
-    except (ValueError, KeyError, TypeError, struct.error) as e:
+        for entry in read_entries(body):
+            # Each record stands where its state was written: at or before the snapshot's
+            # offset, and a manager's state exactly there (the name is not another file's).
+            at = entry.offset
+            if at > offset or (type(entry.record) in SNAPSHOT_RECORDS and at != offset):
+                raise ValueError(f"a record stands at offset {at}")
+            yield entry
+    except ValueError as e:
         raise LogCorruption(f"{path}: snapshot does not parse ({e})") from e
-    if offset != offset_of(path):
-        raise LogCorruption(f"{path}: snapshot says offset {offset}")
-    return offset, state
 
 
 def encode_reservation(value: int) -> bytes:
@@ -252,7 +253,7 @@ def check_reservation(data_dir: Path, reservation: int | None, state: Controller
     granted (the file is older than the log). Either needs an operator's word: ``pidctl
     log reserve``."""
     path = data_dir / RESERVATION_FILE
-    logged = state.producer_ids.reserved
+    logged = state.reservations.reserved
     fix = (
         f"restore the file, or if you know no producer id at or above N was handed out, "
         f"run `pidctl log reserve --data-dir {data_dir} --producer-id N`"
@@ -377,17 +378,20 @@ def create_segment(path: Path, dir_fd: int) -> int:
 
 
 def write_snapshot_file(
-    data_dir: Path, offset: int, state: dict[str, Any], dir_fd: int | None = None
+    data_dir: Path, offset: int, records: SnapshotRecords, dir_fd: int | None = None
 ) -> Path:
     """Atomically write a snapshot: temporary file, fsync, rename, directory fsync (through
     ``dir_fd`` if given, so that only the temporary file needs a new file descriptor)."""
     path = data_dir / snapshot_name(offset)
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    parts = snapshot_parts(offset, state)
     fd = storage_call(tmp, "open", os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for part in parts:
-            write_all(tmp, fd, part)
+        # The records after room for the header, then the header (it holds their CRC).
+        body = _SnapshotBody(records, int(time.time() * 1000))
+        position = _SNAPSHOT_HEADER.size
+        for entry in body:
+            position += write_all(tmp, fd, entry, position)
+        write_all(tmp, fd, body.header(), 0)
         storage_call(tmp, "fsync", os.fsync, fd)
     finally:
         os.close(fd)

@@ -20,7 +20,7 @@ from pidctl.controller.core.records import (
     ProducerIdsLeased,
 )
 from pidctl.controller.log.datadir import check_reservation
-from pidctl.controller.log.recovery import LogContents, read_log, rebuild_state
+from pidctl.controller.log.recovery import LogContents, read_log, rebuild_state, snapshot_state
 
 Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
 
@@ -79,12 +79,11 @@ def format_dump(contents: LogContents, entries: list[LogEntry], as_json: bool) -
     that records before an offset were removed, and a damaged tail; JSON lines are only the
     records."""
     removed = removed_before(contents)
-    if not as_json and contents.snapshot_path is not None:
-        state = contents.snapshot_state or {}
+    state = snapshot_state(contents)
+    if not as_json and state is not None:
         yield (
             f"# snapshot at offset {contents.snapshot_offset}: "
-            f"next_producer_id={state.get('next_producer_id')} "
-            f"brokers={len(state.get('brokers', []))}"
+            f"next_producer_id={state.next_producer_id} brokers={len(state.cluster.brokers)}"
         )
     if not as_json and removed:
         yield f"# {removed_note(removed)}"

@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import mypy_extensions
 import structlog
@@ -37,6 +36,7 @@ from pidctl.controller.log.datadir import (
     RESERVATION_FILE,
     RESERVATION_NEXT_FILE,
     SEGMENT_FLAGS,
+    SnapshotRecords,
     StorageFailed,
     create_segment,
     encode_reservation,
@@ -171,7 +171,7 @@ class MetadataLog:
         data_dir: Path,
         end_offset: int,
         snapshot_offset: int,
-        snapshot_source: Callable[[], Callable[[], dict[str, Any]]],
+        snapshot_source: Callable[[], Callable[[], SnapshotRecords]],
         *,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         snapshot_interval_records: int = DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
@@ -540,13 +540,13 @@ class MetadataLog:
         listener.committed(batch_end)
 
     async def _write_snapshot(
-        self, offset: int, state: Callable[[], dict[str, Any]], covered: int
+        self, offset: int, records: Callable[[], SnapshotRecords], covered: int
     ) -> None:
         """Write the snapshot at ``offset``, which covers ``covered`` bytes of records."""
         # Shielded: a snapshot that has started is finished even during shutdown.
         with trio.CancelScope(shield=True):
             try:
-                written = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, state)
+                written = await trio.to_thread.run_sync(self._snapshot_and_clean, offset, records)
                 if written is not None:
                     size, kept = written
                     self.snapshot_offset = offset
@@ -594,7 +594,7 @@ class MetadataLog:
         return True
 
     def _snapshot_and_clean(
-        self, offset: int, state: Callable[[], dict[str, Any]]
+        self, offset: int, records: Callable[[], SnapshotRecords]
     ) -> tuple[int, int] | None:
         """Write the snapshot at ``offset``, then delete what it covers; its size and the
         audit trail's bytes kept (:meth:`_delete_covered_segments`), None if postponed.
@@ -603,7 +603,7 @@ class MetadataLog:
         synced through the log's own), and it is the first step: without one (EMFILE) the
         snapshot is postponed with nothing changed, and taken again after the next batch."""
         try:
-            path = write_snapshot_file(self.data_dir, offset, state(), self._dir_fd)
+            path = write_snapshot_file(self.data_dir, offset, records(), self._dir_fd)
         except StorageFailed as e:
             if e.errno not in _FD_EXHAUSTED:
                 raise

@@ -10,10 +10,9 @@ import contextlib
 import mmap
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -82,7 +81,8 @@ class LogContents:
 
     snapshot_path: Path | None = None
     snapshot_offset: int = 0
-    snapshot_state: dict[str, Any] | None = None
+    #: The snapshot's records (None: no snapshot), each at the offset it stands at.
+    snapshot_entries: list[LogEntry] | None = None
     segments: list[SegmentRead] = field(default_factory=list)
     #: Bytes at the end of the last segment that a crash left half-written.
     torn_tail_bytes: int = 0
@@ -266,10 +266,10 @@ def _read_log_once(data_dir: Path, progress: Callable[[int, int], None] | None) 
     snapshots = sorted(data_dir.glob("*" + SNAPSHOT_SUFFIX), key=offset_of)
     if snapshots:
         latest = snapshots[-1]
-        offset, state = decode_snapshot(latest, latest.read_bytes())
+        offset, restated = decode_snapshot(latest, latest.read_bytes())
         contents.snapshot_path = latest
         contents.snapshot_offset = offset
-        contents.snapshot_state = state
+        contents.snapshot_entries = list(restated)
     _check_log_start(data_dir, contents.snapshot_path)
     entries: list[LogEntry] = []
 
@@ -292,11 +292,10 @@ def _read_log_once(data_dir: Path, progress: Callable[[int, int], None] | None) 
 def rebuild_state(contents: LogContents) -> tuple[ControllerState, int]:
     """Replay the log onto its latest snapshot; return the state and how many records
     were replayed. Raises :class:`LogCorruption` if a record breaks an invariant."""
-    if contents.snapshot_state is not None:
-        try:
-            state = ControllerState.from_snapshot(contents.snapshot_state)
-        except (KeyError, TypeError, ValueError) as bad:
-            raise LogCorruption(f"{contents.snapshot_path}: bad snapshot state ({bad})") from bad
+    if contents.snapshot_path is not None and contents.snapshot_entries is not None:
+        state = _snapshot_state(
+            contents.snapshot_path, contents.snapshot_offset, contents.snapshot_entries
+        )
     else:
         state = ControllerState()
     replayed = 0
@@ -355,17 +354,30 @@ def _copied(path: Path) -> Iterator[memoryview]:
 
 
 def _restore_snapshot(path: Path) -> tuple[int, ControllerState]:
-    """The state in a snapshot file, built from the mapped file (its packed transactional
-    ids go straight into the table: no intermediate object per id)."""
+    """The state in a snapshot file, its records replayed from the mapped file."""
     with _mapped(path) as data:
-        offset, fields = decode_snapshot(path, data)
-        try:
-            state = ControllerState.from_snapshot(fields)
-        except (KeyError, TypeError, ValueError) as e:
-            raise LogCorruption(f"{path}: bad snapshot state ({e})") from e
-        finally:
-            del fields
-    return offset, state
+        offset, entries = decode_snapshot(path, data)
+        return offset, _snapshot_state(path, offset, entries)
+
+
+def _snapshot_state(path: Path, offset: int, entries: Iterable[LogEntry]) -> ControllerState:
+    """The state a snapshot's records restate; :class:`LogCorruption` if one breaks an
+    invariant."""
+    try:
+        return ControllerState.from_snapshot_records(
+            offset, ((e.offset, e.record) for e in entries)
+        )
+    except InvariantViolation as broken:
+        raise LogCorruption(f"{path}: bad snapshot ({broken})") from broken
+
+
+def snapshot_state(contents: LogContents) -> ControllerState | None:
+    """The state the data dir's snapshot holds (None: it has none), for the log tools."""
+    if contents.snapshot_path is None or contents.snapshot_entries is None:
+        return None
+    return _snapshot_state(
+        contents.snapshot_path, contents.snapshot_offset, contents.snapshot_entries
+    )
 
 
 def _replay_streaming(data_dir: Path) -> tuple[ControllerState, int, int, _SegmentsWalked]:

@@ -297,7 +297,7 @@ class PidctlServer:
             background.start_soon(self._expire_transactional_ids, quorum, metalog)
             if lease_keeper is not None:
                 await background.start(lease_keeper.run)
-                if state.producer_ids.lease_remaining() == 0:
+                if state.leases.remaining() == 0:
                     # A first lease before listening, so the first clients are served; a
                     # controller that cannot reach etcd still starts (and answers retriably).
                     with trio.move_on_after(settings.etcd_timeout_ms / 1000):
@@ -306,7 +306,7 @@ class PidctlServer:
                 await self._serve(connections, task_status)
                 await metalog.flush()
                 # Everything granted is durable: the next start need skip nothing.
-                quorum.apply(state.producer_ids.release_reservation(), now())
+                quorum.apply(state.reservations.release(), now())
                 await metalog.flush()
             finally:
                 if lease_keeper is not None:
@@ -416,7 +416,7 @@ class PidctlServer:
         leased before, whose PIDs above its last lease other controllers may hold."""
         settings = self.settings
         if not settings.pid_source:
-            if quorum.state.producer_ids.lease_mode:
+            if quorum.state.leases.lease_mode:
                 raise PidSourceMismatch(
                     "this data dir took its producer ids from etcd leases; without pid_source "
                     "it could grant ids other controllers hold (set pid_source again)"
@@ -544,7 +544,7 @@ def log_start(settings: Settings) -> None:
 
 
 def _state_view(state: ControllerState) -> StateView:
-    cluster, producer_ids = state.cluster, state.producer_ids
+    cluster, producer_ids, leases = state.cluster, state.producer_ids, state.leases
     return StateView(
         next_producer_id=lambda: producer_ids.next_producer_id,
         remaining_producer_ids=producer_ids.remaining,
@@ -553,7 +553,7 @@ def _state_view(state: ControllerState) -> StateView:
             cluster.is_fenced(b, now().mono_ms) for b in list(cluster.brokers)
         ),
         transactional_ids=lambda: len(state.transactions.transactional_ids),
-        lease_remaining=producer_ids.lease_remaining,
+        lease_remaining=leases.remaining,
     )
 
 

@@ -33,7 +33,7 @@ from pidctl.controller.core.records import (
     ProducerIdsGranted,
     TransactionalIdUpdated,
 )
-from pidctl.controller.log.recovery import read_log, rebuild_state
+from pidctl.controller.log.recovery import read_log, rebuild_state, snapshot_state
 from pidctl.protocol import requests
 
 #: Pipelined requests per round trip of each load connection.
@@ -247,11 +247,9 @@ def check_data_dir(data_dir: Path, acked: Acknowledged) -> Verdict:
     contents = read_log(data_dir)
     rebuild_state(contents)  # raises if the log does not replay
     grants = [e.record for e in contents.entries() if isinstance(e.record, ProducerIdsGranted)]
-    if contents.snapshot_state is not None and contents.snapshot_offset:
-        # Segments below the snapshot may be gone; what they granted is below its mark.
-        floor = int(contents.snapshot_state["next_producer_id"])
-    else:
-        floor = 0
+    snapshot = snapshot_state(contents)
+    # Segments below the snapshot may be gone; what they granted is below its mark.
+    floor = snapshot.next_producer_id if snapshot is not None and contents.snapshot_offset else 0
     broker_blocks = {
         (g.first_producer_id, g.next_producer_id - g.first_producer_id)
         for g in grants

@@ -18,7 +18,7 @@ import structlog
 import trio
 
 from pidctl.controller.api.quorum import Now, QuorumController
-from pidctl.controller.core.producer_ids import ProducerIdSpaceExhausted
+from pidctl.controller.core.pid_leases import ProducerIdSpaceExhausted
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.server.fleet.etcd import (
     Counter,
@@ -133,7 +133,7 @@ class LeaseKeeper:
             self.poke()
 
     def wanted(self) -> bool:
-        return self.quorum.state.producer_ids.wants_lease(self.lease_size, self.prefetch_ratio)
+        return self.quorum.state.leases.wants_lease(self.lease_size, self.prefetch_ratio)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -151,7 +151,7 @@ class LeaseKeeper:
                 await self._refuse(e)
                 continue
             except (EtcdUnavailable, EtcdRefused) as e:
-                left = self.quorum.state.producer_ids.lease_remaining()
+                left = self.quorum.state.leases.remaining()
                 if left == 0 and out_since is None:
                     out_since = time.monotonic()
                     log.error(
@@ -197,7 +197,7 @@ class LeaseKeeper:
                 source=str(self.location),
                 counter=error.counter,
                 highest_lease_seen=error.highest,
-                lease_remaining=self.quorum.state.producer_ids.lease_remaining(),
+                lease_remaining=self.quorum.state.leases.remaining(),
                 error=str(error),
             )
             self._refusal_logged = moment
@@ -210,9 +210,7 @@ class LeaseKeeper:
         """A counter below the highest lease seen (in this log, from etcd in this process, or
         recorded in etcd by any controller of the fleet beside the counter) went back:
         :class:`CounterWentBack`."""
-        highest = max(
-            self._highest_seen, self.quorum.state.producer_ids.highest_lease_end, seen.leased
-        )
+        highest = max(self._highest_seen, self.quorum.state.leases.highest_lease_end, seen.leased)
         if seen.value < highest:
             raise CounterWentBack(seen.value, highest)
         self._highest_seen = max(self._highest_seen, seen.value)
@@ -223,14 +221,14 @@ class LeaseKeeper:
         seen = self._last_seen if self._last_seen is not None else await self.counter.read()
         while True:
             self._check(seen)
-            first, end = self.quorum.state.producer_ids.lease_bounds(seen.value, self.lease_size)
+            first, end = self.quorum.state.leases.lease_bounds(seen.value, self.lease_size)
             swap = await self.counter.compare_and_swap(seen, end)
             seen = swap.counter
             self._last_seen = seen
             if swap.succeeded:
                 self._highest_seen = max(self._highest_seen, end)
                 break
-        lease = self.quorum.state.producer_ids.lease(first, end, str(self.location), swap.revision)
+        lease = self.quorum.state.leases.lease(first, end, str(self.location), swap.revision)
         offset = self.quorum.apply(lease, self._now())[1]
         await self._wait_durable(offset)
         self._on_lease(end - first)

@@ -51,6 +51,8 @@ WRONG_CLUSTER_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 UNKNOWN_PRODUCER_ID = 2**40
 #: ``transaction.max.timeout.ms`` on both (Kafka's default, pidctl's default).
 MAX_TRANSACTION_TIMEOUT_MS = 900_000
+#: The ``jobs`` profile's job_allocation_reuse_ms.
+JOB_REUSE_MS = 1000
 #: The SASL user of the ``sasl`` profile: no ACL allows it anything.
 SASL_USER = ("alice", "alice-secret")
 
@@ -65,8 +67,10 @@ class Raw:
     """A request kio cannot make, sent on a connection of its own: ApiVersions at a version
     no one knows (the v3 request with the header's version changed; the answer is read as
     ``answer_version``), or ``body`` (by default that ApiVersions v3) with a client id of
-    bytes that are not UTF-8 (``client_id``) or, in a v2 header, with tagged fields
-    (``header_tags``: their bytes, the count first)."""
+    bytes that are not UTF-8 (``client_id``), in a v2 header with tagged fields
+    (``header_tags``: their bytes, the count first), with bytes after the body
+    (``trailing``) or some cut from its end (``cut``); ``api_key`` and ``version`` are
+    written into the frame's header whatever ``body`` is."""
 
     api_key: int
     version: int
@@ -74,6 +78,10 @@ class Raw:
     client_id: bytes | None = None
     body: Any = None
     header_tags: bytes | None = None
+    #: Bytes sent after the body, inside the frame (Kafka ignores them).
+    trailing: bytes = b""
+    #: Bytes cut from the end of the frame (a body that stops short).
+    cut: int = 0
 
     def frame(self, correlation_id: int, client_id: str) -> bytes:
         """The whole frame (length prefix included)."""
@@ -84,14 +92,17 @@ class Raw:
         if raw_id is not None:
             client_id = "x" * len(raw_id)  # its place in the frame, then its bytes
         frame = bytearray(encode_request(body, correlation_id, client_id))
-        struct.pack_into(">h", frame, 6, self.version)  # after the length and the API key
+        struct.pack_into(">hh", frame, 4, self.api_key, self.version)  # after the length
         if raw_id is not None:
             frame[CLIENT_ID_AT : CLIENT_ID_AT + len(raw_id)] = raw_id
         if self.header_tags is not None:
             (length,) = struct.unpack_from(">h", frame, CLIENT_ID_AT - 2)
             tags_at = CLIENT_ID_AT + max(0, length)  # where the header's "no tags" byte is
             frame[tags_at : tags_at + 1] = self.header_tags
-            struct.pack_into(">i", frame, 0, len(frame) - 4)
+        frame += self.trailing
+        if self.cut:
+            del frame[-self.cut :]
+        struct.pack_into(">i", frame, 0, len(frame) - 4)
         return bytes(frame)
 
 
@@ -133,6 +144,10 @@ class Case:
     #: Whether a connection to a SASL profile's listeners logs in first; a case whose steps
     #: are the SASL exchange itself does not.
     login: bool = True
+    #: Replayed against a Kafka node of its own that has not been warmed up: what Kafka
+    #: answers before its internal topics exist (which a warm-up, or the case itself,
+    #: creates).
+    fresh_node: bool = False
 
     @property
     def recordable(self) -> bool:
@@ -166,9 +181,15 @@ PROFILES: dict[str, Profile] = {
         "pidctl leases its producer ids from an etcd that does not answer (pid_source)",
     ),
     "jobs": Profile(
-        "a named job version gets its blocks back for 1 ms (job_allocation_reuse_ms), and a "
+        "a named job version gets its blocks back for 1 s (job_allocation_reuse_ms): time "
+        "enough for the steps before the last on a slow path, which waits it out; and a "
         "principal may own one app id (max_job_app_ids_per_principal)",
-        ("--job-allocation-reuse-ms", "1", "--max-job-app-ids-per-principal", "1"),
+        (
+            "--job-allocation-reuse-ms",
+            str(JOB_REUSE_MS),
+            "--max-job-app-ids-per-principal",
+            "1",
+        ),
     ),
 }
 
@@ -462,6 +483,11 @@ def _epoch_exhaustion() -> Case:
             Step("re-inits", "broker", lambda c: init(5, tid(c)), repeat=EXHAUSTION_REINITS),
             Step("to-32766", "broker", lambda c: init(5, tid(c))),
             Step(
+                "stale-pair-at-32766",
+                "broker",
+                lambda c: init(5, tid(c), pair=(c.pid("to-32766"), 32765)),
+            ),
+            Step(
                 "rotation",
                 "broker",
                 lambda c: init(5, tid(c), pair=(c.pid("to-32766"), c.producer_epoch("to-32766"))),
@@ -651,7 +677,9 @@ def _heartbeat() -> Case:
     return Case(
         "broker-heartbeat",
         "BrokerHeartbeat: fenced on request, unfenced once caught up with its registration, "
-        "not caught up, a controlled shutdown; a stale epoch and an unknown broker",
+        "not caught up; a controlled shutdown granted (fenced), then unfenced by the next "
+        "heartbeat, from an unfenced and a fenced broker; a stale epoch, an unknown broker, "
+        "an unregistered one",
         _steps(
             REGISTER,
             Step("want-fence", "controller", lambda c: heartbeat(c, "register", fence=True)),
@@ -665,7 +693,23 @@ def _heartbeat() -> Case:
             Step("stale-epoch", "controller", lambda c: heartbeat(c, "register", epoch_offset=-1)),
             Step("unknown-broker", "controller", lambda c: heartbeat(c, "register", 5)),
             Step("shut-down", "controller", lambda c: heartbeat(c, "register", shut_down=True)),
+            Step("after-shut-down", "controller", lambda c: heartbeat(c, "register")),
+            Step(
+                "fence-and-shut-down",
+                "controller",
+                lambda c: heartbeat(c, "register", fence=True, shut_down=True),
+            ),
+            Step("after-fence-and-shut-down", "controller", lambda c: heartbeat(c, "register")),
+            Step("fence", "controller", lambda c: heartbeat(c, "register", fence=True)),
+            Step("fence-again", "controller", lambda c: heartbeat(c, "register", fence=True)),
+            Step(
+                "fenced-shut-down",
+                "controller",
+                lambda c: heartbeat(c, "register", shut_down=True),
+            ),
+            Step("after-fenced-shut-down", "controller", lambda c: heartbeat(c, "register")),
             UNREGISTER,
+            Step("after-unregister", "controller", lambda c: heartbeat(c, "register")),
         ),
     )
 
@@ -716,6 +760,19 @@ def _authorization() -> Case:
             Step("find-keys-v4", "broker", lambda c: find(4, (c.txn("t"), c.txn("u")), 1)),
             Step("metadata-no-topics", "broker", lambda c: metadata(12, [])),
             Step("metadata-unknown-topic", "broker", lambda c: metadata(12, [c.txn("topic")])),
+            Step(
+                "metadata-operations-v10",
+                "broker",
+                lambda c: metadata_topics(10, [(c.txn("topic"), None)], operations=True),
+            ),
+            Step(
+                "metadata-invalid-name",
+                "broker",
+                lambda c: metadata_topics(12, [("bad name!", None), ("__consumer_offsets", None)]),
+            ),
+            _step("find-share-v6", "broker", find, 6, (SHARE_KEY, "g"), 2),
+            _step("find-share-v6-no-keys", "broker", find, 6, (), 2),
+            _step("find-share-v5", "broker", find, 5, (SHARE_KEY,), 2),
             REGISTER,
             Step(
                 "heartbeat",
@@ -753,7 +810,9 @@ def _sasl_exchange() -> Case:
         "the SASL exchange itself on the SASL listener: a SaslAuthenticate before the "
         "handshake closes the connection unanswered; a mechanism not enabled, or enabled but "
         "in other case, is UNSUPPORTED_SASL_MECHANISM naming those enabled, and closes; a "
-        "second handshake during the exchange is ILLEGAL_SASL_STATE and closes; once "
+        "second handshake during the exchange is ILLEGAL_SASL_STATE and closes; ApiVersions "
+        "is answered before authentication; a wrong password is SASL_AUTHENTICATION_FAILED "
+        "and closes; once "
         "authenticated, SaslAuthenticate and SaslHandshake are ILLEGAL_SASL_STATE and the "
         "connection stays",
         _steps(
@@ -765,6 +824,15 @@ def _sasl_exchange() -> Case:
             handshake("handshake", "PLAIN"),
             handshake("handshake-again", "PLAIN"),
             after("after-handshake-again"),
+            _step("api-versions-before-authentication", "broker", api_versions, 3),
+            handshake("handshake-for-wrong-password", "PLAIN"),
+            _step(
+                "authenticate-wrong-password",
+                "broker",
+                requests.sasl_authenticate,
+                plain_token(SASL_USER[0], "not-the-password"),
+            ),
+            after("after-wrong-password"),
             handshake("handshake-to-authenticate", "PLAIN"),
             authenticate("authenticate"),
             authenticate("authenticate-again"),
@@ -879,7 +947,13 @@ def _jobs() -> Case:
                 job,
                 client_id=lambda c: f"pidctl-job/x/0/{c.txn('app')}",
             ),
-            Step("named-past-reuse", "controller", job, client_id=_job(2, 0), after_ms=3),
+            Step(
+                "named-past-reuse",
+                "controller",
+                job,
+                client_id=_job(2, 0),
+                after_ms=JOB_REUSE_MS + 2,
+            ),
             Step(
                 "another-app-id-past-the-limit",
                 "controller",
@@ -888,6 +962,298 @@ def _jobs() -> Case:
             ),
         ),
         profile="jobs",
+    )
+
+
+# -- cases derived from Kafka's validation branches (coverage.py maps each branch) ----------
+
+#: Topic names Kafka's Topic.validate refuses (INVALID_TOPIC_EXCEPTION): never created, so
+#: the same in every replay.
+INVALID_TOPIC_NAMES = {
+    "space": "bad name!",
+    "dot": ".",
+    "dot-dot": "..",
+    "too-long": "x" * 250,
+}
+#: Names that do not exist, asked for without creation: their order in Kafka's answer is
+#: its set's (a java.util.HashSet's), compared as it is.
+UNORDERED_NAMES = ("pidctl-conformance-b", "pidctl-conformance-a", "pidctl-conformance-c")
+#: Kafka's own topics, which a Metadata answer marks internal whether they exist or not.
+INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state", "__share_group_state")
+#: A topic id no server has (Metadata v12+ by id).
+UNKNOWN_TOPIC_ID = uuid.UUID(int=7)
+
+
+def metadata_topics(
+    version: int,
+    topics: list[tuple[str | None, uuid.UUID | None]],
+    *,
+    auto_create: bool = False,
+    operations: bool = False,
+) -> Any:
+    """Metadata at ``version`` naming ``topics`` as (name, topic id) pairs (ids from v10),
+    allowing creation (v4+: ``auto_create``; below v4 always) and asking for the authorized
+    operations (v8+: ``operations``)."""
+    request = requests.metadata(["x"], version=version)
+    entry = type(request.topics[0])
+    if version >= 10:
+        listed = tuple(entry(name=name, topic_id=topic_id) for name, topic_id in topics)
+    else:
+        listed = tuple(entry(name=name) for name, _ in topics)
+    fields: dict[str, Any] = {"topics": listed}
+    if version >= 4:
+        fields["allow_auto_topic_creation"] = auto_create
+    if version >= 8:
+        fields["include_topic_authorized_operations"] = operations
+    if 8 <= version <= 10:
+        fields["include_cluster_authorized_operations"] = operations
+    return dataclasses.replace(request, **fields)
+
+
+def _named(step: str, version: int, *names: str, **options: Any) -> Step:
+    """Metadata naming ``names`` (constants: names nobody creates)."""
+    return Step(
+        step, "broker", lambda c: metadata_topics(version, [(n, None) for n in names], **options)
+    )
+
+
+def _metadata_topic_names() -> Case:
+    steps: list[Step] = []
+    for version in (1, 4, 12, 13):
+        for label, name in INVALID_TOPIC_NAMES.items():
+            steps.append(_named(f"v{version}-invalid-{label}", version, name))
+    steps += [
+        _named("v4-invalid-empty", 4, ""),
+        _named("v12-invalid-empty", 12, ""),
+        _named("v4-invalid-auto-create", 4, "bad name!", auto_create=True),
+        _named("v12-invalid-auto-create", 12, "bad name!", auto_create=True),
+        Step(
+            "v1-valid-249",
+            "broker",
+            lambda c: metadata_topics(1, [(c.txn("m").ljust(249, "x"), None)], auto_create=True),
+        ),
+        Step(
+            "v12-valid-dots",
+            "broker",
+            lambda c: metadata_topics(12, [(c.txn("a..b"), None)]),
+        ),
+        Step(
+            "v1-named-twice",
+            "broker",
+            lambda c: metadata_topics(1, [(c.txn("twice"), None), (c.txn("twice"), None)]),
+        ),
+        Step(
+            "v12-named-twice",
+            "broker",
+            lambda c: metadata_topics(12, [(c.txn("twice-12"), None)] * 2),
+        ),
+        _named("v12-set-order", 12, *UNORDERED_NAMES, UNORDERED_NAMES[1]),
+        _named("v12-invalid-and-unknown", 12, "bad name!", UNORDERED_NAMES[0]),
+    ]
+    for version in (8, 10, 11, 12):
+        steps.append(_named(f"v{version}-operations", version, UNORDERED_NAMES[0], operations=True))
+    steps += [
+        _named("v9-operations-invalid", 9, "bad name!", operations=True),
+        Step(
+            "v10-null-name",
+            "broker",
+            lambda c: metadata_topics(10, [(None, None)]),
+        ),
+        Step(
+            "v11-topic-id",
+            "broker",
+            lambda c: metadata_topics(11, [(UNORDERED_NAMES[0], UNKNOWN_TOPIC_ID)]),
+        ),
+        Step(
+            "v12-name-and-id",
+            "broker",
+            lambda c: metadata_topics(12, [(UNORDERED_NAMES[0], UNKNOWN_TOPIC_ID)]),
+        ),
+        Step(
+            "v12-id-twice-and-a-name",
+            "broker",
+            lambda c: metadata_topics(
+                12, [(None, UNKNOWN_TOPIC_ID), (None, UNKNOWN_TOPIC_ID), (UNORDERED_NAMES[0], None)]
+            ),
+        ),
+        Step("v12-neither", "broker", lambda c: metadata_topics(12, [(None, None)])),
+        Step("v13-neither", "broker", lambda c: metadata_topics(13, [(None, None)])),
+    ]
+    return Case(
+        "metadata-topic-names",
+        "Metadata's checks of the topics named (KafkaApis.handleTopicMetadataRequest, "
+        "Topic.validate): names Kafka refuses (INVALID_TOPIC_EXCEPTION, with and without "
+        "creation allowed), the longest name taken, a name named twice (one entry), several "
+        "names (Kafka's set order), the authorized operations asked for, a null name or a "
+        "topic id below v12 (INVALID_REQUEST), names with ids (ids win), neither",
+        tuple(steps),
+    )
+
+
+#: A share-partition key Kafka reads (group:topicId:partition), and keys it refuses.
+SHARE_KEY = "g:AAAAAAAAAAAAAAAAAAAAAA:0"
+BAD_SHARE_KEYS = {
+    "no-partition": "g:AAAAAAAAAAAAAAAAAAAAAA",
+    "bad-topic-id": "g:not-a-topic-id:0",
+    "bad-partition": "g:AAAAAAAAAAAAAAAAAAAAAA:x",
+    "empty-group": ":AAAAAAAAAAAAAAAAAAAAAA:0",
+    "a-part-too-many": "g:AAAAAAAAAAAAAAAAAAAAAA:0:1",
+}
+
+
+def _find_coordinator_share() -> Case:
+    steps = [
+        _step(f"v{version}-share", "broker", find, version, (SHARE_KEY,), 2)
+        for version in (1, 3, 4, 5)
+    ]
+    steps += [
+        _step(f"v6-{label}", "broker", find, 6, (key,), 2) for label, key in BAD_SHARE_KEYS.items()
+    ]
+    steps.append(_step("v6-no-keys", "broker", find, 6, (), 2))
+    return Case(
+        "find-coordinator-share",
+        "FindCoordinator for share groups (key type 2, KIP-932): INVALID_REQUEST below v6 "
+        "and for a key that is not group:topicId:partition (SharePartitionKey)",
+        tuple(steps),
+    )
+
+
+def _fresh_node() -> Case:
+    steps = [
+        _named(f"v12-{name.strip('_')}", 12, name, operations=True) for name in INTERNAL_TOPICS
+    ]
+    steps += [
+        _named("v4-internal-topics", 4, *INTERNAL_TOPICS),
+        _step("v6-share-key", "broker", find, 6, (SHARE_KEY,), 2),
+        _step("v6-share-keys", "broker", find, 6, (SHARE_KEY, "h:AAAAAAAAAAAAAAAAAAAAAA:-1"), 2),
+    ]
+    return Case(
+        "fresh-node",
+        "before Kafka's internal topics exist (a node of its own, not warmed up): Metadata "
+        "marks them internal and unknown; FindCoordinator for a well-formed share-partition "
+        "key is COORDINATOR_NOT_AVAILABLE, which pidctl, with no share coordinator, always "
+        "answers",
+        tuple(steps),
+        fresh_node=True,
+    )
+
+
+def _features(*drop: str, add: tuple[tuple[str, int, int], ...] = ()) -> tuple[Any, ...]:
+    kept = [f for f in KAFKA_FEATURES if f[0] not in drop]
+    return tuple(
+        Feature(name=name, min_supported_version=i16(low), max_supported_version=i16(high))
+        for name, low, high in (*kept, *add)
+    )
+
+
+def _registering(name: str, n: int, **fields: Any) -> Step:
+    """BrokerRegistration of broker ``n`` with ``fields`` replaced (callables get the
+    context)."""
+
+    def build(c: Context) -> Any:
+        values = {k: v(c) if callable(v) else v for k, v in fields.items()}
+        return dataclasses.replace(registration(c, n), **values)
+
+    return Step(name, "controller", build)
+
+
+def _registration_checks() -> Case:
+    reserved = uuid.UUID(int=1)  # DirectoryId.LOST: reserved
+
+    def directory(c: Context) -> tuple[uuid.UUID, ...]:
+        return (c.incarnation("shared-dir"),)
+
+    return Case(
+        "broker-registration-checks",
+        "BrokerRegistration's checks in ClusterControlManager.registerBroker: a broker "
+        "migrating from ZooKeeper; features without metadata.version, not covering what "
+        "Kafka finalized, lacking a finalized one, an unknown one (taken if it includes "
+        "0); log directories reserved, repeated, or another broker's; no listener",
+        _steps(
+            _registering("zk-migrating", 0, is_migrating_zk_broker=True),
+            _registering("no-features", 1, features=()),
+            _registering("no-metadata-version", 2, features=_features("metadata.version")),
+            _registering(
+                "metadata-version-not-covered",
+                3,
+                features=_features("metadata.version", add=(("metadata.version", 7, 8),)),
+            ),
+            _registering("finalized-feature-missing", 4, features=_features("group.version")),
+            _registering(
+                "unknown-feature-without-0",
+                5,
+                features=_features(add=(("pidctl.unknown.version", 1, 5),)),
+            ),
+            _registering(
+                "unknown-feature-with-0",
+                6,
+                features=_features(add=(("pidctl.unknown.version", 0, 5),)),
+            ),
+            _registering("reserved-directory", 7, log_dirs=(reserved,)),
+            _registering(
+                "directory-twice",
+                8,
+                log_dirs=lambda c: (c.incarnation("twice-dir"), c.incarnation("twice-dir")),
+            ),
+            _registering("directory", 9, log_dirs=directory),
+            _registering("directory-of-another", 10, log_dirs=directory),
+            _registering("no-listener", 11, listeners=()),
+            Step("unregister-6", "controller", lambda c: requests.unregister(c.broker(6))),
+            Step("unregister-9", "controller", lambda c: requests.unregister(c.broker(9))),
+            Step("unregister-11", "controller", lambda c: requests.unregister(c.broker(11))),
+        ),
+    )
+
+
+#: What a request frame carries after its body in request-trailing-bytes.
+TRAILING = b"\0\0\0\0junk"
+
+
+def _trailing(name: str, listener: Listener, body: Callable[[Context], Any]) -> Step:
+    def build(c: Context) -> Raw:
+        request = body(c)
+        version = int(request.__version__)
+        return Raw(int(request.__api_key__), version, version, body=request, trailing=TRAILING)
+
+    return Step(name, listener, build)
+
+
+def _trailing_bytes() -> Case:
+    return Case(
+        "request-trailing-bytes",
+        "a request frame with bytes after its body: Kafka reads the body and ignores the "
+        "rest, on every API (the hot requests pidctl reads by struct included)",
+        _steps(
+            _trailing("api-versions-v3", "broker", lambda c: api_versions(3)),
+            _trailing("init-idempotent-v1", "broker", lambda c: init(1)),
+            _trailing("init-idempotent-v4", "broker", lambda c: init(4)),
+            _trailing("init-transactional-v5", "broker", lambda c: init(5, c.txn("t"))),
+            _trailing("metadata-v1", "broker", lambda c: metadata(1, [])),
+            _trailing("metadata-v12", "broker", lambda c: metadata(12, [c.txn("topic")])),
+            _trailing("find-coordinator-v4", "broker", lambda c: find(4, (c.txn("g"),), 0)),
+            _trailing("allocate", "controller", lambda c: allocate(c, None)),
+            _trailing("unregister", "controller", lambda c: requests.unregister(c.broker(9))),
+        ),
+    )
+
+
+def _request_parsing() -> Case:
+    def raw(name: str, request: Raw) -> Step:
+        return Step(name, "broker", lambda c: request)
+
+    return Case(
+        "request-parsing",
+        "requests Kafka cannot parse (RequestContext.parseRequest, SocketServer): an API key "
+        "no one knows, an API at a version not served, a body that stops short; Kafka "
+        "closes the connection without an answer",
+        _steps(
+            raw("unknown-api-key", Raw(9999, 0, 0)),
+            raw("init-producer-id-v99", Raw(ApiKey.INIT_PRODUCER_ID, 99, 0)),
+            raw("metadata-v-1", Raw(ApiKey.METADATA, -1, 0)),
+            raw("init-v4-cut", Raw(ApiKey.INIT_PRODUCER_ID, 4, 4, body=init(4), cut=3)),
+            raw("metadata-v1-cut", Raw(ApiKey.METADATA, 1, 1, body=metadata(1, []), cut=2)),
+            raw("api-versions-v3-cut", Raw(ApiKey.API_VERSIONS, 3, 3, cut=2)),
+        ),
     )
 
 
@@ -915,6 +1281,12 @@ def _cases() -> Iterator[Case]:
     yield _space_exhausted()
     yield _no_lease()
     yield _jobs()
+    yield _metadata_topic_names()
+    yield _find_coordinator_share()
+    yield _fresh_node()
+    yield _registration_checks()
+    yield _trailing_bytes()
+    yield _request_parsing()
 
 
 CASES: tuple[Case, ...] = tuple(_cases())

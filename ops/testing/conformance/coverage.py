@@ -45,7 +45,9 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ),
     ApiKey.METADATA: (
         "pidctl.controller.api.handlers:Controller._metadata",
+        "pidctl.controller.api.handlers:Controller._unknown_topics",
         "pidctl.controller.api.responses:too_many_topics",
+        "pidctl.controller.api.responses:metadata_refusal",
     ),
     ApiKey.BROKER_REGISTRATION: (
         "pidctl.controller.api.handlers:Controller._broker_registration",
@@ -188,8 +190,91 @@ def answered_codes(replays: Iterable[list[Any]]) -> dict[ApiKey, set[int]]:
     found: dict[ApiKey, set[int]] = {}
     for steps in replays:
         for step in steps:
+            if step["request"]["api"] not in ApiKey.__members__:
+                continue  # an API key no one knows (request-parsing): closed unanswered
             api = ApiKey[step["request"]["api"]]
             codes = found.setdefault(api, set())
             codes.update(_answer_codes(step["answer"]))
             codes.update(_answer_codes(step.get("answers", {})))
     return found
+
+
+# -- Kafka's branches (branches.py) ----------------------------------------------------------
+
+
+def _golden_steps() -> dict[str, dict[str, Any]]:
+    """Every recorded step by ``case/step``."""
+    from ops.testing.conformance.corpus import CASES
+    from ops.testing.conformance.golden import read_golden
+
+    return {
+        f"{case.name}/{step['step']}": step for case in CASES for step in read_golden(case)["steps"]
+    }
+
+
+def branch_problems() -> list[str]:
+    """What is wrong with :data:`~ops.testing.conformance.branches.BRANCHES`: a branch with
+    neither a step nor a reason (or both), a step the corpus does not have, or one where
+    Kafka's recorded answer is not the branch's."""
+    from ops.testing.conformance.branches import ANSWERED, BRANCHES, CLOSED
+
+    recorded = _golden_steps()
+    problems = []
+    for branch in BRANCHES:
+        label = f"{branch.api}: {branch.when}"
+        if bool(branch.steps) == bool(branch.unreachable):
+            problems.append(f"{label}: needs steps or a reason none can reach it, not both")
+        for name in branch.steps:
+            step = recorded.get(name)
+            if step is None:
+                problems.append(f"{label}: no step {name} in the corpus")
+                continue
+            answer = step["answer"]
+            if branch.code in (CLOSED, ANSWERED):
+                reached = (answer == {"closed": True}) == (branch.code == CLOSED)
+            else:
+                codes = set(_answer_codes(answer)) | set(_answer_codes(step.get("answers", {})))
+                reached = branch.code in codes
+            if not reached:
+                problems.append(f"{label}: Kafka's answer at {name} is not {branch.code}")
+    return problems
+
+
+def branch_report() -> str:
+    """The coverage report (Markdown): each branch of Kafka's code, Kafka's answer there,
+    and the corpus steps that reach it or why none can; then a summary per API."""
+    from ops.testing.conformance.branches import BRANCHES
+
+    lines = [
+        "| API | Kafka's code | when | Kafka answers | covered by |",
+        "|---|---|---|---|---|",
+    ]
+    summary: dict[str, list[int]] = {}
+    for branch in BRANCHES:
+        covered = "<br>".join(f"`{step}`" for step in branch.steps)
+        lines.append(
+            f"| {branch.api} | `{branch.where}` | {branch.when} | {branch.code} | "
+            f"{covered or 'none: ' + branch.unreachable} |"
+        )
+        counts = summary.setdefault(branch.api, [0, 0])
+        counts[0 if branch.steps else 1] += 1
+    lines += ["", "| API | branches covered | branches no request can reach |", "|---|---|---|"]
+    for api, (covered_count, unreachable_count) in summary.items():
+        lines.append(f"| {api} | {covered_count} | {unreachable_count} |")
+    covered_total = sum(counts[0] for counts in summary.values())
+    unreachable_total = sum(counts[1] for counts in summary.values())
+    lines.append(f"| all | {covered_total} | {unreachable_total} |")
+    return "\n".join(lines)
+
+
+def codes_compared() -> set[int]:
+    """Every error code Kafka's recorded answers carry or pidctl's code can answer with."""
+    from ops.testing.conformance.corpus import CASES
+    from ops.testing.conformance.golden import read_golden
+
+    codes = set().union(*error_codes_by_api().values())
+    for case in CASES:
+        for step in read_golden(case)["steps"]:
+            codes.update(_answer_codes(step["answer"]))
+            codes.update(_answer_codes(step.get("answers", {})))
+    return codes

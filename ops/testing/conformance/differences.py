@@ -52,23 +52,31 @@ class Deliberate:
 
     id: str
     reason: str
-    case: str = "*"
-    step: str = "*"
-    #: A pattern, or several (any one matching).
+    #: Each a pattern, or several (any one matching).
+    case: str | tuple[str, ...] = "*"
+    step: str | tuple[str, ...] = "*"
     path: str | tuple[str, ...] = "*"
     kafka: Json = ANY
     pidctl: Json = ANY
+    #: Whether the error codes differ in KIP-1050 class on purpose (error_classes.py): a
+    #: client reacts otherwise, and the reason says why that is right.
+    changes_class: bool = False
 
     def matches(self, difference: Difference) -> bool:
         """Whether this declaration covers ``difference``."""
-        paths = (self.path,) if isinstance(self.path, str) else self.path
         return (
-            fnmatchcase(difference.case, self.case)
-            and fnmatchcase(difference.step, self.step)
-            and any(fnmatchcase(difference.path, path) for path in paths)
+            _matches(difference.case, self.case)
+            and _matches(difference.step, self.step)
+            and _matches(difference.path, self.path)
             and (self.kafka is ANY or self.kafka == difference.kafka)
             and (self.pidctl is ANY or self.pidctl == difference.pidctl)
         )
+
+
+def _matches(text: str, patterns: str | tuple[str, ...]) -> bool:
+    if isinstance(patterns, str):
+        patterns = (patterns,)
+    return any(fnmatchcase(text, pattern) for pattern in patterns)
 
 
 def flatten(value: Json, prefix: str = "") -> dict[str, Json]:
@@ -153,6 +161,14 @@ DELIBERATE: tuple[Deliberate, ...] = (
         pidctl=ABSENT,
     ),
     Deliberate(
+        "apis-not-served",
+        "the same, asked with bytes after the body or before SASL authentication",
+        case=("request-trailing-bytes", "sasl-exchange"),
+        step="api-versions-*",
+        path="answer.api_keys.*",
+        pidctl=ABSENT,
+    ),
+    Deliberate(
         "one-listener",
         "pidctl answers the controller APIs on the listener Kafka keeps for brokers' clients",
         case="api-versions-broker",
@@ -171,6 +187,14 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "one-listener",
         "the same, asked with a client id that is not UTF-8 or with header tags",
         case="header-*",
+        step="api-versions-*",
+        path=("answer.api_keys.62", "answer.api_keys.63", "answer.api_keys.67"),
+        kafka=ABSENT,
+    ),
+    Deliberate(
+        "one-listener",
+        "the same, asked with bytes after the body or before SASL authentication",
+        case=("request-trailing-bytes", "sasl-exchange"),
         step="api-versions-*",
         path=("answer.api_keys.62", "answer.api_keys.63", "answer.api_keys.67"),
         kafka=ABSENT,
@@ -215,6 +239,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="find-coordinator",
         step="v4-too-many-keys",
         path="answer.coordinators.*",
+        changes_class=True,
     ),
     Deliberate(
         "request-bounds",
@@ -222,6 +247,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="metadata",
         step="v12-too-many-topics",
         path="answer.*",
+        changes_class=True,
     ),
     Deliberate(
         "no-log-directories",
@@ -229,12 +255,74 @@ DELIBERATE: tuple[Deliberate, ...] = (
         case="broker-registration",
         step="*no-log-dir",
         path="answer.*",
+        changes_class=True,
+    ),
+    Deliberate(
+        "no-log-directories",
+        "nor does it look at the directories a broker names (reserved, repeated, another's)",
+        case="broker-registration-checks",
+        step=("*director*"),
+        path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
+    ),
+    Deliberate(
+        "registration-features",
+        "pidctl finalizes no feature, so any a broker supports (or none) will do",
+        case="broker-registration-checks",
+        step="*feature*",
+        path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
+    ),
+    Deliberate(
+        "registration-features",
+        "the same, for a broker that names no metadata.version",
+        case="broker-registration-checks",
+        step="no-metadata-version",
+        path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
+    ),
+    Deliberate(
+        "registration-features",
+        "the same, for one whose metadata.version range lacks Kafka's level",
+        case="broker-registration-checks",
+        step="metadata-version-not-covered",
+        path=("answer.error_code", "answer.broker_epoch"),
+        changes_class=True,
+    ),
+    Deliberate(
+        "registration-features",
+        "and so the brokers both register get other epochs (pidctl registered more before)",
+        case="broker-registration-checks",
+        step=("no-listener"),
+        path="answer.broker_epoch",
+        changes_class=True,
+    ),
+    Deliberate(
+        "epoch-exhausted-stale-pair",
+        "a stale pair at epoch 32766: PRODUCER_FENCED, not Kafka's internal error",
+        case="init-epoch-exhaustion",
+        step="stale-pair-at-32766",
+        path="answer.error_code",
+        kafka=-1,
+        pidctl=90,
+        changes_class=True,
+    ),
+    Deliberate(
+        "metadata-neither-name-nor-id",
+        "a Metadata topic with neither a name nor an id: INVALID_REQUEST, not Kafka's "
+        "internal error",
+        case="metadata-topic-names",
+        step="v1?-neither",
+        path=("answer.error_code", "answer.topics.0.error_code"),
+        kafka=-1,
+        pidctl=42,
     ),
     Deliberate(
         "negative-broker-id",
         "a negative broker id is INVALID_REQUEST: -1 marks a job's AllocateProducerIds",
         case="broker-registration-negative-id",
         path="answer.*",
+        changes_class=True,
     ),
     Deliberate(
         "caught-up-at-once",
@@ -248,6 +336,7 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "AllocateProducerIds from a job (BrokerId -1) is pidctl's extension; Kafka has no jobs",
         case="allocate-for-jobs",
         path="answer.*",
+        changes_class=True,
     ),
     Deliberate(
         "app-id-authorization",

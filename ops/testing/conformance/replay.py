@@ -25,6 +25,7 @@ import datetime
 import enum
 import itertools
 import socket
+import ssl
 import struct
 import time
 import uuid
@@ -52,13 +53,15 @@ Json = Any
 @dataclass(frozen=True)
 class Target:
     """Where a case is replayed: a server's two listeners (the same address for pidctl),
-    its cluster id, and the SASL credentials to log in with, if any."""
+    its cluster id, the SASL credentials to log in with, if any, and TLS, if it is on."""
 
     name: str
     broker: str
     controller: str
     cluster_id: str
     sasl: tuple[str, str, str] | None = None
+    #: A TLS listener's client context (None: plain TCP).
+    tls: ssl.SSLContext | None = None
 
 
 def plain(value: Any) -> Json:
@@ -236,25 +239,55 @@ def summarise(answers: list[Json]) -> Json:
     return summary
 
 
+class _Received:
+    """A client's socket that keeps what it receives (``wire``): the answers' bytes, for
+    comparing them byte for byte. (SyncClient reads its socket through ``recv`` alone.)"""
+
+    def __init__(self, sock: socket.socket, wire: bytearray) -> None:
+        self.sock = sock
+        self.wire = wire
+
+    def recv(self, size: int) -> bytes:
+        data = self.sock.recv(size)
+        self.wire += data
+        return data
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class _Connections:
-    """One connection per listener, opened when first needed, reopened after a close."""
+    """One connection per listener, opened when first needed, reopened after a close; what
+    their answers' bytes were, in ``wire`` (logging in excluded)."""
 
     def __init__(self, target: Target, *, login: bool = True) -> None:
         self.target = target
         self.sasl = target.sasl if login else None
         self.clients: dict[str, SyncClient] = {}
+        self.wire = bytearray()
 
     def address(self, listener: str) -> str:
         return self.target.broker if listener == "broker" else self.target.controller
 
+    def connect(self, listener: str) -> SyncClient:
+        """A new connection to ``listener``, logged in (if the case logs in): its socket
+        then keeps what it receives in :attr:`wire`."""
+        client = SyncClient(
+            self.address(listener),
+            timeout=ANSWER_TIMEOUT_S,
+            sasl=self.sasl,
+            ssl_context=self.target.tls,
+            client_id="pidctl-conformance",
+        )
+        client._sock = _Received(client._sock, self.wire)  # type: ignore[assignment]
+        return client
+
     def client(self, listener: str) -> SyncClient:
         if listener not in self.clients:
-            self.clients[listener] = SyncClient(
-                self.address(listener),
-                timeout=ANSWER_TIMEOUT_S,
-                sasl=self.sasl,
-                client_id="pidctl-conformance",
-            )
+            self.clients[listener] = self.connect(listener)
         return self.clients[listener]
 
     def drop(self, listener: str) -> None:
@@ -267,17 +300,26 @@ class _Connections:
             self.drop(listener)
 
 
-def _raw(address: str, request: Raw) -> Any:
-    """Send a :class:`Raw` request on a connection of its own; read its answer."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=ANSWER_TIMEOUT_S) as sock:
-        sock.sendall(request.frame(1, "pidctl-conformance"))
-        with sock.makefile("rb") as stream:  # read(n): n bytes, fewer only at the end
-            head = stream.read(4)
-            length = struct.unpack(">i", head)[0] if len(head) == 4 else 0
-            frame = stream.read(length)
-    if len(head) < 4 or len(frame) < length:
-        raise ConnectionError("connection closed by the server")
+def _read(client: SyncClient, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = client._sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("connection closed by the server")
+        data += chunk
+    return data
+
+
+def _raw(connections: _Connections, listener: str, request: Raw) -> Any:
+    """Send a :class:`Raw` request on a connection of its own (logged in and over TLS as
+    the others); read its answer."""
+    client = connections.connect(listener)
+    try:
+        client._sock.sendall(request.frame(1, "pidctl-conformance"))
+        (length,) = struct.unpack(">i", _read(client, 4))
+        frame = _read(client, length)
+    finally:
+        client.close()
     return decode_response(frame, request.api_key, request.answer_version)
 
 
@@ -286,7 +328,10 @@ def _send(
 ) -> list[Any] | None:
     """The step's answers, or None when the server closed the connection instead."""
     if isinstance(request, Raw):
-        return [_raw(connections.address(step.listener), request)]
+        try:
+            return [_raw(connections, step.listener, request)]
+        except (ConnectionError, EOFError, OSError):
+            return None
     client = connections.client(step.listener)
     try:
         if client_id is not None:
@@ -313,11 +358,22 @@ def _wait_past(answered: float, after_ms: int) -> None:
         time.sleep(0.001)
 
 
-def replay(case: Case, target: Target, *, from_source: bool = False) -> list[Json]:
+def replay(
+    case: Case,
+    target: Target,
+    *,
+    from_source: bool = False,
+    seed: int | None = None,
+    wire: list[bytes] | None = None,
+) -> list[Json]:
     """Replay ``case`` against ``target``; return each step's normalised request and answer.
     With ``from_source`` (Kafka) a step that carries Kafka's answer from its source is not
-    sent, and that answer is recorded."""
+    sent, and that answer is recorded. With ``seed`` the names the replay makes are that
+    seed's, not random (two servers then get the very same requests); ``wire`` gets each
+    step's answers as the bytes received (b"" for a connection closed instead)."""
     ctx = Context(target.cluster_id)
+    if seed is not None:
+        ctx = Context(target.cluster_id, run=f"{seed:08x}", broker_base=1000 + seed * 10)
     normaliser = Normaliser(ctx, target)
     connections = _Connections(target, login=case.login)
     records: list[Json] = []
@@ -341,8 +397,11 @@ def replay(case: Case, target: Target, *, from_source: bool = False) -> list[Jso
                 records.append(record)
                 continue
             _wait_past(answered, step.after_ms)
+            received = len(connections.wire)
             answers = _send(connections, step, request, client_id)
             answered = time.time()
+            if wire is not None:
+                wire.append(bytes(connections.wire[received:]) if answers is not None else b"")
             if answers is None:
                 record["answer"] = {"closed": True}
             else:

@@ -3,6 +3,7 @@ nothing), decided against an in-memory log: no server process needed."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -150,13 +151,55 @@ def test_unregister_broker_messages_are_kafkas() -> None:
 def test_metadata_topics_need_describe(version: int) -> None:
     # As Kafka: a topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED, whether
     # it exists or not; without an authorizer every topic is simply unknown.
-    acls = [Acl("User:p", "Describe", "Topic", "app-", "prefixed")]
+    acls = [
+        Acl("User:p", "Describe", "Topic", "app-", "prefixed"),
+        Acl("User:p", "Create", "Cluster", "kafka-cluster"),  # below v4 creation is asked for
+    ]
     controller = _controller(Authorizer(acls, enabled=True))
     answer = _handle(controller, requests.metadata(["app-1", "other"], version=version), "User:p")
     assert [(t.name, t.error_code) for t in answer.topics] == [("app-1", 3), ("other", 29)]
     open_controller = _controller()
     answer = _handle(open_controller, requests.metadata(["other"], version=version), "User:p")
     assert [t.error_code for t in answer.topics] == [3]
+
+
+@pytest.mark.parametrize("version", [1, 4, 12])
+def test_metadata_creation_allowed_needs_create_as_in_kafka(version: int) -> None:
+    # Kafka (auto.create.topics.enable, the default): creation allowed (always below v4),
+    # a topic the principal may Describe but not Create, on the cluster or the topic, is
+    # TOPIC_AUTHORIZATION_FAILED, listed after the others it may Describe.
+    acls = [
+        Acl("User:p", "Describe", "Topic", "*"),
+        Acl("User:p", "Create", "Topic", "mine"),
+    ]
+    controller = _controller(Authorizer(acls, enabled=True))
+    body = requests.metadata(["theirs", "mine"], version=version)
+    if version >= 4:
+        body = dataclasses.replace(body, allow_auto_topic_creation=True)
+    answer = _handle(controller, body, "User:p")
+    assert [(t.name, t.error_code) for t in answer.topics] == [("mine", 3), ("theirs", 29)]
+    if version >= 4:  # not asked to create: only Describe counts
+        body = dataclasses.replace(body, allow_auto_topic_creation=False)
+        answer = _handle(controller, body, "User:p")
+        assert [t.error_code for t in answer.topics] == [3, 3]
+
+
+def test_metadata_authorized_operations_follow_the_acls() -> None:
+    acls = [
+        Acl("User:p", "Read", "Topic", "t"),
+        Acl("User:p", "Describe", "Cluster", "kafka-cluster"),
+    ]
+    controller = _controller(Authorizer(acls, enabled=True))
+    body = dataclasses.replace(
+        requests.metadata(["t"], version=10),
+        include_topic_authorized_operations=True,
+        include_cluster_authorized_operations=True,
+    )
+    answer = _handle(controller, body, "User:p")
+    assert answer.topics[0].topic_authorized_operations == 1 << 3 | 1 << 8  # Read, Describe
+    assert answer.cluster_authorized_operations == 1 << 8
+    answer = _handle(controller, body, "User:q")
+    assert answer.topics[0].error_code == 29 and answer.cluster_authorized_operations == 0
 
 
 @pytest.mark.parametrize("version", [0, 9, 12, 13])

@@ -7,7 +7,13 @@ import pytest
 
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.logformat import MAX_RECORD_BYTES, RecordTooLarge, scan_segment
-from pidctl.controller.core.records import ProducerIdsGranted, Record, TransactionalIdUpdated
+from pidctl.controller.core.records import (
+    SNAPSHOT_RECORDS,
+    ClusterCreated,
+    ProducerIdsGranted,
+    Record,
+    TransactionalIdUpdated,
+)
 from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
 
@@ -81,7 +87,12 @@ def test_a_snapshot_is_of_the_instant_it_was_asked_for() -> None:
     quorum, _ = _quorum()
     build = quorum.snapshot()
     quorum.apply(ControllerResult((_updated("later", 9),), None), NOW)
-    taken = ControllerState.from_snapshot(build())
-    assert (taken.next_offset, taken.cluster_id) == (2, "c")
+    records = list(build())
+    # The managers' state stands at the instant's offset, the cluster's records where
+    # they were written.
+    assert {at for at, record in records if type(record) in SNAPSHOT_RECORDS} == {2}
+    assert records[0] == (0, ClusterCreated("c", 1))
+    taken = ControllerState.from_snapshot_records(2, records)
+    assert taken.cluster_id == "c"
     assert "later" not in taken.transactions.transactional_ids
     assert "later" in quorum.state.transactions.transactional_ids

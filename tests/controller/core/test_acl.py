@@ -185,3 +185,60 @@ def _entry_of(acl: Acl) -> dict[str, str]:
         "resource_name": acl.resource_name,
         "pattern_type": acl.pattern_type,
     }
+
+
+def _any_topic(*acls: Acl, host: str = "10.0.0.1", super_users: tuple[str, ...] = ()) -> bool:
+    authorizer = Authorizer(acls, super_users, enabled=True)
+    return authorizer.authorize_any("User:p", "Write", "Topic", host)
+
+
+def test_write_on_any_topic_is_asked_as_kafka_asks_it() -> None:
+    # Kafka's Authorizer.authorizeByResourceType, case by case.
+    deny = "deny"
+    assert not _any_topic()
+    assert _any_topic(super_users=("User:p",))
+    assert _any_topic(Acl("User:p", "Write", "Topic", "orders"))
+    assert _any_topic(Acl("User:p", "Write", "Topic", "ord", "prefixed"))
+    assert _any_topic(Acl("User:*", "Write", "Topic", "*"))
+    assert _any_topic(Acl("User:p", "All", "Topic", "orders"))
+    # Only the operation itself or All: Read, and Write on another type, do not count.
+    assert not _any_topic(Acl("User:p", "Read", "Topic", "*"))
+    assert not _any_topic(Acl("User:p", "Write", "TransactionalId", "*"))
+    assert not _any_topic(Acl("User:q", "Write", "Topic", "*"))
+    assert not _any_topic(Acl("User:p", "Write", "Topic", "*", host="10.0.0.2"))
+    # A DENY takes back the same literal name, or a name under its prefix.
+    orders = Acl("User:p", "Write", "Topic", "orders")
+    assert not _any_topic(orders, Acl("User:p", "Write", "Topic", "orders", permission=deny))
+    assert not _any_topic(
+        orders, Acl("User:p", "Write", "Topic", "or", "prefixed", permission=deny)
+    )
+    assert not _any_topic(
+        Acl("User:p", "Write", "Topic", "orders", "prefixed", permission="allow"),
+        Acl("User:p", "All", "Topic", "ord", "prefixed", permission=deny),
+    )
+    # ... but not a longer prefix, another name, or a literal DENY of a prefix ALLOW.
+    assert _any_topic(
+        orders, Acl("User:p", "Write", "Topic", "orders-", "prefixed", permission=deny)
+    )
+    assert _any_topic(orders, Acl("User:p", "Write", "Topic", "other", permission=deny))
+    assert _any_topic(
+        Acl("User:p", "Write", "Topic", "ord", "prefixed"),
+        Acl("User:p", "Write", "Topic", "ord", permission=deny),
+    )
+    # One ALLOW left standing is enough; a DENY of "*" beats every ALLOW, even of "*"; an
+    # ALLOW of "*" beats any DENY but that one.
+    assert _any_topic(
+        orders,
+        Acl("User:p", "Write", "Topic", "a"),
+        Acl("User:p", "Write", "Topic", "a", permission=deny),
+    )
+    assert not _any_topic(
+        Acl("User:p", "Write", "Topic", "*"), Acl("User:*", "Write", "Topic", "*", permission=deny)
+    )
+    assert _any_topic(
+        Acl("User:p", "Write", "Topic", "*"), Acl("User:p", "Write", "Topic", "x", permission=deny)
+    )
+    # A super user is let in whatever DENY there is.
+    assert _any_topic(
+        Acl("User:p", "Write", "Topic", "*", permission=deny), super_users=("User:p",)
+    )

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.core.cluster import HeartbeatAnswer, Registered
+from pidctl.controller.core.cluster import HeartbeatAnswer, Registered, next_broker_state
 from pidctl.controller.core.records import BrokerRegistered, BrokerUnregistered
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state
+from tests.controller.core.snapshots import through_snapshot
 
 
 def _state(session_timeout_ms: int = 9000) -> ControllerState:
@@ -145,6 +146,54 @@ def test_controlled_shutdown_completes_at_once() -> None:
     assert beat.should_shut_down and beat.is_fenced
 
 
+def test_a_shut_down_broker_is_unfenced_by_its_next_heartbeat_as_in_kraft() -> None:
+    # KRaft fences a broker whose shutdown it granted (SHUTDOWN_NOW); its next heartbeat
+    # that asks for neither is a fenced broker's that has caught up: unfenced.
+    state = _state()
+    epoch = _register(state, 1, "inc-a", 0).broker_epoch
+    _beat(state, epoch, 1)
+    assert _beat(state, epoch, 2, shut_down=True) == HeartbeatAnswer(
+        is_fenced=True, should_shut_down=True
+    )
+    assert _beat(state, epoch, 3) == HeartbeatAnswer(is_fenced=False, should_shut_down=False)
+    assert not state.cluster.is_fenced(1, 3)
+
+
+@pytest.mark.parametrize(
+    ("fenced", "want_fence", "want_shut_down", "expected"),
+    [
+        (True, False, False, (False, False)),  # FENCED -> UNFENCED (caught up)
+        (True, True, False, (True, False)),  # stays FENCED
+        (True, False, True, (True, True)),  # SHUTDOWN_NOW
+        (True, True, True, (True, True)),
+        (False, False, False, (False, False)),  # stays UNFENCED
+        (False, True, False, (True, False)),  # FENCED on request
+        (False, False, True, (True, True)),  # no leaderships: SHUTDOWN_NOW, not CONTROLLED
+        (False, True, True, (True, True)),
+    ],
+)
+def test_next_broker_state_is_krafts(
+    fenced: bool, want_fence: bool, want_shut_down: bool, expected: tuple[bool, bool]
+) -> None:
+    assert next_broker_state(fenced, want_fence, want_shut_down) == expected
+
+
+def test_a_broker_migrating_from_zookeeper_is_refused_as_kafka_4_refuses_it() -> None:
+    state = _state()
+    result = state.cluster.register(
+        broker_id=1,
+        cluster_id="c",
+        incarnation_id="inc-a",
+        rack=None,
+        listeners=(),
+        now_ms=0,
+        next_offset=state.next_offset,
+        migrating_zk_broker=True,
+    )
+    assert result.records == ()
+    assert apply(state, result).error == ErrorCode.broker_id_not_registered
+
+
 def test_unregister() -> None:
     state = _state()
     epoch = _register(state, 1, "inc-a", 0).broker_epoch
@@ -158,7 +207,7 @@ def test_unregister() -> None:
 def test_restarted_controller_gives_every_broker_a_fresh_session() -> None:
     state = _state()
     _register(state, 1, "inc-a", 0)
-    again = ControllerState.from_snapshot(state.to_snapshot())
+    again = through_snapshot(state)
     again.cluster.restore_sessions(50_000)
     # A second incarnation cannot take over just because the controller restarted: every
     # broker is taken to be unfenced, with a session from the restart.

@@ -4,17 +4,30 @@ survive snapshots and go with their app id when it expires."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
-from pidctl.controller.core.job_commits import CommitKey, CommitTable, parse_commit_key
+from pidctl.controller.core.job_commits import (
+    CommitKey,
+    CommitTable,
+    parse_commit_key,
+    unpack_commits,
+)
 from pidctl.controller.core.jobs import JobKey, parse_job_key
 from pidctl.controller.core.kafka import BLOCK_SIZE
 from pidctl.controller.core.producer_ids import Block
-from pidctl.controller.core.records import JobVersionCommitted, ProducerIdsLeased
+from pidctl.controller.core.records import (
+    SNAPSHOT_CHUNK_BYTES,
+    JobCommitsLoaded,
+    JobVersionCommitted,
+    ProducerIdsLeased,
+)
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 DAY = 86_400_000
 OWNER = "User:j"
@@ -140,10 +153,15 @@ def test_snapshots_keep_the_commits_and_a_copy_shares_them() -> None:
     for app in ("a", "b", "ü/x"):
         _block(state, app, 3)
         _commit(state, app, 3)
+    # A later version started after its commit: the snapshot keeps the older commit.
+    _block(state, "a", 4)
     copied = state.copy()
-    restored = ControllerState.from_snapshot(state.to_snapshot())
+    restored = through_snapshot(state)
     assert restored.commits.committed == state.commits.committed
+    assert restored.commits.committed.get("a") == 3
     assert restored == state
+    committed = restored.commits.committed_block("b", 3, 0)
+    assert committed is not None and committed.error == ErrorCode.duplicate_sequence_number
     # The copy does not see a later commit.
     _block(state, "c", 1)
     _commit(state, "c", 1)
@@ -151,20 +169,54 @@ def test_snapshots_keep_the_commits_and_a_copy_shares_them() -> None:
     assert state.commits.committed.get("c") == 1
 
 
-def test_a_snapshot_from_before_commits_is_read() -> None:
+def test_many_commits_are_restated_in_chunks() -> None:
+    table = CommitTable()
+    for n in range(300):
+        table.put(f"app-{n}", n)
+    chunks = list(table.packed_chunks(1000))
+    assert len(chunks) > 1 and all(len(rows) <= 1000 for _, rows in chunks)
+    entries = [entry for _, rows in chunks for entry in unpack_commits(rows)]
+    assert sum(count for count, _ in chunks) == len(entries) == 300
+    assert sorted(entries) == sorted(table.items())
+
+
+def _loaded(table: CommitTable) -> JobCommitsLoaded:
+    ((count, rows),) = table.packed_chunks(SNAPSHOT_CHUNK_BYTES)
+    return JobCommitsLoaded(count, base64.b64encode(rows).decode("ascii"))
+
+
+def test_a_damaged_snapshot_of_commits_is_refused() -> None:
+    """A chunk that is cut short, miscounted, not base64, or commits a version pidctl does
+    not hold stops the replay (as every snapshot record's check)."""
     state = _state()
-    _block(state, "a", 1)
-    data = state.to_snapshot()
-    del data["job_commits_packed"], data["job_commit_count"]
-    assert len(ControllerState.from_snapshot(data).commits.committed) == 0
-
-
-def test_a_damaged_packed_table_is_refused() -> None:
+    _block(state, "app", 5)
     table = CommitTable()
     table.put("app", 5)
-    packed = table.packed()
-    assert CommitTable.from_packed(packed, 1) == table
-    with pytest.raises(ValueError):
-        CommitTable.from_packed(packed[:-3], 1)
-    with pytest.raises(ValueError):
-        CommitTable.from_packed(packed, 2)
+    good = _loaded(table)
+    cut = base64.b64encode(base64.b64decode(good.rows)[:-3]).decode("ascii")
+    later = CommitTable()
+    later.put("app", 6)
+    unknown = CommitTable()
+    unknown.put("other", 1)
+    for damaged in (
+        JobCommitsLoaded(1, cut),
+        JobCommitsLoaded(2, good.rows),
+        JobCommitsLoaded(1, "not base64!"),
+        _loaded(later),
+        _loaded(unknown),
+    ):
+        with pytest.raises(InvariantViolation):
+            state.copy().commits.replay(9, damaged)
+    state.commits.replay(9, good)
+    assert state.commits.committed.get("app") == 5
+    with pytest.raises(InvariantViolation):  # twice
+        state.commits.replay(9, good)
+
+
+def test_the_log_refuses_a_snapshot_record_of_commits() -> None:
+    state = _state()
+    _block(state, "app", 5)
+    table = CommitTable()
+    table.put("app", 5)
+    with pytest.raises(InvariantViolation, match="snapshot"):
+        replay(state, _loaded(table))

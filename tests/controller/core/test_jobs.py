@@ -9,11 +9,7 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.jobs import CLOCK_RECORD_INTERVAL_MS, JobKey, parse_job_key
-from pidctl.controller.core.producer_ids import (
-    DEFAULT_RESERVATION_SIZE,
-    Block,
-    ProducerIdRange,
-)
+from pidctl.controller.core.producer_ids import Block, ProducerIdRange
 from pidctl.controller.core.records import (
     JobAllocationExpired,
     JobBlockRecorded,
@@ -22,9 +18,11 @@ from pidctl.controller.core.records import (
     ProducerIdsLeased,
     ProducerIdsReserved,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol.headers import client_id_of
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 DAY = 86_400_000
 OWNER = "User:j"
@@ -60,7 +58,7 @@ def _block(
 
 def _restarted(state: ControllerState, wall_ms: int, mono_ms: int = 0) -> ControllerState:
     """The state a restart recovers (through a snapshot), started at these clocks."""
-    restarted = ControllerState.from_snapshot(state.to_snapshot())
+    restarted = through_snapshot(state)
     restarted.configure(job_allocation_reuse_ms=DAY, job_allocation_expiration_ms=7 * DAY)
     restarted.jobs.start(wall_ms, mono_ms)
     return restarted
@@ -200,7 +198,7 @@ def test_ownership_is_in_the_log_and_in_snapshots() -> None:
     apply(state, result)
     replayed = _state()
     replay(replayed, *result.records)
-    for restored in (replayed, ControllerState.from_snapshot(state.to_snapshot())):
+    for restored in (replayed, through_snapshot(state)):
         held = restored.jobs.apps.get("app")
         assert held is not None and held.owner == OWNER
         refused = restored.jobs.refusal("app", OTHER)
@@ -440,23 +438,11 @@ def test_a_snapshot_keeps_the_allocations_and_their_order() -> None:
     _block(state, "b", 3, 0, now_ms=1)
     _block(state, "b", 3, 1, now_ms=2)
     _block(state, "a", 1, 0, now_ms=3, principal=OTHER)
-    restored = ControllerState.from_snapshot(state.to_snapshot())
+    restored = through_snapshot(state)
     assert restored == state
     held = restored.jobs.apps.get("b")
     assert held is not None and held.blocks == [0, 1000] and held.owner == OWNER
     assert restored.jobs.apps.held_by(OTHER) == 1
-
-
-def test_a_snapshot_from_before_owners_is_read() -> None:
-    state = _state()
-    snapshot = state.to_snapshot()
-    for key in [k for k in snapshot if k.startswith("job_")]:
-        del snapshot[key]
-    snapshot["job_allocations"] = [["b", 3, 7, [0, 1000]], ["a", 1, 9, [2000]]]
-    restored = ControllerState.from_snapshot(snapshot)
-    held = restored.jobs.apps.get("b")
-    assert held is not None and (held.blocks, held.allocated_ms, held.owner) == ([0, 1000], 7, None)
-    assert restored.jobs.running_ms == 9
 
 
 def test_a_copy_for_a_snapshot_is_taken_without_copying_the_app_ids() -> None:
@@ -480,7 +466,7 @@ def test_a_copy_for_a_snapshot_is_taken_without_copying_the_app_ids() -> None:
         for mine, theirs in zip(state.jobs.apps._shards, copied.jobs.apps._shards, strict=True)
     )
     assert shared >= len(state.jobs.apps._shards) - 2
-    assert ControllerState.from_snapshot(copied.to_snapshot()) == copied
+    assert through_snapshot(copied) == copied
 
 
 def test_a_key_may_carry_the_brokers_expiration_as_a_shorter_reuse_window() -> None:

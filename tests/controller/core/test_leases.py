@@ -11,20 +11,17 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
-from pidctl.controller.core.producer_ids import (
-    DEFAULT_RESERVATION_SIZE,
-    Block,
-    Lease,
-    ProducerIdRange,
-    ProducerIdSpaceExhausted,
-)
+from pidctl.controller.core.pid_leases import Lease, ProducerIdSpaceExhausted
+from pidctl.controller.core.producer_ids import Block, ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsReserved,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state
+from tests.controller.core.snapshots import through_snapshot
 
 #: The range of a controller with ``pid_source``: whatever its leases hold.
 LEASED = ProducerIdRange(leased=True)
@@ -35,7 +32,7 @@ def _state() -> ControllerState:
 
 
 def _lease(state: ControllerState, first: int, end: int) -> None:
-    apply(state, state.producer_ids.lease(first, end, "etcd://x/p", 5))
+    apply(state, state.leases.lease(first, end, "etcd://x/p", 5))
 
 
 def _grant(state: ControllerState) -> Block:
@@ -43,15 +40,15 @@ def _grant(state: ControllerState) -> Block:
 
 
 def lease_remaining(state: ControllerState) -> int:
-    return state.producer_ids.lease_remaining()
+    return state.leases.remaining()
 
 
 def wants_lease(state: ControllerState, size: int, ratio: float) -> bool:
-    return state.producer_ids.wants_lease(size, ratio)
+    return state.leases.wants_lease(size, ratio)
 
 
 def lease_bounds(counter: int, state: ControllerState, size: int) -> tuple[int, int]:
-    return state.producer_ids.lease_bounds(counter, size)
+    return state.leases.lease_bounds(counter, size)
 
 
 def test_without_a_lease_nothing_is_granted_and_the_error_is_retriable() -> None:
@@ -71,7 +68,7 @@ def test_blocks_move_to_the_next_lease_and_skip_a_remainder_smaller_than_a_block
     _lease(state, 10_000, 12_000)
     firsts = [_grant(state).first for _ in range(3)]
     assert firsts == [500, 10_000, 11_000]
-    assert state.producer_ids.leases == []
+    assert state.leases.leases == []
     assert lease_remaining(state) == 0
 
 
@@ -102,7 +99,7 @@ def test_a_lease_starts_above_what_this_controller_granted_or_leased() -> None:
     # The counter says 0 (a fresh etcd): the lease still starts at the local mark.
     assert lease_bounds(0, state, 1000) == (7_000, 8_000)
     _lease(state, 7_000, 8_000)
-    assert state.producer_ids.high_water() == 8_000
+    assert state.leases.high_water() == 8_000
     assert lease_bounds(3_000, state, 1000) == (8_000, 9_000)
     assert lease_bounds(50_000, state, 1000) == (50_000, 51_000)
     with pytest.raises(ProducerIdSpaceExhausted):
@@ -121,7 +118,7 @@ def test_replay_refuses_grants_outside_leases_and_overlapping_leases() -> None:
     with pytest.raises(InvariantViolation, match="lowers"):
         state.replay(state.next_offset, ProducerIdFloorRaised(0, "zookeeper"))
     # Nothing refused changed anything.
-    assert state.producer_ids.leases == [Lease(1000, 3000)] and state.next_producer_id == 0
+    assert state.leases.leases == [Lease(1000, 3000)] and state.next_producer_id == 0
 
 
 def test_leases_survive_a_snapshot() -> None:
@@ -129,7 +126,7 @@ def test_leases_survive_a_snapshot() -> None:
     _lease(state, 0, 3000)
     _grant(state)
     _lease(state, 8000, 9000)
-    again = ControllerState.from_snapshot(state.to_snapshot())
+    again = through_snapshot(state)
     assert again == state
     assert _grant(again).first == 1000
 
@@ -160,9 +157,7 @@ def test_every_grant_lies_in_a_lease_and_none_overlap(ops: list[tuple[str, int, 
     granted: list[tuple[int, int]] = []
     for kind, gap, blocks in ops:
         if kind == "lease":
-            first, end = lease_bounds(
-                state.producer_ids.high_water() + gap, state, blocks * BLOCK_SIZE
-            )
+            first, end = lease_bounds(state.leases.high_water() + gap, state, blocks * BLOCK_SIZE)
             _lease(state, first, end)
             leased.append((first, end))
         else:
@@ -186,6 +181,6 @@ def test_the_highest_lease_taken_is_remembered_after_its_ids_are_used() -> None:
     _lease(state, 5000, 6000)
     for _ in range(3):
         _grant(state)
-    assert state.producer_ids.leases == [] and state.producer_ids.highest_lease_end == 6000
-    again = ControllerState.from_snapshot(state.to_snapshot())
-    assert again.producer_ids.highest_lease_end == 6000
+    assert state.leases.leases == [] and state.leases.highest_lease_end == 6000
+    again = through_snapshot(state)
+    assert again.leases.highest_lease_end == 6000

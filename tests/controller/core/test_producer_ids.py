@@ -5,15 +5,17 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
-from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, Block, ProducerIdRange
+from pidctl.controller.core.producer_ids import Block, ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdFloorRaised,
     ProducerIdsGranted,
     ProducerIdsLeased,
     ProducerIdsReserved,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 
 def _state(next_producer_id: int = 0, pid_range: ProducerIdRange | None = None) -> ControllerState:
@@ -121,7 +123,7 @@ def test_a_grant_past_the_reservation_reserves_first_and_ahead() -> None:
     seventh = state.producer_ids.allocate(broker_id=7, broker_epoch=1)
     assert _reservations(state, seventh) == [12_000]
     apply(state, seventh)
-    assert state.producer_ids.reserved == 12_000
+    assert state.reservations.reserved == 12_000
 
 
 def test_the_reservation_stops_at_the_end_of_the_range_or_the_lease() -> None:
@@ -156,7 +158,7 @@ def test_resume_of_a_log_from_before_reservations_adds_one_margin() -> None:
     result = state.producer_ids.resume(None)
     assert result.response == 6000
     apply(state, result)
-    assert state.producer_ids.reserved == 6000
+    assert state.reservations.reserved == 6000
     fresh = _state()
     assert fresh.producer_ids.resume(None).records == ()
 
@@ -164,10 +166,10 @@ def test_resume_of_a_log_from_before_reservations_adds_one_margin() -> None:
 def test_a_clean_shutdown_releases_the_reservation_to_the_high_water_mark() -> None:
     state = _state()
     _grant(state)
-    apply(state, state.producer_ids.release_reservation())
-    assert state.producer_ids.reserved == 1000
+    apply(state, state.reservations.release())
+    assert state.reservations.reserved == 1000
     assert state.producer_ids.resume(1000).records == ()
-    assert state.producer_ids.release_reservation().records == ()
+    assert state.reservations.release().records == ()
 
 
 def test_replay_refuses_a_grant_past_the_reservation_or_one_below_the_mark() -> None:
@@ -177,4 +179,4 @@ def test_replay_refuses_a_grant_past_the_reservation_or_one_below_the_mark() -> 
         replay(state, ProducerIdsGranted(7, 1, 1000, 3000))
     with pytest.raises(InvariantViolation, match="below the high-water mark"):
         replay(state, ProducerIdsReserved(500))
-    assert ControllerState.from_snapshot(state.to_snapshot()).producer_ids.reserved == 2000
+    assert through_snapshot(state).reservations.reserved == 2000

@@ -57,6 +57,8 @@ def _strategy(cls: type[Record]) -> st.SearchStrategy[Record]:
         elif "str" in kind:
             optional = "None" in kind
             fields[f.name] = st.one_of(st.none(), _text) if optional else _text
+        elif kind == "bool":
+            fields[f.name] = st.booleans()
         else:
             fields[f.name] = _int
     return st.builds(cls, **fields)

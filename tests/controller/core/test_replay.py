@@ -28,6 +28,7 @@ from pidctl.controller.log.recovery import read_log, rebuild_state, recover
 from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_request, encode_request
 from tests import wire
+from tests.controller.core.snapshots import through_snapshot
 
 CLUSTER = "replay-cluster"
 INCARNATIONS = [uuid.UUID(int=i) for i in range(4)]
@@ -97,14 +98,14 @@ def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
             request = _request(wire.allocate(-1, -1), controller.supported, key)
             controller.handle(request, now, conn)  # type: ignore[arg-type]
             continue
-        producer_ids = controller.state.producer_ids
+        producer_ids, leases = controller.state.producer_ids, controller.state.leases
         if kind == "lease":
-            counter = producer_ids.high_water() + a
-            first, end = producer_ids.lease_bounds(counter, int(b) * 1000)  # type: ignore[call-overload]
-            quorum.apply(producer_ids.lease(first, end, "etcd://x/p", 1), now)
+            counter = leases.high_water() + a
+            first, end = leases.lease_bounds(counter, int(b) * 1000)  # type: ignore[call-overload]
+            quorum.apply(leases.lease(first, end, "etcd://x/p", 1), now)
             continue
         if kind == "floor":
-            quorum.apply(producer_ids.raise_floor(producer_ids.high_water() + a, "zk"), now)
+            quorum.apply(producer_ids.raise_floor(leases.high_water() + a, "zk"), now)
             continue
         if kind == "init_idempotent":
             body: object = requests.init_producer_id(None)
@@ -164,7 +165,7 @@ def test_replay_from_scratch_and_from_any_snapshot(
     partial = ControllerState()
     for offset, record in sink.entries[:cut]:
         partial.replay(offset, record)
-    resumed = ControllerState.from_snapshot(partial.to_snapshot())
+    resumed = through_snapshot(partial)
     for offset, record in sink.entries[cut:]:
         resumed.replay(offset, record)
     assert resumed == quorum.state

@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import EPOCH_EXHAUSTED, INT64_MAX
-from pidctl.controller.core.producer_ids import DEFAULT_RESERVATION_SIZE, ProducerIdRange
+from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.records import (
     ProducerIdsGranted,
     ProducerIdsReserved,
@@ -16,6 +16,7 @@ from pidctl.controller.core.records import (
     TransactionalIdExpired,
     TransactionalIdUpdated,
 )
+from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.core.transactions import (
     MAX_UPDATED_MS,
@@ -25,6 +26,7 @@ from pidctl.controller.core.transactions import (
     parse_expected,
 )
 from tests.controller.core.kraft import apply, new_state, replay
+from tests.controller.core.snapshots import through_snapshot
 
 OK = ErrorCode.none
 
@@ -323,7 +325,7 @@ def test_ids_updated_after_the_damaged_tail_are_not_moved() -> None:
     assert moved.updated_ms > state.transactions.rotate_updated_at_or_before_ms
     assert init(state, now_ms=0) == ProducerIdAndEpoch(OK, moved.producer_id, 1)
     # In snapshots too.
-    restored = ControllerState.from_snapshot(state.to_snapshot())
+    restored = through_snapshot(state)
     assert restored.transactions.rotate_updated_at_or_before_ms == (
         state.transactions.rotate_updated_at_or_before_ms
     )

@@ -101,7 +101,7 @@ async def run_log(
         data_dir,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=snapshot_interval_records,
         retention_bytes=retention_bytes,
         retention_ms=retention_ms,
@@ -125,7 +125,7 @@ async def test_commits_run_on_the_loop_while_syncs_are_quick_or_always_in_the_th
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=inline_sync_max_s,
         listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
@@ -152,7 +152,7 @@ async def test_a_commit_nobody_waits_for_runs_in_the_thread_however_quick_the_di
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=60.0,
         listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
@@ -187,7 +187,7 @@ async def test_under_an_infinite_threshold_every_commit_runs_on_the_loop(tmp_pat
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=math.inf,
         listener=Listener(batch=lambda _records, _seconds, thread: where.append(thread)),
     )
@@ -203,7 +203,7 @@ async def test_under_an_infinite_threshold_every_commit_runs_on_the_loop(tmp_pat
 
 async def test_a_task_that_never_waits_does_not_hold_commits_back(tmp_path: Path) -> None:
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records)
 
     async def busy() -> None:
         while True:
@@ -225,7 +225,7 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     batches: list[int] = []
     state = ControllerState()
     listener = Listener(batch=lambda n, *_: batches.append(n))
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     records = history(200)
     # trio starts tasks in no fixed order; each takes the next record when it runs.
     pending = iter(records)
@@ -254,7 +254,7 @@ async def test_what_gather_appends_joins_the_commit_about_to_be_made(tmp_path: P
     batches: list[int] = []
     state = ControllerState()
     listener = Listener(batch=lambda n, *_: batches.append(n))
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     records = iter(history(5))  # seven records
     gathered: list[int] = []
 
@@ -305,7 +305,7 @@ async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=25,
         snapshot_min_interval_s=min_interval_s,
         listener=Listener(snapshot=sizes.append),
@@ -384,7 +384,7 @@ def retaining_log(
         data_dir,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=25,
         retention_bytes=retention_bytes,
         retention_ms=retention_ms,
@@ -475,7 +475,7 @@ async def test_a_reservation_is_in_its_file_before_the_grants_it_covers(tmp_path
         seen.append((read_reservation(tmp_path), durable_end))
 
     listener = Listener(committed=committed)
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=listener)
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for record in reserving_history():
@@ -520,7 +520,7 @@ async def test_records_appended_while_a_reservation_is_written_wait_for_theirs(
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         inline_sync_max_s=0,  # every commit and reservation in the thread
         listener=Listener(committed=committed),
     )
@@ -554,7 +554,7 @@ async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         snapshot_interval_records=10,
         listener=Listener(snapshot=sizes.append),
     )
@@ -596,7 +596,7 @@ async def test_a_snapshot_waits_until_the_log_has_grown_by_the_last_ones_size(
     assert recover(tmp_path).state == state
     # Restarted: the snapshot on disk is the one to grow past.
     again = MetadataLog(
-        tmp_path, state.next_offset, metalog.snapshot_offset, lambda: state.copy().to_snapshot
+        tmp_path, state.next_offset, metalog.snapshot_offset, lambda: state.copy().snapshot_records
     )
     assert again.snapshot_size == sizes[1]
 
@@ -618,7 +618,7 @@ async def test_records_go_before_the_zeros_preallocated_for_them_and_a_clean_clo
 ) -> None:
     state = ControllerState()
     metalog = MetadataLog(
-        tmp_path, 0, 0, lambda: state.copy().to_snapshot, preallocate_bytes=2 * CHUNK
+        tmp_path, 0, 0, lambda: state.copy().snapshot_records, preallocate_bytes=2 * CHUNK
     )
     segment = tmp_path / segment_name(0)
     async with trio.open_nursery() as nursery:
@@ -640,7 +640,9 @@ async def test_a_batch_larger_than_the_zeros_ahead_is_written_whole(tmp_path: Pa
     them: a commit that would reach past the zeros waits for the chunk being written, so
     the zeros never land on records."""
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, preallocate_bytes=CHUNK)
+    metalog = MetadataLog(
+        tmp_path, 0, 0, lambda: state.copy().snapshot_records, preallocate_bytes=CHUNK
+    )
     ids = (f"tx-{i:05d}-" + "x" * 200 for i in itertools.count())
     written: list[Record] = []
     async with trio.open_nursery() as nursery:
@@ -664,7 +666,7 @@ async def test_zeros_stop_where_the_segment_rolls_and_a_roll_gives_them_back(
         tmp_path,
         0,
         0,
-        lambda: state.copy().to_snapshot,
+        lambda: state.copy().snapshot_records,
         segment_max_bytes=3 * CHUNK,
         preallocate_bytes=8 * CHUNK,
     )
@@ -697,7 +699,7 @@ async def test_a_commit_writes_at_most_max_commit_bytes(tmp_path: Path) -> None:
             sizes.append(size)
 
     state = ControllerState()
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=Sizes())
+    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=Sizes())
     written = [
         TransactionalIdUpdated(f"{i}-" + "x" * 400_000, 7, 0, -1, -1, 60_000, 0) for i in range(6)
     ]

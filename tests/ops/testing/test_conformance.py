@@ -12,10 +12,14 @@ from pathlib import Path
 import pytest
 
 from ops.testing.conformance.__main__ import main as conformance_main
+from ops.testing.conformance.branches import BRANCHES
 from ops.testing.conformance.corpus import CASES, PROFILES
 from ops.testing.conformance.coverage import (
     DECIDERS,
     answered_codes,
+    branch_problems,
+    branch_report,
+    codes_compared,
     error_codes_by_api,
     unlisted_deciders,
 )
@@ -28,6 +32,7 @@ from ops.testing.conformance.differences import (
     undeclared,
     unused,
 )
+from ops.testing.conformance.error_classes import class_changes, class_table, read_classes
 from ops.testing.conformance.golden import GOLDEN_DIR, golden_path, read_golden
 from ops.testing.conformance.replay import Target, replay
 from ops.testing.conformance.targets import pidctl_targets
@@ -61,6 +66,12 @@ def test_pidctl_answers_as_kafka_did_but_for_the_declared_differences(
     assert not unused(found, DELIBERATE), "declared differences that no longer occur:\n" + (
         "\n".join(f"{d.id}: {d}" for d in unused(found, DELIBERATE))
     )
+    # KIP-1050: where pidctl's error differs from Kafka's, a client puts it in the same class
+    # (retriable, abortable, fatal...), or the declaration says why not.
+    changed = class_changes(found, DELIBERATE, read_classes())
+    assert not changed, "errors a client would handle otherwise than Kafka's:\n" + "\n".join(
+        changed
+    )
 
     # The corpus reaches every error code pidctl's code can answer these APIs with.
     answered = answered_codes(replays.values())
@@ -78,6 +89,35 @@ def test_error_codes_are_read_from_every_deciding_function() -> None:
     assert set(codes) == set(DECIDERS)
     # What the code says, as the README says it: a sample, so a reader can check the reader.
     assert {14, 42, 47, 50, 90} <= codes[next(a for a in codes if a.name == "INIT_PRODUCER_ID")]
+
+
+def test_every_branch_of_kafkas_code_is_reached_or_explained() -> None:
+    # Each step named reaches its branch in Kafka's recorded answers; every branch has steps
+    # or the reason no request can reach it (branches.py; the report: `coverage`).
+    assert branch_problems() == []
+    report = branch_report()
+    assert report.count("\n| ") >= len(BRANCHES)
+    reachable = [branch for branch in BRANCHES if not branch.unreachable]
+    assert all(branch.steps for branch in reachable)
+
+
+def test_every_error_code_compared_has_its_class_and_the_table_is_documented() -> None:
+    classes = read_classes()
+    assert codes_compared() <= set(classes), "re-record: python -m ops.testing.conformance classes"
+    assert class_table(classes) in DOC.read_text(), (
+        "docs/kafka-conformance.md's KIP-1050 table is not error_classes.class_table()'s"
+    )
+
+
+def test_a_class_change_needs_a_declaration_that_says_so() -> None:
+    classes = {3: {"class": "refresh-retriable"}, 17: {"class": "invalid-configuration"}}
+    difference = Difference("c", "s", "answer.topics.0.error_code", 17, 3)
+    assert class_changes([difference], [], classes)
+    declared = Deliberate("x", "why", path="answer.*")
+    assert class_changes([difference], [declared], classes)
+    assert not class_changes([difference], [Deliberate("x", "why", changes_class=True)], classes)
+    same = Difference("c", "s", "answer.error_code", 3, 3)
+    assert not class_changes([same], [], classes)
 
 
 def test_golden_files_are_the_corpus() -> None:

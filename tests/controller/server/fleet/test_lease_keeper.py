@@ -74,7 +74,7 @@ class Kept:
         return block
 
     def held(self) -> list[tuple[int, int]]:
-        return [(lease.first, lease.end) for lease in self.quorum.state.producer_ids.leases]
+        return [(lease.first, lease.end) for lease in self.quorum.state.leases.leases]
 
     async def counter(self) -> int | None:
         return await trio.to_thread.run_sync(self.etcd.counter, self.prefix)

@@ -70,7 +70,7 @@ async def setup(tmp_path: Path, tcp_pair: TcpPair) -> AsyncIterator[Setup]:
             assert outboxes is not None
             outboxes.send_durable(durable_end)
 
-    log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().to_snapshot, listener=Committed())
+    log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=Committed())
     sent: list[tuple[int, Timings]] = []
     outboxes = Outboxes(log, lambda size, timings: sent.append((size, timings)))
     async with trio.open_nursery() as nursery:
