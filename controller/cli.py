@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ examples:
   pidctl import-zk --zookeeper zk-1:2181 --pid-source etcd://etcd-1:2379/pidctl
   pidctl sink recover sqlite:///data/orders.db orders --older-than 0   # no write running
   pidctl sink versions postgresql://etl@db/warehouse orders
+  pidctl kafka verify --bootstrap-servers kafka-1:9092 --topic orders --app-id nightly --version 7
   echo "$PASSWORD" | pidctl users add --credentials-file users.json --user broker-1 --password-stdin
 """
 
@@ -220,6 +222,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     versions.add_argument("url", metavar="URL")
     versions.add_argument("table", metavar="TABLE")
+
+    kafka = commands.add_parser("kafka", help="pidctl-kafka's writes, read from the brokers")
+    kafka_commands = kafka.add_subparsers(dest="kafka_command", required=True, metavar="COMMAND")
+    check = kafka_commands.add_parser(
+        "verify",
+        help="check that a named job version's rows are in a topic once each (exit status 1 "
+        "if not): repeated sequences, missing rows, rows that differ from what was written, "
+        "duplicate rows",
+    )
+    check.add_argument(
+        "--bootstrap-servers", required=True, metavar="HOST:PORT[,HOST:PORT]", help="Kafka's"
+    )
+    check.add_argument("--topic", required=True)
+    check.add_argument("--app-id", required=True, help="the job's txnAppId (a stream: query id)")
+    check.add_argument(
+        "--version", type=int, required=True, help="its txnVersion (a stream: batch id)"
+    )
+    check.add_argument(
+        "--since-ms",
+        type=int,
+        metavar="UNIX_MS",
+        help="read from this time on (less 10 minutes for clocks); default: every partition "
+        "from its start",
+    )
+    check.add_argument(
+        "--rows", type=int, metavar="N", help="the rows the version wrote: checked too"
+    )
+    check.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Kafka client property: security.protocol, sasl.mechanism, sasl.jaas.config, "
+        "ssl.truststore.location (repeatable)",
+    )
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
 
     allocate = commands.add_parser("allocate", help="ask for a block of producer ids")
     allocate.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -475,6 +513,39 @@ def _sink(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kafka(args: argparse.Namespace) -> int:
+    try:
+        from pidctl.spark.kafka_verify import verify
+    except ImportError as e:
+        raise PidctlError(f"{e.name} is needed to read Kafka (pip install 'pidctl[spark]')") from e
+    properties = {}
+    for item in args.property:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--property must be KEY=VALUE, got {item!r}")
+        properties[key.strip().lower()] = value
+    servers = [s.strip() for s in args.bootstrap_servers.split(",") if s.strip()]
+    try:
+        verdict = verify(
+            servers,
+            args.topic,
+            args.app_id,
+            args.version,
+            properties=properties,
+            since_ms=args.since_ms,
+            expected_rows=args.rows,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    except (OSError, RuntimeError) as e:
+        raise PidctlError(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
+    if args.json:
+        print(json.dumps(verdict.as_dict()))
+    else:
+        print("\n".join(verdict.lines()))
+    return 0 if verdict.ok else 1
+
+
 def _single(error: BaseException) -> BaseException:
     """The one exception inside nested single-member exception groups (trio's nurseries)."""
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
@@ -695,6 +766,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": _status,
     "users": _users,
     "sink": _sink,
+    "kafka": _kafka,
     "import-zk": _import_zk,
 }
 

@@ -165,12 +165,30 @@ BLOCKS = {
     ("docs/spark-deployment.md", "Try it: a standalone cluster on one machine", 1): not_run(
         "it is a part of this suite"
     ),
-    ("docs/spark-kafka.md", "Design", 0): run_by(
+    ("docs/spark-kafka.md", "PID ranges: the job's apart from the cluster's", 0): run_by(
         "tests/test_docs.py::test_configuration_fragments_load"
     ),
     ("docs/spark-kafka.md", "Using it", 0): run_by(
         "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
         " (in the test session's SparkSession)"
+    ),
+    ("docs/spark-kafka.md", "Using it", 1): run_by(
+        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
+        " (after the block before it, as the page reads)"
+    ),
+    ("docs/spark-kafka.md", "Using it", 2): not_run(
+        "a spark-submit of the reader's job; the carrier's jar is built by the same command and"
+        " put on the class path in tests/ops/spark/conftest.py::spark and in the cluster"
+        " benchmark (ops/bench/spark_kafka.py)"
+    ),
+    ("docs/spark-kafka.md", "What a write does", 0): not_run(
+        "a log line; the job of tests/ops/spark/test_kafka_on_cluster.py::"
+        "test_every_row_once_when_an_executor_dies_and_the_verifier_says_so writes one"
+    ),
+    ("docs/spark-kafka.md", "Verifying a version: `pidctl kafka verify`", 0): not_run(
+        "it names a broker and topic of the reader's; the command runs against the test's in"
+        " tests/ops/spark/test_kafka_verify.py::"
+        "test_a_written_version_is_confirmed_and_a_copied_row_is_found"
     ),
     ("docs/spark-sink.md", 'The exactly-once SQL sink (`write_sql`, `format("pidctl-sql")`)', 0): (
         run_by("tests/ops/spark/test_write.py::test_the_documented_write_runs_as_written")
@@ -398,7 +416,9 @@ def test_the_security_configuration_as_written(tmp_path: Path) -> None:
 def test_configuration_fragments_load(tmp_path: Path) -> None:
     """docs/spark-kafka.md's configuration fragment is a valid pidctl configuration."""
     config = tmp_path / "pidctl.toml"
-    config.write_text(docs.block("docs/spark-kafka.md", "Design", 0))
+    config.write_text(
+        docs.block("docs/spark-kafka.md", "PID ranges: the job's apart from the cluster's", 0)
+    )
     shown = subprocess.run(
         [sys.executable, "-m", "pidctl.controller.cli", "config", "show", "--config", str(config)],
         capture_output=True,

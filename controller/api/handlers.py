@@ -36,6 +36,7 @@ from pidctl.controller.api.responses import (
     too_many_topics,
 )
 from pidctl.controller.core.acl import APP_ID, Authorizer
+from pidctl.controller.core.job_commits import parse_commit_key
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge
@@ -397,16 +398,26 @@ class Controller:
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         # (No record of it can be too large: a client id is at most 32,767 bytes, an app id
         # at most max_job_app_id_bytes.)
-        key = None
+        key = commit = None
         if job:
             try:
-                key = parse_job_key(client_id)
+                commit = parse_commit_key(client_id)
+                key = None if commit is not None else parse_job_key(client_id)
             except ValueError:
                 return _INVALID_BLOCK, NO_WAIT, 0
-            if key is not None:
+            if commit is not None:
+                # A named job's version completed (core/job_commits.py): recorded for the
+                # app id's owner, as its blocks are.
+                refused = self.app_id_refusal(conn, commit.app_id)
+                if refused:
+                    return Block(refused, 0, 0), NO_WAIT, 0
+            elif key is not None:
                 refused = self.app_id_refusal(conn, key.app_id)
                 if refused:
                     return Block(refused, 0, 0), NO_WAIT, 0
+                committed = self.state.commits.committed_block(key.app_id, key.version, key.block)
+                if committed is not None:  # a re-run of a completed version writes nothing
+                    return committed, NO_WAIT, 0
             elif not self._may_write_idempotently(conn):
                 return _REFUSED_BLOCK, NO_WAIT, 0
         elif not self._may(conn, "ClusterAction"):
@@ -414,6 +425,11 @@ class Controller:
         if self.paused is not None:
             self.on_paused("AllocateProducerIds")
             return _PAUSED_BLOCK, NO_WAIT, 0
+        if commit is not None:
+            done, offset = self._apply(
+                self.state.commits.commit(commit, principal=conn.principal), now
+            )
+            return done, offset, 0
         if key is not None:
             result = self.state.jobs.allocate(
                 key,
