@@ -405,10 +405,12 @@ def _produce_as(kafka: KafkaNode, topic: str, producer_id: int, epoch: int) -> N
 
 @pytest.fixture
 def short_memory(tmp_path: Path) -> Iterator[tuple[KafkaNode, ServerProcess]]:
-    """A broker that forgets a silent PID after 3 s; pidctl as shipped (its reuse window a
-    day): the job reads the brokers' setting and sends it to pidctl with its name."""
+    """A broker that forgets a silent PID after 10 s (long enough for the first run's task
+    attempts on a busy machine: a retry past it is refused as it should be); pidctl as
+    shipped (its reuse window a day): the job reads the brokers' setting and sends it to
+    pidctl with its name."""
     settings = {
-        "producer.id.expiration.ms": "3000",
+        "producer.id.expiration.ms": "10000",
         "producer.id.expiration.check.interval.ms": "500",
     }
     with (
@@ -423,7 +425,7 @@ def test_the_brokers_expiration_is_read_and_bounds_a_rerun(
     spark: Any, failing: None, short_memory: tuple[KafkaNode, ServerProcess]
 ) -> None:
     """A broker that forgot a PID (producer.id.expiration.ms passed) accepts it again at any
-    sequence, so a re-run past that would write twice: the driver read the brokers' 3 s
+    sequence, so a re-run past that would write twice: the driver read the brokers' 10 s
     (DescribeConfigs) and pidctl refuses the re-run with it, though its own window is a
     day."""
     broker, controller = short_memory
