@@ -22,7 +22,7 @@ from kio.static.protocol import ResponsePayload
 
 from pidctl.protocol.api_versions import unsupported_version_response
 from pidctl.protocol.apis import ApiKey, SupportedApis
-from pidctl.protocol.block_requests import BlockRequested, read_block_request
+from pidctl.protocol.block_requests import BlockRequested, block_request_of, read_block_request
 from pidctl.protocol.codec import (
     ProtocolViolation,
     Request,
@@ -36,7 +36,7 @@ from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Frame
 from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import read_idempotent_init
 from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
-from pidctl.protocol.init_requests import InitRequested, read_init_request
+from pidctl.protocol.init_requests import InitRequested, init_request_of, read_init_request
 
 #: The API keys read by ``struct`` in their usual shape, as plain ints (compared per frame).
 _INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
@@ -112,6 +112,9 @@ class IdempotentInits(NamedTuple):
 
     api_version: int
     correlation_ids: list[int]
+    #: The run's first frame: its client id (``headers.client_id_in``), read only when a
+    #: quota or the request log asks (they ask for runs of one: the others' may differ).
+    frame: bytes
 
 
 Event = (
@@ -202,27 +205,28 @@ class ServerConnection:
         elif frames or not was_in_frame:
             self._frame_started = now  # a new frame has begun
 
-    def next_event(self, run: int = 0) -> Event | None:
+    def next_event(self, run: int = 1) -> Event | None:
         """The next request (or answer, or closure) in arrival order; None when more bytes
         are needed. After a :class:`ConnectionClosed` there are no more events.
 
-        ``run``: once the connection is authenticated, the hottest requests in their usual
-        shape are read by ``struct``: at most this many idempotent InitProducerIds in a row
-        at one version come as one :class:`IdempotentInits`
+        One reader per API and shape: once the connection is authenticated, the hottest
+        requests in their usual shape are read by ``struct``, idempotent InitProducerIds in
+        a row at one version as one :class:`IdempotentInits` of at most ``run`` requests
         (:mod:`protocol.idempotent_inits`), any other InitProducerId as an
         :class:`InitRequested` (:mod:`protocol.init_requests`), an AllocateProducerIds as a
-        :class:`BlockRequested` (:mod:`protocol.block_requests`). 0 (the default): every
-        request comes as a :class:`RequestReceived`. Each frame is read once, either way
-        (but the one after a run: see :meth:`_run_from`)."""
+        :class:`BlockRequested` (:mod:`protocol.block_requests`); kio reads everything else,
+        and hands an InitProducerId or AllocateProducerIds it read as the same
+        :class:`InitRequested` or :class:`BlockRequested`. Each frame is read once (but the
+        one after a run: see :meth:`_run_from`)."""
         frames = self._frames
         while frames:
             frame = frames.popleft()
-            if run and self._authenticated and frame[:1] == b"\0":  # (every API key < 256)
+            if self._authenticated and frame[:1] == b"\0":  # (every API key < 256)
                 key = frame[1]
                 if key == _INIT_PRODUCER_ID:
                     first = read_idempotent_init(frame, self._idempotent_shapes)
                     if first is not None:
-                        return self._run_from(frame, first, run)
+                        return self._run_from(frame, first, max(run, 1))
                     init = read_init_request(frame, self._init_versions)
                     if init is not None:
                         return init
@@ -261,7 +265,7 @@ class ServerConnection:
                     break  # (next_event reads it again: the one frame read twice)
                 correlation_ids.append(read_following[1])
             frames.popleft()
-        return IdempotentInits(version, correlation_ids)
+        return IdempotentInits(version, correlation_ids, frame)
 
     @property
     def has_pending_requests(self) -> bool:
@@ -295,6 +299,11 @@ class ServerConnection:
                 return ConnectionClosed(
                     "unauthenticated_request", "SaslAuthenticate before SaslHandshake"
                 )
+        api_key = request.api_key
+        if api_key == _INIT_PRODUCER_ID:
+            return init_request_of(request)
+        if api_key == _ALLOCATE_PRODUCER_IDS:
+            return block_request_of(request)
         return RequestReceived(request)
 
     # -- output -----------------------------------------------------------------------------

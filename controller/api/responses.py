@@ -35,10 +35,6 @@ class Reply(NamedTuple):
 
     body: Any
     durable_offset: int = NO_WAIT
-    #: Producer ids this request created (for the quota on them): 1 for an idempotent
-    #: InitProducerId answered with a PID, and for a transactional id's first use or
-    #: rotation to a new PID; 0 otherwise.
-    new_producer_ids: int = 0
     #: The body's bytes when it was encoded ahead (:class:`ApiVersionsAnswers`), for the
     #: connection to frame as they are unless it changes the body (a throttle); None: the
     #: body is encoded when sent.

@@ -45,8 +45,11 @@ from pidctl.protocol.block_requests import BlockRequested
 from pidctl.protocol.codec import (
     Request,
     allocate_producer_ids_answer,
+    encode_response,
+    frame_response,
     init_producer_id_answer,
 )
+from pidctl.protocol.headers import client_id_in
 from pidctl.protocol.idempotent_inits import answer_run
 from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import (
@@ -81,6 +84,8 @@ DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 _INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
 _ALLOCATE_PRODUCER_IDS = api_name(ApiKey.ALLOCATE_PRODUCER_IDS)
+_INIT_PRODUCER_ID_KEY = int(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS_KEY = int(ApiKey.ALLOCATE_PRODUCER_IDS)
 
 
 def now() -> Now:
@@ -293,6 +298,14 @@ class ConnectionServer:
                 # throttle time has passed, whether or not it honours the field.
                 await trio.sleep(decided.throttle)
 
+    @property
+    def _one_at_a_time(self) -> bool:
+        """Whether each request must be accounted for alone (a request or producer-id quota
+        throttles at the one that crosses it; the request log has a line each): then the
+        idempotent runs are one request long. The readers and answerers are the same."""
+        quotas = self.quotas
+        return quotas.limits_requests or quotas.limits_producer_ids or self.log_requests
+
     def _may_park(self, live: LiveConnection) -> bool:
         """Whether the connection's reads may be left to the poller: authenticated (or no
         SASL), not closing, not stopping, and the poller still running."""
@@ -362,164 +375,237 @@ class ConnectionServer:
         spent the round's budget of entries (``max_entries_per_round``: the rest waits for
         the next round, after the other connections'); stop early at a SASL request (left for
         :meth:`_authenticate_and_go_on`: the exchange awaits), the connection's end, or a
-        throttle."""
+        throttle. Each kind of request has one answerer (:data:`_ANSWERERS`) whatever the
+        settings: a quota or the request log only makes the idempotent runs one long."""
         answers = decided.answers
         budget = self.limits.max_entries_per_round
-        handle = self.controller.handle
-        quotas = self.quotas
-        limited = quotas.limits_requests
+        one_at_a_time = self._one_at_a_time
         # The requests of one round are decided at one time (and received at one).
         decided_at: Now | None = None
         received = 0.0
-        # Idempotent InitProducerIds in a row are decided as one run, other InitProducerIds
-        # and AllocateProducerIds read by struct, unless each request must be throttled or
-        # logged on its own (as next_event says).
-        runs = not (limited or quotas.limits_producer_ids or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
             event = connection.next_event(
-                min(room - len(answers.data), budget - decided.work) if runs else 0
+                1 if one_at_a_time else min(room - len(answers.data), budget - decided.work)
             )
-            if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
-                if event is None:
-                    break
-                read_by_struct = _READ_BY_STRUCT.get(type(event))
-                if read_by_struct is not None:
-                    if decided_at is None:
-                        decided_at, received = now(), time.perf_counter()
-                    decided.work += read_by_struct(self, event, decided_at, info, answers, received)
-                    continue
-                if isinstance(event, ConnectionClosed):
-                    decided.closed = event
+            answerer = _ANSWERERS.get(type(event))
+            if answerer is not None:  # (a request is what comes, nearly always)
+                if decided_at is None:
+                    decided_at, received = now(), time.perf_counter()
+                decided.work += answerer(self, event, decided_at, info, decided, received)
+                if decided.throttle or decided.sasl is not None:
+                    # Muted (the rest waits until the throttle time has passed), or a SASL
+                    # request for _authenticate_and_go_on (the exchange awaits).
                     return
-                decided.work += 1
-                if isinstance(event, AnswerReady):
-                    self._count("api_versions", event.header.api_version, event.body)
-                    answers.data.append(connection.send(event.header, event.body))
-                    continue
-                assert isinstance(event, OversizedRequest)
-                header = event.header
-                body = self.controller.refuse_oversized(header, event.entries, event.limit).body
-                self._count(api_name(header.api_key), header.api_version, body)
-                answers.data.append(connection.send(header, body))
                 continue
-            request = event.request
-            decided.work += 1 + request.entries
-            if request.api_key in _SASL_APIS:
-                decided.sasl = request
+            if event is None:
+                break
+            if isinstance(event, ConnectionClosed):
+                decided.closed = event
                 return
-            if decided_at is None:
-                decided_at, received = now(), time.perf_counter()
-            api = api_name(request.api_key)
-            # Unpacked at once: one step, where each field read by name is a lookup.
-            body, durable_offset, new_producer_ids, encoded = handle(request, decided_at, info)
-            delay = 0.0
-            if limited:
-                delay = quotas.request(
-                    request.api_key, info.principal, request.header.client_id, time.monotonic()
-                )
-            if new_producer_ids:
-                delay = max(delay, self._new_producer_ids(info.principal, new_producer_ids))
-            if delay:
-                millis = datetime.timedelta(milliseconds=round(delay * 1000))
-                body = dataclasses.replace(body, throttle_time=millis)
-                self._throttled(api, delay)
-            self._count(api, request.api_version, body)
-            if self.log_requests:
-                log.debug(
-                    "request",
-                    api=api,
-                    version=request.api_version,
-                    peer=info.peer,
-                    client_id=request.header.client_id,
-                    correlation_id=request.header.correlation_id,
-                    error=getattr(body, "error_code", 0),
-                )
-            if encoded is None or delay:
-                data = connection.send(request.header, body)
-            else:  # (ApiVersions: its body encoded once, by controller/api/responses.py)
-                data = connection.send_encoded(request.header, body, encoded)
-            answers.add(data, durable_offset, api, received)
-            if delay:
-                decided.throttle = delay
-                return  # muted: the rest waits until the throttle time has passed
+            decided.work += 1
+            if isinstance(event, AnswerReady):
+                self._count("api_versions", event.header.api_version, event.body)
+                answers.data.append(connection.send(event.header, event.body))
+                continue
+            assert isinstance(event, OversizedRequest)
+            header = event.header
+            body = self.controller.refuse_oversized(header, event.entries, event.limit).body
+            self._count(api_name(header.api_key), header.api_version, body)
+            answers.data.append(connection.send(header, body))
         if connection.phase is Phase.CLOSED and not connection.has_pending_requests:
             event = connection.next_event()
             decided.closed = event if isinstance(event, ConnectionClosed) else None
 
-    def _answer_run(
+    # -- one answerer per kind of request (what protocol/server.py's readers yield) --------
+
+    def _answer_request(
         self,
-        run: IdempotentInits,
+        event: RequestReceived,
         decided_at: Now,
         info: ConnectionInfo,
-        answers: _Answers,
+        decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer a run of idempotent InitProducerIds (one version, their
-        correlation ids in order), as :meth:`_go_on` does each request of other kinds; how
-        many requests that was."""
-        version, correlation_ids = run
-        count = len(correlation_ids)
-        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
-        data = answer_run(version, correlation_ids, pids, error)
-        granted = len(pids)
-        if granted < count:
-            self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
-        self._tally(_INIT_PRODUCER_ID, version, 0, granted)
-        if granted:
-            self._new_producer_ids(info.principal, granted)  # counted (no quota here)
-        answers.add_run(data, offset, _INIT_PRODUCER_ID, received)
-        return count
+        """Decide and answer a request kio read, of an API without a value of its own (not
+        InitProducerId or AllocateProducerIds): the controller's :meth:`Controller.handle`.
+        The entries it counts for in the round's budget."""
+        request = event.request
+        if request.api_key in _SASL_APIS:
+            decided.sasl = request
+            return 1
+        header = request.header
+        api = api_name(request.api_key)
+        # Unpacked at once: one step, where each field read by name is a lookup.
+        body, durable_offset, encoded = self.controller.handle(request, decided_at, info)
+        delay = self._accounted(
+            api,
+            header.api_version,
+            getattr(body, "error_code", 0),
+            0,
+            request.api_key,
+            header.client_id,
+            header.correlation_id,
+            info,
+        )
+        if delay:
+            millis = datetime.timedelta(milliseconds=round(delay * 1000))
+            data = encode_response(header, dataclasses.replace(body, throttle_time=millis))
+        elif encoded is None:
+            data = encode_response(header, body)
+        else:  # (ApiVersions: its body encoded once, by controller/api/responses.py)
+            data = frame_response(header, body, encoded)
+        decided.answers.add(data, durable_offset, api, received)
+        decided.throttle = delay
+        return 1 + request.entries
 
     def _answer_init(
         self,
         request: InitRequested,
         decided_at: Now,
         info: ConnectionInfo,
-        answers: _Answers,
+        decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer an InitProducerId read by ``struct`` (not an idempotent run's),
-        as :meth:`_go_on` does the requests kio reads: one request."""
-        version = request.api_version
-        answer = self.controller.init_producer_id(
+        """Decide and answer an InitProducerId (read by ``struct`` or kio; not an idempotent
+        run's): the controller's :meth:`Controller.init_producer_id`."""
+        version, correlation_id = request.api_version, request.correlation_id
+        answer = self.controller.init_producer_id(request, decided_at, info)
+        error = answer.error
+        delay = self._accounted(
+            _INIT_PRODUCER_ID,
             version,
-            request.transactional_id,
-            request.timeout_ms,
-            request.producer_id,
-            request.producer_epoch,
-            decided_at,
+            error,
+            answer.created,
+            _INIT_PRODUCER_ID_KEY,
+            request.client_id,
+            correlation_id,
             info,
         )
-        error = answer.error
-        self._tally(_INIT_PRODUCER_ID, version, error, 1)
-        if answer.created:
-            self._new_producer_ids(info.principal, answer.created)  # counted (no quota here)
         data = init_producer_id_answer(
-            version, request.correlation_id, error, answer.producer_id, answer.producer_epoch
+            version,
+            correlation_id,
+            error,
+            answer.producer_id,
+            answer.producer_epoch,
+            round(delay * 1000) if delay else 0,
         )
-        answers.add(data, answer.durable_offset, _INIT_PRODUCER_ID, received)
+        decided.answers.add(data, answer.durable_offset, _INIT_PRODUCER_ID, received)
+        decided.throttle = delay
         return 1
+
+    def _answer_run(
+        self,
+        run: IdempotentInits,
+        decided_at: Now,
+        info: ConnectionInfo,
+        decided: _Round,
+        received: float,
+    ) -> int:
+        """Decide and answer a run of idempotent InitProducerIds (one version, their
+        correlation ids in order): the controller's :meth:`Controller.init_idempotent_run`.
+        A run of one (every run while a quota or the request log needs each request alone)
+        is accounted for as :meth:`_answer_init` accounts for one; how many requests."""
+        version, correlation_ids, frame = run
+        count = len(correlation_ids)
+        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
+        granted = len(pids)
+        if count == 1:
+            correlation_id = correlation_ids[0]
+            delay = self._accounted(
+                _INIT_PRODUCER_ID,
+                version,
+                0 if granted else error,
+                granted,
+                _INIT_PRODUCER_ID_KEY,
+                # Read only for what asks for it (a quota, the request log).
+                client_id_in(frame) if self._one_at_a_time else None,
+                correlation_id,
+                info,
+            )
+            throttle_ms = round(delay * 1000) if delay else 0
+            if granted:
+                data = init_producer_id_answer(version, correlation_id, 0, pids[0], 0, throttle_ms)
+            else:
+                data = init_producer_id_answer(version, correlation_id, error, -1, -1, throttle_ms)
+            decided.answers.add(data, offset, _INIT_PRODUCER_ID, received)
+            decided.throttle = delay
+            return 1
+        # (Longer runs only without a quota or the request log: counted, never throttled.)
+        if granted < count:
+            self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
+        self._tally(_INIT_PRODUCER_ID, version, 0, granted)
+        if granted:
+            self._new_producer_ids(info.principal, granted)
+        decided.answers.add_run(
+            answer_run(version, correlation_ids, pids, error), offset, _INIT_PRODUCER_ID, received
+        )
+        return count
 
     def _answer_block(
         self,
         request: BlockRequested,
         decided_at: Now,
         info: ConnectionInfo,
-        answers: _Answers,
+        decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer an AllocateProducerIds read by ``struct``, as :meth:`_go_on`
-        does the requests kio reads: one request."""
-        block, offset = self.controller.allocate_block(
-            request.broker_id, request.broker_epoch, request.client_id, decided_at, info
-        )
+        """Decide and answer an AllocateProducerIds (read by ``struct`` or kio): the
+        controller's :meth:`Controller.allocate_producer_ids`."""
+        block, offset = self.controller.allocate_producer_ids(request, decided_at, info)
         error = block.error
-        self._tally(_ALLOCATE_PRODUCER_IDS, 0, error, 1)
-        data = allocate_producer_ids_answer(
-            request.correlation_id, error, block.first, block.length
+        correlation_id = request.correlation_id
+        delay = self._accounted(
+            _ALLOCATE_PRODUCER_IDS,
+            0,
+            error,
+            0,
+            _ALLOCATE_PRODUCER_IDS_KEY,
+            request.client_id,
+            correlation_id,
+            info,
         )
-        answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
+        throttle_ms = round(delay * 1000) if delay else 0
+        data = allocate_producer_ids_answer(
+            correlation_id, error, block.first, block.length, throttle_ms
+        )
+        decided.answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
+        decided.throttle = delay
         return 1
+
+    def _accounted(
+        self,
+        api: str,
+        version: int,
+        error: int,
+        created: int,
+        api_key: int,
+        client_id: str | None,
+        correlation_id: int,
+        info: ConnectionInfo,
+    ) -> float:
+        """What follows the decision of one request, whichever its API: the throttle its
+        quotas ask for (KIP-219; 0 for none), counted; the answer counted; the request log's
+        line. ``created``: the producer ids it created (for their quota)."""
+        quotas = self.quotas
+        delay = 0.0
+        if quotas.limits_requests:
+            delay = quotas.request(api_key, info.principal, client_id, time.monotonic())
+        if created:
+            delay = max(delay, self._new_producer_ids(info.principal, created))
+        if delay:
+            self._throttled(api, delay)
+        self._tally(api, version, error, 1)
+        if self.log_requests:
+            log.debug(
+                "request",
+                api=api,
+                version=version,
+                peer=info.peer,
+                client_id=client_id,
+                correlation_id=correlation_id,
+                error=error,
+            )
+        return delay
 
     async def _authenticate_and_go_on(
         self,
@@ -655,8 +741,10 @@ class _Answers:
         self.timings += [(api, received)] * len(data)
 
 
-#: The requests ``protocol/server.py`` reads by ``struct``, and who answers each kind.
-_READ_BY_STRUCT: dict[type, Callable[..., int]] = {
+#: The requests ``protocol/server.py``'s readers yield, and the one answerer of each kind
+#: (whichever reader read it, whatever the settings).
+_ANSWERERS: dict[type, Callable[..., int]] = {
+    RequestReceived: ConnectionServer._answer_request,
     IdempotentInits: ConnectionServer._answer_run,
     InitRequested: ConnectionServer._answer_init,
     BlockRequested: ConnectionServer._answer_block,

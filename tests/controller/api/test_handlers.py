@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,8 +21,11 @@ from pidctl.controller.core.acl import Acl, Authorizer
 from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol import requests
+from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.block_requests import BlockRequested, block_request_of
 from pidctl.protocol.codec import Request, TooManyEntries, decode_request, encode_request
 from pidctl.protocol.headers import client_id_of
+from pidctl.protocol.init_requests import InitRequested, init_request_of
 
 NOW = Now(1_000, 1_000)
 
@@ -47,8 +51,26 @@ def _controller(
 
 
 def _handle(controller: Controller, body: Any, principal: str = "User:ANONYMOUS") -> Any:
+    """The answer's fields, from the API's one handler (as the connection calls it)."""
     request: Request = decode_request(encode_request(body, 7, "t")[4:], controller.supported)
-    return controller.handle(request, NOW, ConnectionInfo(principal=principal)).body
+    conn = ConnectionInfo(principal=principal)
+    if request.api_key == ApiKey.INIT_PRODUCER_ID:
+        init = controller.init_producer_id(init_request_of(request), NOW, conn)
+        return SimpleNamespace(
+            error_code=init.error, producer_id=init.producer_id, producer_epoch=init.producer_epoch
+        )
+    if request.api_key == ApiKey.ALLOCATE_PRODUCER_IDS:
+        block, _ = controller.allocate_producer_ids(block_request_of(request), NOW, conn)
+        return SimpleNamespace(
+            error_code=block.error, producer_id_start=block.first, producer_id_len=block.length
+        )
+    return controller.handle(request, NOW, conn).body
+
+
+def _allocate(controller: Controller, client_id: str, principal: str = "User:ANONYMOUS") -> Any:
+    """A job's block (broker id and epoch -1) asked with ``client_id``, through the handler."""
+    request = BlockRequested(7, client_id, -1, -1)
+    return controller.allocate_producer_ids(request, NOW, ConnectionInfo(principal=principal))
 
 
 def test_allocation_needs_cluster_action_and_a_job_needs_idempotent_write() -> None:
@@ -253,11 +275,9 @@ def test_an_idempotent_answer_waits_for_its_blocks_grant_not_for_the_prefetch() 
     over = controller.init_idempotent_run(100, NOW, conn)
     assert list(over.producer_ids) == list(range(901, 1001))
     assert over.durable_offset == prefetch  # PID 1000 is the prefetched block's
-    request = decode_request(
-        encode_request(requests.init_producer_id(None), 7, "t")[4:], controller.supported
-    )
-    alone = controller.handle(request, NOW, conn)
-    assert (alone.body.producer_id, alone.durable_offset) == (1001, prefetch)
+    request = InitRequested(5, 7, "t", None, 60_000, -1, -1)
+    alone = controller.init_producer_id(request, NOW, conn)
+    assert (alone.producer_id, alone.durable_offset) == (1001, prefetch)
 
 
 @settings(max_examples=60, deadline=None)
@@ -269,7 +289,8 @@ def test_an_idempotent_answer_waits_for_its_blocks_grant_not_for_the_prefetch() 
 def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
     runs: list[int], blocks: int, denied: bool
 ) -> None:
-    """``init_idempotent_run`` against the same requests one by one through ``handle``:
+    """``init_idempotent_run`` against the same requests one by one through
+    ``init_producer_id`` (as a request kio read comes):
     the same PIDs, the same refusals (a range of ``blocks`` blocks runs dry, so 14 comes;
     without IdempotentWrite, 31), the same records in the log, the same offsets to wait for
     and the same calls of ``on_no_producer_id``."""
@@ -284,12 +305,14 @@ def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
         controller.on_no_producer_id = partial(_told, calls)
     conn = ConnectionInfo(principal=principal)
     for count in runs:
-        request = decode_request(
-            encode_request(requests.init_producer_id(None), 7, "t")[4:], one.supported
+        request = init_request_of(
+            decode_request(
+                encode_request(requests.init_producer_id(None), 7, "t")[4:], one.supported
+            )
         )
-        alone = [one.handle(request, NOW, conn) for _ in range(count)]
+        alone = [one.init_producer_id(request, NOW, conn) for _ in range(count)]
         run = many.init_idempotent_run(count, NOW, conn)
-        answers = [(r.body.error_code, r.body.producer_id, r.body.producer_epoch) for r in alone]
+        answers = [(r.error, r.producer_id, r.producer_epoch) for r in alone]
         refused = count - len(run.producer_ids)
         assert answers == [(0, pid, 0) for pid in run.producer_ids] + [(run.error, -1, -1)] * (
             refused
@@ -305,19 +328,17 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
     written."""
     controller = _controller()
     written = controller.state.next_offset
-    block, _ = controller.allocate_block(
-        -1, -1, client_id_of(b"pidctl-job/1/0/app-\xff"), NOW, ConnectionInfo()
-    )
+    block, _ = _allocate(controller, client_id_of(b"pidctl-job/1/0/app-\xff"))
     assert (block.error, block.first, block.length) == (ErrorCode.invalid_request, 0, 0)
     assert controller.state.next_offset == written
-    named, _ = controller.allocate_block(-1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo())
+    named, _ = _allocate(controller, "pidctl-job/1/0/app-x")
     assert named.error == ErrorCode.none
 
 
 def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
     """A named job's block, through the handler, as ``principal``."""
     key = f"pidctl-job/{version}/{block}/{app}"
-    answer, _ = controller.allocate_block(-1, -1, key, NOW, ConnectionInfo(principal=principal))
+    answer, _ = _allocate(controller, key, principal)
     return answer
 
 
@@ -344,7 +365,7 @@ def test_a_named_job_needs_write_on_its_app_id_as_a_transactional_id_does() -> N
     assert _named(controller, "etl-a", 1, 0, "User:etl").error == 0
     assert _named(controller, "anything", 1, 0, "User:any").error == 0
     # Without a name, a job still needs only IdempotentWrite.
-    unnamed, _ = controller.allocate_block(-1, -1, "x", NOW, ConnectionInfo(principal="User:adhoc"))
+    unnamed, _ = _allocate(controller, "x", "User:adhoc")
     assert unnamed.error == 0
 
 
@@ -379,6 +400,6 @@ def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
     log = MemoryLog()
     controller = _controller(log=log)
     huge = "c" * 32_000
-    block, _ = controller.allocate_block(-1, -1, huge, NOW, ConnectionInfo())
+    block, _ = _allocate(controller, huge)
     assert block.error == 0
     assert max(len(entry) for entry in log.entries) < 600
