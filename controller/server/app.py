@@ -41,7 +41,7 @@ from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKe
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.alarms import Alarm
 from pidctl.controller.server.telemetry.metrics import Metrics, StateView
-from pidctl.controller.server.transport.admission import Admission, bind_listeners
+from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.server.transport.socket_io import close_socket
@@ -280,7 +280,7 @@ class PidctlServer:
             ),
             log_requests=settings.log_level == "debug",
         )
-        self.after_commit.outboxes = connections.outboxes
+        self.after_commit.writer = connections.writer
         if connections.poller is not None:  # requests already received join each commit
             metalog.gather = connections.poller.serve_ready
         async with trio.open_nursery() as background:
@@ -326,9 +326,21 @@ class PidctlServer:
             listeners=[f"{b.spec.protocol}://{b.spec.host}:{b.spec.port}" for b in bound],
         )
         admission = Admission(self.settings, connections, self.quotas, self.metrics)
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as writing:
             # A write the kernel did not take whole is finished beside the connections.
-            connections.outboxes.start_soon = nursery.start_soon
+            await writing.start(connections.writer.run)
+            await self._serve_connections(connections, admission, bound, writing, task_status)
+            writing.cancel_scope.cancel()  # every connection has ended: nothing to finish
+
+    async def _serve_connections(
+        self,
+        connections: ConnectionServer,
+        admission: Admission,
+        bound: list[BoundListener],
+        writing: trio.Nursery,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        async with trio.open_nursery() as nursery:
             accepting, accepted_last = trio.CancelScope(), trio.Event()
 
             async def accept() -> None:
@@ -372,6 +384,7 @@ class PidctlServer:
             # client that never reads) is cut off.
             grace = self.settings.shutdown_grace_ms / 1000
             nursery.cancel_scope.deadline = trio.current_time() + grace
+            writing.cancel_scope.deadline = nursery.cancel_scope.deadline
 
     def _no_producer_id(self, api: str, exhausted: bool) -> None:
         """A request refused for want of a producer id: counted; a used-up range also

@@ -37,7 +37,13 @@ from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.security.sasl_session import SaslSession
 from pidctl.controller.server.telemetry.metrics import Metrics, api_name
-from pidctl.controller.server.transport.outbox import Durability, Outbox, Outboxes, Timings
+from pidctl.controller.server.transport.outbox import (
+    Durability,
+    Outbox,
+    SocketWriter,
+    StreamWriter,
+    Timings,
+)
 from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from pidctl.protocol.apis import ApiKey
@@ -149,7 +155,10 @@ class ConnectionServer:
         self._answered: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self._created: dict[str, Any] = {}  # pidctl_producer_ids_created_total by principal
-        self.outboxes = Outboxes(log, self._sent)
+        #: The writers, one per transport: plain TCP's (what the purgatory releases after
+        #: each commit), TLS's (awaited by the connection's task).
+        self.writer = SocketWriter(log, self._sent)
+        self.stream_writer = StreamWriter(log, self._sent)
         #: Runs the rounds of idle plain-TCP connections (see poller.py), once :meth:`poll`
         #: runs; None where there is no epoll (every connection then reads in its own task).
         self.poller = Poller() if available() else None
@@ -201,7 +210,7 @@ class ConnectionServer:
         # Plain TCP on its descriptor, TLS through trio's stream (socket_io.py); the
         # answers, waiting for the log, in an outbox either way (outbox.py).
         io = SocketIO(stream.fileno()) if isinstance(stream, socket.socket) else StreamIO(stream)
-        outbox = Outbox(io)
+        outbox = self.writer.outbox(io)
         live = LiveConnection(connection)
         if self._stopped:
             live.stop()
@@ -220,7 +229,7 @@ class ConnectionServer:
                 await outbox.wait_empty()  # what was decided is answered before the close
             return reason
         finally:
-            self.outboxes.discard(outbox)
+            self.writer.discard(outbox)
             self.live.discard(live)
 
     async def _loop(self, outbox: Outbox, live: LiveConnection, info: ConnectionInfo) -> str:
@@ -280,7 +289,7 @@ class ConnectionServer:
                 # TLS: the task awaits the outbox's write (it holds nothing meanwhile).
                 data = b"".join(answers.data)
                 offset = answers.durable_offset
-                await self.outboxes.write_awaiting(outbox, offset, data, answers.timings)
+                await self.stream_writer.write(outbox, offset, data, answers.timings)
                 if outbox.broken:
                     return "broken"
             closed = decided.closed
@@ -360,7 +369,7 @@ class ConnectionServer:
         parts = answers.data
         if parts:
             data = parts[0] if len(parts) == 1 else b"".join(parts)
-            self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
+            self.writer.post(outbox, answers.durable_offset, data, answers.timings)
 
     def _decide(self, connection: ServerConnection, info: ConnectionInfo, room: int) -> _Round:
         """Decide up to ``room`` requests received so far, in order: see :meth:`_go_on`."""

@@ -201,7 +201,7 @@ async def serving(
 
     class Committed(CommitListener):
         def committed(self, durable_end: int) -> None:
-            servers[0].outboxes.send_durable(durable_end)
+            servers[0].writer.release(durable_end)
 
     quorum: QuorumController
     # Under trio's mock clock every commit stays on the loop: the clock would jump while the
@@ -233,7 +233,7 @@ async def serving(
     async with trio.open_nursery() as nursery:
         served = Served(server, controller, log, metrics, nursery, listener)
         quorum.observers.append(lambda offset, record: served.records.append(record))
-        server.outboxes.start_soon = nursery.start_soon
+        await nursery.start(server.writer.run)
         nursery.start_soon(server.watch)
         nursery.start_soon(server.poll)
         if start_log:
