@@ -185,6 +185,10 @@ class RequestLimits:
     max_registration_entries: int = DEFAULT_MAX_REGISTRATION_ENTRIES
 
 
+def _told_nobody(api: str, exhausted: bool) -> None:
+    """No one is told of requests refused for want of a producer id."""
+
+
 class Controller:
     """Answers requests: per API, authorise, decide (one manager), apply (the quorum
     controller), respond."""
@@ -196,7 +200,11 @@ class Controller:
         node_id: int = 1,
         authorizer: Authorizer | None = None,
         limits: RequestLimits | None = None,
+        on_no_producer_id: Callable[[str, bool], None] | None = None,
     ) -> None:
+        """``on_no_producer_id``: told of each request refused for want of a producer id:
+        the API's name, and whether the range is used up for good (an operator must widen
+        it) rather than waiting for a lease or a block."""
         #: The managers, for their decisions (read and decided here; changed only by apply).
         self.state = quorum.state
         self.node_id = node_id
@@ -208,10 +216,7 @@ class Controller:
         pool = self.state.transactions.pool
         self._pool_grants = PoolGrants(blocks_held=pool.depth + 1)
         quorum.observers.append(self._pool_grants.applied)
-        #: Told of each request refused for want of a producer id: the API's name, and
-        #: whether the range is used up for good (an operator must widen it) rather than
-        #: waiting for a lease or a block.
-        self.on_no_producer_id: Callable[[str, bool], None] = lambda api, exhausted: None
+        self.on_no_producer_id = on_no_producer_id or _told_nobody
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self.api_versions = ApiVersionsAnswers(self.supported)
         self._handlers: dict[int, Handler] = {

@@ -44,6 +44,8 @@ from pidctl.controller.server.telemetry.metrics import Metrics, StateView
 from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
 from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.server.transport.poller import Poller
+from pidctl.controller.server.transport.poller import available as poller_available
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
@@ -226,6 +228,8 @@ class PidctlServer:
             next_producer_id=state.next_producer_id,
             seconds=round(time.monotonic() - started, 4),
         )
+        #: Reads the idle plain-TCP connections (transport/poller.py); None without epoll.
+        poller = Poller() if poller_available() else None
         metalog = MetadataLog(
             data_dir,
             state.next_offset,
@@ -240,6 +244,10 @@ class PidctlServer:
             preallocate_bytes=settings.log_preallocate_bytes,
             listener=self.after_commit,
             reservation=recovery.reservation,
+            # The server's decision, here: before each commit the poller serves the parked
+            # connections readable now, so that requests already received join this commit
+            # rather than wait a whole sync for the next (Poller.serve_ready).
+            before_commit=None if poller is None else poller.serve_ready,
         )
         self.metrics.snapshot_bytes.set(metalog.snapshot_size)  # the one on disk, if any
         limits = RequestLimits(
@@ -249,10 +257,13 @@ class PidctlServer:
         )
         quorum = QuorumController(state, metalog)
         controller = Controller(
-            quorum, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
+            quorum,
+            node_id=settings.node_id,
+            authorizer=self.authorizer,
+            limits=limits,
+            on_no_producer_id=self._no_producer_id,
         )
         self._controller = controller
-        controller.on_no_producer_id = self._no_producer_id
         lease_keeper = self._lease_keeper(quorum, metalog)
         quorum.observers.append(self.after_commit.applied)
         if lease_keeper is not None:
@@ -279,10 +290,9 @@ class PidctlServer:
                 max_unwritten_bytes=settings.max_unwritten_bytes_per_connection,
             ),
             log_requests=settings.log_level == "debug",
+            poller=poller,
         )
         self.after_commit.writer = connections.writer
-        if connections.poller is not None:  # requests already received join each commit
-            metalog.gather = connections.poller.serve_ready
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(quorum)

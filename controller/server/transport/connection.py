@@ -44,7 +44,7 @@ from pidctl.controller.server.transport.outbox import (
     StreamWriter,
     Timings,
 )
-from pidctl.controller.server.transport.poller import Poller, available
+from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.block_requests import BlockRequested
@@ -140,7 +140,11 @@ class ConnectionServer:
         limits: ConnectionLimits,
         *,
         log_requests: bool = False,
+        poller: Poller | None = None,
     ) -> None:
+        """``poller``: runs the rounds of idle plain-TCP connections (see poller.py) once
+        :meth:`poll` runs; None (where there is no epoll, say) and every connection reads in
+        its own task."""
         self.controller = controller
         self.log = log
         self.quotas = quotas
@@ -159,10 +163,7 @@ class ConnectionServer:
         #: each commit), TLS's (awaited by the connection's task).
         self.writer = SocketWriter(log, self._sent)
         self.stream_writer = StreamWriter(log, self._sent)
-        #: Runs the rounds of idle plain-TCP connections (see poller.py), once :meth:`poll`
-        #: runs; None where there is no epoll (every connection then reads in its own task).
-        self.poller = Poller() if available() else None
-        poller = self.poller
+        self.poller = poller
         metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
 
     async def poll(self) -> None:

@@ -26,6 +26,7 @@ from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.admission import standard_socket
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
 
@@ -227,6 +228,7 @@ async def serving(
         metrics,
         lambda: store,
         connection_limits or limits(),
+        poller=Poller() if available() else None,
     )
     servers.append(server)
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
