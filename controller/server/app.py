@@ -36,13 +36,13 @@ from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import recover
 from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
 from pidctl.controller.server.after_commit import AfterCommit
-from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
+from pidctl.controller.server.malloc_tuning import pin_mmap_threshold
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.alarms import Alarm
 from pidctl.controller.server.telemetry.metrics import Metrics, StateView
 from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
-from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.poller import available as poller_available
@@ -274,7 +274,7 @@ class PidctlServer:
                 ' set authorizer = "acl" and acls to restrict'
             )
         self.metrics.state_view = _state_view(state)
-        connections = ConnectionServer(
+        connections = ConnectionTasks(
             controller,
             metalog,
             self.quotas,
@@ -326,7 +326,7 @@ class PidctlServer:
         log.info("stopped", next_offset=state.next_offset)
 
     async def _serve(
-        self, connections: ConnectionServer, task_status: trio.TaskStatus[None]
+        self, connections: ConnectionTasks, task_status: trio.TaskStatus[None]
     ) -> None:
         bound = await bind_listeners(self.settings)
         self.ports = [listener.port for listener in bound]
@@ -344,7 +344,7 @@ class PidctlServer:
 
     async def _serve_connections(
         self,
-        connections: ConnectionServer,
+        connections: ConnectionTasks,
         admission: Admission,
         bound: list[BoundListener],
         writing: trio.Nursery,

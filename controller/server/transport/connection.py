@@ -127,8 +127,10 @@ class LiveConnection:
             self.scope.cancel()
 
 
-class ConnectionServer:
-    """Serves connections: one :meth:`serve` task each, one :meth:`watch` task for all."""
+class ConnectionTasks:
+    """Serves connections: one :meth:`serve` task each, one :meth:`watch` task for all.
+    (The trio side; ``protocol.server.ServerConnection`` is one connection's sans-IO
+    protocol state, which each task drives.)"""
 
     def __init__(
         self,
@@ -754,8 +756,8 @@ class _Answers:
 #: The requests ``protocol/server.py``'s readers yield, and the one answerer of each kind
 #: (whichever reader read it, whatever the settings).
 _ANSWERERS: dict[type, Callable[..., int]] = {
-    RequestReceived: ConnectionServer._answer_request,
-    IdempotentInits: ConnectionServer._answer_run,
-    InitRequested: ConnectionServer._answer_init,
-    BlockRequested: ConnectionServer._answer_block,
+    RequestReceived: ConnectionTasks._answer_request,
+    IdempotentInits: ConnectionTasks._answer_run,
+    InitRequested: ConnectionTasks._answer_init,
+    BlockRequested: ConnectionTasks._answer_block,
 }

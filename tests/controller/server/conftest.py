@@ -25,7 +25,7 @@ from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.admission import standard_socket
-from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
@@ -125,12 +125,12 @@ class Peer:
 
 @dataclass
 class Served:
-    """A real :class:`ConnectionServer` in this process, as ``pidctl serve`` wires it: a real
+    """A real :class:`ConnectionTasks` in this process, as ``pidctl serve`` wires it: a real
     controller over a real metadata log in a temporary dir, the watchdog and the poller
     running. Connections come over memory streams (the path TLS takes: the task waits for
     the log and writes itself) or loopback TCP (outboxes and the poller)."""
 
-    server: ConnectionServer
+    server: ConnectionTasks
     controller: Controller
     log: MetadataLog
     metrics: Metrics
@@ -138,7 +138,7 @@ class Served:
     listener: trio.SocketListener
     #: Every record applied, in order (the controller's observers see each).
     records: list[Record] = field(default_factory=list)
-    #: Why each connection ended (what :meth:`ConnectionServer.serve` returned), in order.
+    #: Why each connection ended (what :meth:`ConnectionTasks.serve` returned), in order.
     reasons: list[str] = field(default_factory=list)
 
     async def start_log(self) -> None:
@@ -198,7 +198,7 @@ async def serving(
 ) -> AsyncIterator[Served]:
     """See :class:`Served`."""
     state = ControllerState()
-    servers: list[ConnectionServer] = []
+    servers: list[ConnectionTasks] = []
 
     class Committed(CommitListener):
         def committed(self, durable_end: int) -> None:
@@ -221,7 +221,7 @@ async def serving(
     quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
     metrics = Metrics()
     store = credentials or CredentialStore()
-    server = ConnectionServer(
+    server = ConnectionTasks(
         controller,
         log,
         quotas or Quotas({}),
