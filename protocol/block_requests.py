@@ -29,7 +29,7 @@ _API_KEY_LOW_BYTE = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
 _BODY = struct.Struct(">BiqB")
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final, as InitRequested
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class BlockRequested:
     """An AllocateProducerIds v0 request, read by ``struct`` or by kio."""
 

@@ -112,7 +112,7 @@ def _topic_id(topic: Any) -> uuid.UUID | None:
     return topic_id if topic_id is not None and topic_id.int else None
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class InitAnswer:
     """An InitProducerId's answer: the error, the producer id and epoch (-1, -1 with an
     error), the offset to be durable before it is sent, and the producer ids it created (1

@@ -272,8 +272,7 @@ class ConnectionTasks:
                     return "broken"
                 finally:
                     live.reading = False
-                # (After the try, not in it: mypyc cannot compile a continue in a finally's
-                # try; see ops/compiled.py.)
+                # (After the try, not in it: compiled rule 4.)
                 if parked and decided is None:
                     continue  # the outbox is full or broke, or the poller stopped
             else:
@@ -712,9 +711,7 @@ class ConnectionTasks:
             self.metrics.errors.labels(api, str(version), name).inc(count)
 
 
-# _Round and _Answers are plain classes, not dataclasses: one of each is made per round, and
-# compiled, a dataclass keeps the dataclasses module's __init__, interpreted (2,000
-# instructions each, where this one compiled takes a few hundred; records.py says more).
+# _Round and _Answers: plain classes, one of each made per round (compiled rule 1).
 class _Round:
     """What deciding the requests received so far gave, and why it stopped early."""
 
