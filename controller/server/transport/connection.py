@@ -46,6 +46,7 @@ from pidctl.controller.server.transport.outbox import (
 )
 from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
+from pidctl.controller.settings import DEFAULT_MAX_ENTRIES_PER_ROUND, DEFAULT_MAX_UNWRITTEN_BYTES
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.block_requests import BlockRequested
 from pidctl.protocol.codec import (
@@ -76,16 +77,6 @@ RECEIVE_BYTES = 64 * 1024
 #: How often the watchdog looks at the connections' deadlines at most; a deadline is met
 #: within this (or a quarter of the shortest timeout, whichever is less).
 WATCHDOG_PERIOD_S = 1.0
-#: Default of the ``max_entries_per_round`` setting: the work one connection's round may
-#: decide before the other connections run, in entries (a FindCoordinator's keys, a
-#: Metadata's topics; a request without an array counts 1). A key costs ~3 µs to decide and
-#: encode here, so a round holds the event loop ~3 ms at most beyond its last request; the
-#: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
-DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
-#: Default of the ``max_unwritten_bytes_per_connection`` setting: answers of one connection
-#: held for a client that does not read them, before the connection is read no more. A
-#: thousand-key answer is ~30 KB; most answers are tens of bytes.
-DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 _INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
