@@ -71,6 +71,30 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+class PhaseChange(NamedTuple):
+    """One way a connection's :class:`Phase` changes: from, why, to (None: where it starts)."""
+
+    source: Phase | None
+    why: str
+    target: Phase
+
+
+#: Every change of a connection's phase, the one table the picture of its states
+#: (docs/connection-states.md, drawn by ``ops/connection_states.py``) is drawn from, and
+#: the tests drive a connection through (tests/protocol/test_server.py).
+PHASE_CHANGES = (
+    PhaseChange(None, "a SASL listener's connection", Phase.HANDSHAKE),
+    PhaseChange(None, "a plain or TLS listener's connection", Phase.READY),
+    PhaseChange(Phase.HANDSHAKE, "SaslHandshake names an enabled mechanism", Phase.AUTHENTICATE),
+    PhaseChange(Phase.AUTHENTICATE, "SaslAuthenticate succeeds", Phase.READY),
+    PhaseChange(Phase.AUTHENTICATE, "SaslAuthenticate fails (answered, then closed)", Phase.CLOSED),
+    PhaseChange(Phase.HANDSHAKE, "a request not allowed before authentication", Phase.CLOSED),
+    PhaseChange(Phase.READY, "a protocol error, or a frame over max_frame_bytes", Phase.CLOSED),
+    PhaseChange(Phase.READY, "the client closes (what it sent is answered)", Phase.CLOSED),
+    PhaseChange(Phase.READY, "no request within the idle or frame timeout", Phase.CLOSED),
+)
+
+
 class RequestReceived(NamedTuple):
     """A decoded request for the server to answer, in order."""
 

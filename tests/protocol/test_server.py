@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kio.schema.api_versions.v0 import ApiVersionsResponse as ApiVersionsResponseV0
@@ -16,12 +17,14 @@ from pidctl.protocol.codec import decode_request, encode_request
 from pidctl.protocol.framing import FrameDecoder
 from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import (
+    PHASE_CHANGES,
     AnswerReady,
     ConnectionClosed,
     Event,
     IdempotentInits,
     OversizedRequest,
     Phase,
+    PhaseChange,
     RequestReceived,
     ServerConnection,
 )
@@ -317,3 +320,43 @@ def test_an_oversized_request_before_authentication_closes() -> None:
     connection.receive_data(_frame(requests.metadata(["a", "b"], version=4)), now=0.0)
     (event,) = _events(connection)
     assert isinstance(event, ConnectionClosed) and event.reason == "unauthenticated_request"
+
+
+def _drive(change: PhaseChange) -> ServerConnection:
+    """A connection taken through ``change`` (from its source phase)."""
+    sasl = change.source in (Phase.HANDSHAKE, Phase.AUTHENTICATE) or change.target in (
+        Phase.HANDSHAKE,
+        Phase.AUTHENTICATE,
+    )
+    connection = _connection(sasl=sasl, max_frame_bytes=1000, idle_timeout_s=10.0)
+    if change.source is None:
+        return connection
+    if change.source is Phase.AUTHENTICATE:
+        connection.handshake_accepted()
+    assert connection.phase is change.source
+    why = change.why
+    if why.startswith("SaslHandshake"):
+        connection.handshake_accepted()
+    elif why.startswith("SaslAuthenticate succeeds"):
+        connection.authenticated()
+    elif why.startswith("SaslAuthenticate fails"):
+        connection.authentication_failed("bad password")
+    elif why.startswith("a request not allowed"):
+        connection.receive_data(_frame(requests.metadata()), now=0.0)
+        _events(connection)
+    elif why.startswith("a protocol error"):
+        connection.receive_data(struct.pack(">i", 1001), now=0.0)
+    elif why.startswith("the client closes"):
+        connection.receive_data(b"", now=0.0)
+    elif why.startswith("no request within"):
+        assert connection.check_deadline(11.0)
+    else:
+        raise AssertionError(f"no way to drive: {why}")
+    return connection
+
+
+@pytest.mark.parametrize("change", PHASE_CHANGES, ids=lambda c: c.why)
+def test_every_phase_change_of_the_table_is_how_a_connection_changes(change: PhaseChange) -> None:
+    """The table the picture is drawn from (docs/connection-states.md) is what a connection
+    does: each row driven on a real ServerConnection."""
+    assert _drive(change).phase is change.target
