@@ -38,12 +38,14 @@ def _settings_help() -> str:
     from pidctl.controller.settings import describe_settings
 
     rows = [
-        f"  {name:<30} {default or '-':<24} {unit:<8} {doc}"
-        for name, default, unit, doc in describe_settings()
+        f"  {s.name:<30} {s.default or '-':<24} {s.unit:<8} {s.doc}"
+        + (" [reloaded by SIGHUP]" if s.reloadable else "")
+        for s in describe_settings()
     ]
     return (
         "settings (flag --NAME, environment PIDCTL_NAME, or NAME in the --config TOML file;\n"
-        "precedence flag > env > file > default):\n" + "\n".join(rows)
+        "precedence flag > env > file > default; a change takes a restart unless marked\n"
+        "[reloaded by SIGHUP]):\n" + "\n".join(rows)
     )
 
 
@@ -54,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from pidctl.protocol import __version__
-
-    parser.add_argument("--version", action="version", version=f"pidctl {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=version_line(), help="the version and build"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(
@@ -84,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ignore-formatted",
         action="store_true",
         help="exit 0, changing nothing, when the data dir is already formatted",
+    )
+    format_cmd.add_argument(
+        "--parents",
+        action="store_true",
+        help="create the data dir's missing parent directories too (without it, a data dir "
+        "whose parent does not exist is refused: a typo or a volume not mounted)",
     )
     import_zk = commands.add_parser(
         "import-zk",
@@ -206,6 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_line() -> str:
+    """``pidctl --version``: the version, which build runs (the request path compiled by
+    mypyc, or interpreted) and the Python running it."""
+    import platform
+
+    from pidctl.protocol import __version__
+    from pidctl.protocol.build import BUILD
+
+    how = "compiled by mypyc" if BUILD == "compiled" else "interpreted"
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    return f"pidctl {__version__} ({how}; {python})"
+
+
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     from pidctl.controller.settings import SETTING_NAMES
 
@@ -263,7 +284,10 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pidctl.controller.settings import check_advertised
+
     settings = _load_settings(args)[0]
+    check_advertised(settings)  # before anything is formatted or bound
     if settings.data_dir.exists() or not args.format_if_missing:
         return _run_server(args, settings)
     _format_new(settings, why=" (it did not exist; --format-if-missing)")
@@ -307,19 +331,29 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
 
 
 def _format(args: argparse.Namespace) -> int:
-    _format_new(_load_settings(args)[0], ignore_formatted=args.ignore_formatted)
+    settings = _load_settings(args)[0]
+    _format_new(settings, ignore_formatted=args.ignore_formatted, parents=args.parents)
     return 0
 
 
-def _format_new(settings: Any, *, ignore_formatted: bool = False, why: str = "") -> None:
+def _format_new(
+    settings: Any, *, ignore_formatted: bool = False, parents: bool = False, why: str = ""
+) -> None:
     """Format ``settings.data_dir``, saying so (and ``why``); raises what refused it (an
-    already formatted data dir too, unless ``ignore_formatted``)."""
+    already formatted data dir too, unless ``ignore_formatted``; one whose parent does not
+    exist, unless ``parents``)."""
     from pidctl.controller.core.records import new_cluster_id
     from pidctl.controller.log.formatting import AlreadyFormatted, format_data_dir
 
     cluster_id = settings.cluster_id or new_cluster_id()
     try:
-        format_data_dir(settings.data_dir, cluster_id, settings.node_id, time.time_ns() // 10**6)
+        format_data_dir(
+            settings.data_dir,
+            cluster_id,
+            settings.node_id,
+            time.time_ns() // 10**6,
+            parents=parents,
+        )
     except AlreadyFormatted as e:
         if not ignore_formatted:
             raise

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pidctl.controller.api.handlers import (
     DEFAULT_MAX_COORDINATOR_KEYS,
@@ -126,15 +126,23 @@ Parse = Callable[[Any], Any]
 
 
 def _setting(
-    default: Any, doc: str, unit: str = "", *, parse: Parse | None = None, secret: bool = False
+    default: Any,
+    doc: str,
+    unit: str = "",
+    *,
+    parse: Parse | None = None,
+    secret: bool = False,
+    reload: bool = False,
 ) -> Any:
     """A setting: its default, what it means, its unit, and how a raw value (a string from a
     flag or the environment, or a TOML value) becomes the setting's type; by default by the
-    default's type (an int must not be negative, a string is taken as it is)."""
+    default's type (an int must not be negative, a string is taken as it is). ``reload``:
+    a running server takes a new value on SIGHUP (``AppState.reload``); every other setting
+    takes a restart."""
     if parse is None:
         by_type: dict[type, Parse] = {int: NON_NEGATIVE, str: str, float: _number}
         parse = by_type[type(default)]
-    metadata = {"doc": doc, "unit": unit, "secret": secret, "parse": parse}
+    metadata = {"doc": doc, "unit": unit, "secret": secret, "parse": parse, "reload": reload}
     return field(default=default, metadata=metadata)
 
 
@@ -290,12 +298,14 @@ class Settings:
     listeners: str = _setting(
         "",
         "comma-separated PROTOCOL://HOST:PORT with PROTOCOL one of PLAINTEXT, SSL, "
-        "SASL_PLAINTEXT, SASL_SSL; replaces `listen` when set",
+        "SASL_PLAINTEXT, SASL_SSL; replaces `listen` when set; the first is advertised as "
+        "advertised_listener, the others as this host's name when on a wildcard address",
         parse=_listeners,
     )
     advertised_listener: HostPort | None = _setting(
         None,
-        "HOST:PORT given to clients in Metadata (default: the listen address)",
+        "HOST:PORT given to clients in Metadata and FindCoordinator, which they reconnect "
+        "to (default: the listen address; required when that is a wildcard, 0.0.0.0 or ::)",
         parse=_optional_address,
     )
     metrics_listen: HostPort = _setting(
@@ -303,11 +313,16 @@ class Settings:
         "HTTP for /metrics, /healthz and /readyz (HOST:PORT)",
         parse=_address,
     )
-    data_dir: Path = _setting(Path("pidctl-data"), "directory of the metadata log", parse=_path)
+    data_dir: Path = _setting(
+        Path("pidctl-data"),
+        "directory of the metadata log, made by `pidctl format` (serve refuses one that is not)",
+        parse=_path,
+    )
     node_id: int = _setting(1, "this controller's node id", parse=ANY_INTEGER)
     cluster_id: str | None = _setting(
         None,
-        "cluster id; generated at first start and stored in the log when unset",
+        "format: the new cluster's id (default: a random one); serve: must be the stored "
+        "one if set",
         parse=_optional_text,
     )
     first_producer_id: int = _setting(0, "lowest producer id this controller may grant")
@@ -318,7 +333,7 @@ class Settings:
         "",
         "where PIDs come from: empty = this controller alone; etcd://HOST:PORT[,HOST:PORT...]"
         "/PREFIX (etcds:// for TLS) = leases from a counter in etcd shared by a fleet of "
-        "controllers (docs/etcd.md)",
+        "controllers (docs/fleets.md)",
         parse=_pid_source,
     )
     pid_lease_size: int = _setting(
@@ -362,23 +377,28 @@ class Settings:
         parse=_mechanisms,
     )
     credentials_file: str = _setting(
-        "", "SCRAM credentials (salted, hashed) of SASL users; see `pidctl users`"
+        "",
+        "SCRAM credentials (salted, hashed) of SASL users; see `pidctl users`",
+        reload=True,
     )
     authorizer: str = _setting(
         "none",
         "none (everyone may do everything) or acl (the acls below, deny by default)",
         parse=_choice("none", "acl"),
+        reload=True,
     )
     super_users: str = _setting(
         "",
         "principals allowed everything, separated by ; as Kafka's super.users "
         "(User:CN=a,O=b;User:admin)",
+        reload=True,
     )
     acls: tuple[Acl, ...] = _setting(
         (),
         "ACLs: an array of tables in the config file (principal, operation, resource_type, "
         "resource_name, pattern_type, permission, host), or JSON in PIDCTL_ACLS",
         parse=_acls,
+        reload=True,
     )
     max_frame_bytes: int = _setting(
         DEFAULT_MAX_FRAME_BYTES,
@@ -726,6 +746,28 @@ def _check_together(settings: Settings) -> list[str]:
     return problems
 
 
+#: Hosts that bind every interface: a listener may listen on one, but no client can
+#: connect to it.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+
+def check_advertised(settings: Settings) -> None:
+    """``pidctl serve``'s check that clients are told an address they can connect to: Kafka
+    clients drop the bootstrap connection and reconnect to the address Metadata and
+    FindCoordinator give, so a first listener on a wildcard address needs an
+    ``advertised_listener``, as Kafka refuses to advertise 0.0.0.0. (Without one pidctl
+    would advertise this host's name, which a client outside a container cannot reach.)
+    Raises :class:`SettingsError` (exit 2) saying so."""
+    _, first = settings.listener_list[0]
+    if settings.advertised_listener is None and first.host in WILDCARD_HOSTS:
+        raise SettingsError(
+            f"advertised_listener: required when listening on the wildcard address {first} "
+            "(clients reconnect to the address pidctl advertises, and cannot connect to "
+            f"{first.host}): set --advertised-listener or PIDCTL_ADVERTISED_LISTENER to the "
+            "HOST:PORT clients reach, or listen on that host"
+        )
+
+
 def load_settings_with_sources(
     flags: Mapping[str, Any],
     environ: Mapping[str, str] = os.environ,
@@ -816,12 +858,31 @@ def _table_rows(items: tuple[Any, ...]) -> list[dict[str, Any]]:
     return rows
 
 
-def describe_settings() -> list[tuple[str, str, str, str]]:
-    """(name, default, unit, doc) for every setting, for --help and the docs."""
-    rows = []
-    for f in dataclasses.fields(Settings):
-        default = f.default
-        rows.append(
-            (f.name, "" if default is None else str(default), f.metadata["unit"], f.metadata["doc"])
+class SettingDoc(NamedTuple):
+    """What --help and docs/configuration.md say of one setting."""
+
+    name: str
+    default: str
+    unit: str
+    doc: str
+    secret: bool
+    reloadable: bool
+
+
+def describe_settings() -> list[SettingDoc]:
+    """Every setting in the order ``Settings`` declares them, for --help and the docs."""
+    return [
+        SettingDoc(
+            f.name,
+            "" if f.default is None else str(f.default),
+            f.metadata["unit"],
+            f.metadata["doc"],
+            f.metadata["secret"],
+            f.metadata["reload"],
         )
-    return rows
+        for f in dataclasses.fields(Settings)
+    ]
+
+
+#: The settings a running server takes anew on SIGHUP; the others take a restart.
+RELOADABLE_SETTINGS = frozenset(d.name for d in describe_settings() if d.reloadable)

@@ -10,7 +10,7 @@ what mypyc compiles, and an installed pidctl without the extensions runs it as i
 
 Why: the benchmarks (issue 34) put each request's cost in Python's interpretation of our own
 code (dispatch, attribute lookups, the objects of every step): compiled, a request costs
-30-45 % fewer instructions (docs/bench-request-path.md). It is built from the checkout by
+30-45 % fewer instructions (docs/design-decisions.md). It is built from the checkout by
 the tests (``ops/dev.sh test``), the benchmarks and the Docker image, so what is tested and
 measured is what ships.
 
@@ -59,7 +59,7 @@ PACKAGES = {
 #: other goes through a table and is never inlined; the split (the decisions, the log and
 #: the metrics; the wire and the server around them) cost a transactional InitProducerId
 #: 0.6 % more instructions (the compiled code's share 8.8 % -> 9.4 %), well inside the
-#: spread of instructions per request (docs/bench-request-path.md).
+#: spread of instructions per request (docs/design-decisions.md).
 GROUPS = {
     "pidctl_state": ("controller/core", "controller/log", "controller/server/telemetry"),
     "pidctl_wire": (

@@ -6,7 +6,12 @@
 #                              in TEST_WORKERS processes (default 2; pytest-xdist; 0: one); a
 #                              `serve` running beside it must be left alone (TEST_USER_SERVER=
 #                              start: it plays one on the default ports, on a machine of its own)
+#   ops/dev.sh quick [ARGS]    the quick tier: lint, type-check and the unit tests that start no
+#                              JVM or database, interpreted, in TEST_WORKERS processes (ARGS:
+#                              pytest's, paths included; default: the tier's folders)
 #   ops/dev.sh bench [ARGS]    the benchmark suite against its baselines (ARGS go to the suite)
+#   ops/dev.sh demo [ARGS]     Spark's Kafka sink and pidctl-kafka side by side, an executor
+#                              killed mid-write: rows and duplicates of each (python -m ops.demo)
 #   ops/dev.sh fetch           fetch Apache Kafka's jars from Maven Central (test and bench do it)
 set -euo pipefail
 
@@ -170,11 +175,31 @@ case "$command" in
         run_pytest "$@" || status=$?
         exit "$status"
         ;;
+    quick)
+        # No Debian packages, jars or compile: the venv, then the tests of the sources as they
+        # are that need nothing but pidctl (and etcd, for the fleet's unit tests, if present).
+        ensure_venv "[test]"
+        cd "$root"
+        "$venv/bin/ruff" check .
+        "$venv/bin/ruff" format --check .
+        type_check
+        if [[ $# -eq 0 ]]; then
+            set -- tests/controller tests/protocol tests/ops/broker tests/ops/test_compiled.py \
+                tests/test_architecture.py tests/test_docs.py -m "not slow"
+        fi
+        TEST_BUILD=interpreted run_pytest "$@"
+        ;;
     bench)
         ensure_test_machine
         cd "$root"
         fetch_jars
         exec "$venv/bin/python" -m ops.bench.suite "$@"
+        ;;
+    demo)
+        ensure_test_machine
+        cd "$root"
+        fetch_jars
+        exec "$venv/bin/python" -m ops.demo "$@"
         ;;
     fetch)
         ensure_test_machine
@@ -182,7 +207,7 @@ case "$command" in
         fetch_jars
         ;;
     *)
-        echo "usage: ops/dev.sh serve [FLAGS] | test [PYTEST ARGS] | bench [ARGS] | fetch" >&2
+        echo "usage: ops/dev.sh serve [FLAGS] | quick [PYTEST ARGS] | test [PYTEST ARGS] | bench [ARGS] | demo | fetch" >&2
         exit 2
         ;;
 esac

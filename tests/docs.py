@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +79,58 @@ def moved(text: str, moves: Mapping[str, str]) -> str:
     left = sorted({m.group(0) for m in _DEFAULT_PORT.finditer(text)})
     assert not left, f"a default port is left in a block the test runs: {left}\n{text}"
     return text
+
+
+#: The user documents: what a user reads. They carry no commit hash, issue number, notes of a
+#: working session or dates of runs (tests/test_docs.py): those are git's.
+USER_DOCUMENTS = (*DOCUMENTS, "CHANGELOG.md", "CONTRIBUTING.md")
+
+_HEX = re.compile(r"(?<![\w./-])[0-9a-f]{7,40}(?![\w/-])")
+_NOTES = (
+    re.compile(r"\b(?:issues?|PR|pull request) ?#?\d+\b", re.I),
+    re.compile(r"(?<![\w&/(])#\d+\b"),
+    re.compile(
+        r"\b(?:this|that|last|next|previous|earlier|working|(?:fir|seco|thi|four|fif|six|seven|"
+        r"eigh|nin|ten|eleven|twelf)\w*) session\b",
+        re.I,
+    ),
+    re.compile(r"\b(?:slow|fast|busy|quiet|slower|faster) hour\b", re.I),
+    re.compile(r"\b(?:this|the last|the next) round\b|\bround before\b", re.I),
+    re.compile(r"\bhelpers?\b.{0,40}\b(?:ran|running|suites?|valgrind)\b|\bthe lead\b", re.I),
+    re.compile(r"(?<![\w'-])20\d\d-[01]\d-[0-3]\d(?![T\d])"),  # a day, not a timestamp's
+)
+
+
+def working_notes(text: str, is_commit: Callable[[str], bool]) -> list[str]:
+    """What in ``text`` is a commit hash (a hex word of 7 or more characters with a digit
+    and a letter, or one ``is_commit`` knows), an issue number, a working session's word or
+    a run's date."""
+    found = []
+    for match in _HEX.finditer(text):
+        word = match.group(0)
+        mixed = any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+        if mixed or is_commit(word):
+            found.append(word)
+    for pattern in _NOTES:
+        found += [m.group(0) for m in pattern.finditer(text)]
+    return found
+
+
+_SPAN = re.compile(r"`([^`\n]+)`")
+_COMMAND = re.compile(r"(?:^|[\s/(])pidctl((?:\s+[a-z][\w-]*)+)([^|;&`\n]*)")
+
+
+def pidctl_commands(document: str) -> list[tuple[list[str], list[str]]]:
+    """Every ``pidctl`` command named in ``document``, in a code span or a shell block: its
+    leading words (the command and any subcommand, and maybe words that follow) and the
+    ``--flags`` it names."""
+    text = (ROOT / document).read_text()
+    sources = [m.group(1) for m in _SPAN.finditer(text)]
+    sources += [line for b in blocks(document) if b.language == "sh" for line in commands(b.text)]
+    found = []
+    for source in sources:
+        for match in _COMMAND.finditer(source):
+            words = match.group(1).split()
+            rest = match.group(1) + match.group(2)
+            found.append((words, re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest)))
+    return found

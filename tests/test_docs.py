@@ -5,6 +5,7 @@ A new block fails :func:`test_every_block_is_run_or_says_why_not` until it is li
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import functools
@@ -24,11 +25,14 @@ import pytest
 import trustme
 from kazoo.client import KazooClient
 
+from ops import configuration_doc
 from ops.testing.coordination import EtcdProcess, ZooKeeperProcess, free_port
 from ops.testing.serverproc import ServerProcess, add_sasl_user, stored_cluster_id, wait_until
 from pidctl.client import SyncClient
+from pidctl.controller.cli import build_parser
 from pidctl.controller.core.acl import Authorizer, parse_acl
 from pidctl.controller.core.records import RECORD_TYPES
+from pidctl.controller.settings import SETTING_NAMES
 from pidctl.protocol import requests
 from tests import docs
 
@@ -46,108 +50,76 @@ def not_run(reason: str) -> str:
 
 #: Every block of the README and docs/, by (file, heading above it, its number there).
 BLOCKS = {
-    ("README.md", "Set-up: two commands", 0): run_by(
-        "tests/e2e/test_operations.py::test_readme_command_serves_metrics_and_readiness"
-        " (`ops/dev.sh serve`; and ops/testing/user_server.py beside a run); its second"
-        " command, `ops/dev.sh test`, is this suite"
+    ("README.md", "Install", 0): run_by(
+        "tests/test_release.py::release (the fixture every test of that module uses)"
+        " and tests/test_release.py::test_the_installed_wheel_says_which_build_it_is"
     ),
+    ("README.md", "Install", 1): run_by(
+        "tests/e2e/test_operations.py::test_dockerfile_entrypoint_outside_docker (no Docker"
+        " engine here: the image's ENV, ENTRYPOINT and CMD with each `docker run`'s -e and"
+        " arguments, the volume a folder, the ports free ones)"
+    ),
+    ("README.md", "Install", 2): not_run(
+        "no Kubernetes here: tests/ops/test_deploy.py runs each manifest's containers as"
+        " Kubernetes would (the format Job, then the StatefulSet's pod and its probes)"
+    ),
+    ("README.md", "Run", 0): run_by("tests/test_docs.py::test_run_as_written"),
     ("README.md", "Quick start", 0): run_by("tests/test_docs.py::test_quick_start_as_written"),
     ("README.md", "Quick start", 1): run_by("tests/test_docs.py::test_quick_start_as_written"),
-    ("README.md", "Security", 0): run_by(
+    ("README.md", "Exactly once you can watch", 0): run_by(
+        "tests/ops/test_demo.py::test_the_demo_shows_spark_duplicating_and_pidctl_kafka_not"
+    ),
+    ("README.md", "Exactly once you can watch", 1): run_by(
+        "tests/ops/test_demo.py::test_the_demo_shows_spark_duplicating_and_pidctl_kafka_not"
+        " (the demo's output, its counts as measured)"
+    ),
+    ("README.md", "Spark, exactly once", 0): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+    ("README.md", "Spark, exactly once", 1): run_by(
+        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
+        " (in the test session's SparkSession)"
+    ),
+    ("docs/getting-started.md", "From a checkout", 0): run_by(
+        "tests/test_docs.py::dev_server (the fixture of test_quick_start_as_written)"
+    ),
+    ("docs/getting-started.md", "The audit trail", 0): run_by(
+        "tests/test_docs.py::test_quick_start_as_written (on the quick start's data dir)"
+    ),
+    ("docs/configuration.md", "Configuration", 0): run_by(
+        "tests/test_docs.py::test_config_show_as_written"
+    ),
+    ("docs/operations.md", "Kubernetes", 0): not_run(
+        "no Kubernetes here: tests/ops/test_deploy.py runs each manifest's containers as"
+        " Kubernetes would (the format Job, then the StatefulSet's pod and its probes)"
+    ),
+    ("docs/security.md", "Security", 0): run_by(
         "tests/test_docs.py::test_the_security_configuration_as_written"
     ),
     ("docs/job-allocations.md", "Owners and ACLs", 0): run_by(
         "tests/test_docs.py::test_the_app_id_acl_as_written"
     ),
-    ("README.md", "Faults: what the log promises", 0): not_run(
-        "the campaign of 1,000 SIGKILLs and 100 faults takes 30-40 minutes; each kind of fault"
-        " it makes is a test of tests/e2e/test_storage_faults.py and test_crash.py"
+    ("docs/durability.md", "Durability: what the log promises under faults", 0): not_run(
+        "the campaign at its defaults takes about an hour; each kind of fault it makes is a"
+        " test of tests/e2e/test_storage_faults.py and test_crash.py, and a small campaign"
+        " runs in tests/ops/test_bench.py::test_a_small_fault_campaign_finds_nothing_lost"
     ),
-    ("README.md", "Operations", 0): not_run(
-        "no Docker engine here; the image's ENV, ENTRYPOINT, CMD, HEALTHCHECK and the"
-        " `format` step run in tests/e2e/test_operations.py::"
-        "test_dockerfile_entrypoint_outside_docker"
-    ),
-    ("README.md", "A fleet of controllers (etcd)", 0): run_by(
+    ("docs/fleets.md", "Running a fleet", 0): run_by(
         "tests/test_docs.py::test_the_fleet_and_the_import_as_written"
     ),
-    ("README.md", "A fleet of controllers (etcd)", 1): run_by(
+    ("docs/fleets.md", "Migrating from ZooKeeper (KIP-730)", 0): run_by(
         "tests/test_docs.py::test_the_fleet_and_the_import_as_written"
     ),
-    ("README.md", "Spark (`ops/spark/`)", 0): run_by(
-        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
-    ),
-    ("README.md", "Spark (`ops/spark/`)", 1): run_by(
-        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
-    ),
-    ("README.md", "Spark (`ops/spark/`)", 2): run_by(
-        "tests/ops/spark/test_stream.py::test_the_streaming_example_runs_as_written"
-    ),
-    ("README.md", "Spark (`ops/spark/`)", 3): run_by(
-        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
-    ),
-    ("README.md", "Spark to Kafka, exactly once (`pidctl-kafka`)", 0): run_by(
-        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
-        " (in the test session's SparkSession)"
-    ),
-    ("docs/spark-kafka.md", "Using it", 0): run_by(
-        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
-        " (in the test session's SparkSession)"
-    ),
-    ("README.md", "The broker side (`ops/broker/`)", 0): run_by(
+    ("docs/fleets.md", "Transactions", 0): not_run("the shape of an etcd transaction, not code"),
+    ("docs/broker-library.md", "The broker library (`pidctl.broker`)", 0): run_by(
         "tests/test_docs.py::test_the_broker_side_example_as_written"
     ),
-    ("README.md", "Benchmarks", 0): not_run(
-        "the benchmark suite takes about 5 minutes at full load; its scenarios' code runs in"
-        " tests/ops/test_bench.py"
+    ("docs/clients.md", "Reading the producer id", 0): not_run("a log line, not code"),
+    ("docs/benchmarks.md", "Running them", 0): not_run(
+        "benchmark runs of minutes each (every row about 15 minutes); each row runs in the"
+        " suite's short mode in tests/ops/test_bench.py::"
+        "test_suite_short_mode_reports_every_ratio_row"
     ),
-    ("README.md", "Benchmarks", 1): not_run("benchmark runs of minutes each (as above)"),
-    ("README.md", "Against Apache Kafka 4.4.0", 0): not_run(
-        "the rows against Kafka take about 40 minutes at full size; tests/ops/bench/test_kafka.py"
-        " runs every one of them in the short mode"
-    ),
-    ("docs/bench-kafka.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
-    ("docs/bench-request-path.md", "Rows", 0): not_run("benchmark runs (as the README's)"),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-27, later: the baselines as installed, without hypothesis (dfef753)",
-        0,
-    ): not_run("benchmark runs (as the README's)"),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-27, a quiet machine: the hot requests read by `struct` (0ec74dd)",
-        0,
-    ): not_run("benchmark runs (as the README's)"),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-26, a quiet machine: before (41d8299) and after (e5f1e05) the idempotent runs",
-        0,
-    ): not_run("benchmark runs (as the README's)"),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-25, a saturated machine (at 900b64d)",
-        0,
-    ): not_run("benchmark runs (as the README's)"),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-25, memory per transactional id (6c3a4e1)",
-        0,
-    ): not_run("benchmark runs (as the README's)"),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-25, instructions on the durable rows (e86256e)",
-        0,
-    ): not_run("9 minutes under valgrind; tests/ops/bench/test_instructions.py runs a row of it"),
-    ("docs/bench-request-path.md", "Instructions per request (callgrind)", 0): not_run(
-        "9 minutes under valgrind; tests/ops/bench/test_instructions.py runs a row of it"
-    ),
-    (
-        "docs/bench-request-path.md",
-        "2026-11-24, later, at aa4e1c1 (the same server, a faster hour)",
-        0,
-    ): not_run("benchmark runs (as the README's)"),
-    ("docs/etcd.md", "Transactions", 0): not_run("the shape of an etcd transaction, not code"),
-    ("docs/java-clients.md", "Reading the producer id", 0): not_run("a log line, not code"),
     ("docs/kafka-conformance.md", "How it is checked", 0): not_run(
         "it re-records the golden files in the checkout, with a Kafka node of its own; the"
         " same replay against Kafka runs in tests/ops/testing/test_conformance_live.py::"
@@ -193,6 +165,20 @@ BLOCKS = {
     ("docs/spark-kafka.md", "Design", 0): run_by(
         "tests/test_docs.py::test_configuration_fragments_load"
     ),
+    ("docs/spark-kafka.md", "Using it", 0): run_by(
+        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
+        " (in the test session's SparkSession)"
+    ),
+    ("docs/spark-sink.md", 'The exactly-once SQL sink (`write_sql`, `format("pidctl-sql")`)', 0): (
+        run_by("tests/ops/spark/test_write.py::test_the_documented_write_runs_as_written")
+    ),
+    ("docs/spark-sink.md", "Producer ids for a whole job, fetched once by the driver", 0): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+    ("docs/spark-sink.md", "The table's columns, checked on the driver", 0): not_run(
+        "an error message, reproduced by tests/ops/spark/test_sink_cluster.py::"
+        "test_schema_problems_are_named_before_any_task"
+    ),
     ("docs/spark-sink.md", "Idempotent re-runs: `txnAppId` and `txnVersion`", 0): run_by(
         "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
     ),
@@ -200,16 +186,13 @@ BLOCKS = {
         "an error message, reproduced by tests/ops/spark/test_sink_cluster.py::"
         "test_a_lower_version_losing_a_race_fails_naming_the_winner"
     ),
-    (
-        "docs/spark-sink.md",
-        'The exactly-once SQL sink (`write_sql`, `format("pidctl-sql")`)',
-        0,
-    ): run_by("tests/ops/spark/test_write.py::test_the_documented_write_runs_as_written"),
-    ("docs/spark-sink.md", "The table's columns, checked on the driver", 0): not_run(
-        "an error message, reproduced by tests/ops/spark/test_sink_cluster.py::"
-        "test_schema_problems_are_named_before_any_task"
+    ("docs/spark-sink.md", "Structured Streaming", 0): run_by(
+        "tests/ops/spark/test_stream.py::test_the_streaming_example_runs_as_written"
     ),
-    ("README.md", "Spark (`ops/spark/`)", 4): not_run(
+    ("docs/spark-sink.md", "The metadata log as a DataFrame", 0): run_by(
+        "tests/ops/spark/test_readme_examples.py::test_the_examples_run_as_written"
+    ),
+    ("docs/spark-sink.md", "Against Spark's own JDBC sink", 0): not_run(
         "benchmark runs of minutes each on a two-worker cluster; the same job, small, runs in"
         " tests/ops/spark/test_sink_cluster.py::test_the_benchmark_against_spark_jdbc_runs"
     ),
@@ -334,10 +317,31 @@ def test_quick_start_as_written(dev_server: tuple[str, str], tmp_path: Path) -> 
     assert first.stdout.strip() == printed.group(1)
     again = _shell(".venv/bin/python producer.py", tmp_path)
     assert again.stdout.strip() == printed.group(1).replace("epoch=0", "epoch=1")
+    # docs/getting-started.md's audit trail, on the data dir the quick start made (the
+    # report: Spark SQL over the log, with one broker's grant and the pool's).
+    trail = docs.commands(docs.block("docs/getting-started.md", "The audit trail", 0))
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYSPARK")}
+    env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
+    outputs: list[str] = []
+    for line in trail:
+        done = subprocess.run(
+            ["bash", "-c", line],
+            cwd=tmp_path,
+            env={**env, "PATH": f"{VENV_BIN}:{env['PATH']}"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, (line, done.stderr[-3000:])
+        outputs.append(done.stdout)
+    summary, verified, report = outputs
+    assert re.search(r"broker 1\b.*1 block", summary), summary
+    assert "ok" in verified.lower(), verified
+    assert "# When does the range run out?" in report and "NULL" in report, report
 
 
 def test_the_security_configuration_as_written(tmp_path: Path) -> None:
-    """The README's production configuration, with its files made here (a CA, the server's
+    """docs/security.md's production configuration, with its files made here (a CA, the server's
     certificate, a user) and its listeners on free ports: the server starts on both, and
     `config show` of it loads back as the same settings."""
     ca = trustme.CA()
@@ -352,18 +356,19 @@ def test_the_security_configuration_as_written(tmp_path: Path) -> None:
     cert.private_key_pem.write_to_path(str(files["/etc/pidctl/server.key"]))
     ca.cert_pem.write_to_path(str(files["/etc/pidctl/ca.pem"]))
     add_sasl_user(files["/etc/pidctl/users.json"], "admin", "admin-secret")
-    text = docs.block("README.md", "Security", 0)
+    text = docs.block("docs/security.md", "Security", 0)
     for written, made in files.items():
         text = text.replace(written, str(made))
     sasl_ssl, ssl = free_port(), free_port()
     text = text.replace("0.0.0.0:9094", f"127.0.0.1:{sasl_ssl}")
     text = text.replace("0.0.0.0:9095", f"127.0.0.1:{ssl}")
+    text = text.replace("pidctl-1.example.com:9094", f"pidctl-1.example.com:{sasl_ssl}")
     assert "/etc/pidctl" not in text and "0.0.0.0" not in text
     config = tmp_path / "pidctl.toml"
     config.write_text(text)
     with ServerProcess(tmp_path / "d", "--config", str(config)) as server:
-        assert server.event("listening")["listeners"] == [
-            f"SASL_SSL://127.0.0.1:{sasl_ssl}",
+        assert server.event("listening")["listeners"] == [  # as advertised
+            f"SASL_SSL://pidctl-1.example.com:{sasl_ssl}",
             f"SSL://127.0.0.1:{ssl}",
         ]
     shown = subprocess.run(
@@ -402,7 +407,7 @@ def test_configuration_fragments_load(tmp_path: Path) -> None:
 
 
 def test_the_broker_side_example_as_written(tmp_path: Path) -> None:
-    example = docs.block("README.md", "The broker side (`ops/broker/`)", 0)
+    example = docs.block("docs/broker-library.md", "The broker library (`pidctl.broker`)", 0)
     (tmp_path / "example.py").write_text(example)
     (tmp_path / ".venv").symlink_to(VENV_BIN.parent)
     done = _shell(".venv/bin/python example.py", tmp_path)
@@ -436,9 +441,11 @@ def test_the_fleet_and_the_import_as_written(etcd: EtcdProcess, tmp_path: Path) 
     def moved(text: str) -> str:
         return docs.moved(text, moves)
 
-    fleet = docs.commands(moved(docs.block("README.md", "A fleet of controllers (etcd)", 0)))
+    fleet = docs.commands(moved(docs.block("docs/fleets.md", "Running a fleet", 0)))
     formats, serves = fleet[0], fleet[1:]
     assert _shell(formats, tmp_path).returncode == 0
+    # One cluster: a broker moving between the controllers keeps its cluster id.
+    assert stored_cluster_id(tmp_path / "c1") == stored_cluster_id(tmp_path / "c2")
     env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
     servers = [
         subprocess.Popen(
@@ -471,7 +478,9 @@ def test_the_fleet_and_the_import_as_written(etcd: EtcdProcess, tmp_path: Path) 
     with ZooKeeperProcess(tmp_path / "zk") as zookeeper:
         _block_of(zookeeper, 9_000_000, 9_000_999)
         moves["zk-1:2181"] = zookeeper.hosts
-        imports = docs.commands(moved(docs.block("README.md", "A fleet of controllers (etcd)", 1)))
+        imports = docs.commands(
+            moved(docs.block("docs/fleets.md", "Migrating from ZooKeeper (KIP-730)", 0))
+        )
         for line in imports:
             done = _shell(line, tmp_path)
             assert done.returncode == 0, (line, done.stderr)
@@ -492,3 +501,190 @@ def test_the_app_id_acl_as_written() -> None:
     assert authorizer.authorize("User:etl", "Write", "AppId", "etl-orders")
     assert not authorizer.authorize("User:etl", "Write", "AppId", "orders")
     assert not authorizer.authorize("User:other", "Write", "AppId", "etl-orders")
+
+
+def _is_commit(word: str) -> bool:
+    """Whether ``word`` names a commit of this repository (when it is a git checkout)."""
+    found = subprocess.run(
+        ["git", "rev-parse", "--quiet", "--verify", f"{word}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+    )
+    return found.returncode == 0
+
+
+def test_user_documents_carry_no_working_notes() -> None:
+    """No commit hash, issue number, working session's word or run's date in the README,
+    docs/, the changelog or CONTRIBUTING.md: the history is git's."""
+    found = {
+        document: notes
+        for document in docs.USER_DOCUMENTS
+        if (notes := docs.working_notes((ROOT / document).read_text(), _is_commit))
+    }
+    assert found == {}
+
+
+def test_working_notes_are_recognised() -> None:
+    """The check above can fail: each kind it looks for, and what it leaves alone."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    for note in (
+        "at 1212607 and e73ee6f",
+        "issue 34's goals",
+        "issues 17 and 34",
+        "see #12",
+        "this session",
+        "an eleventh session",
+        "in a slow hour",
+        "this round",
+        "while other helpers ran their suites",
+        "2026-11-27, the suite alone",
+        *([f"built at {head}"] if head else []),
+    ):
+        assert docs.working_notes(note, _is_commit), note
+    for fine in (
+        "KIP-730",
+        "KAFKA-12207",
+        "a broker's session timeout",
+        "SparkSession",
+        "--since 2026-11-01T00:00:00Z",
+        "TEXT (`'2024-02-29'`)",
+        "cluster id c0ffee",
+        "first_producer_id = 4611686018427387904",
+        "[the list](#what-pidctl-answers-api-by-api)",
+    ):
+        assert docs.working_notes(fine, lambda word: False) == [], fine
+
+
+def test_the_configuration_reference_is_generated_from_the_settings() -> None:
+    """docs/configuration.md's table is what `python -m ops.configuration_doc` writes from
+    Settings: a setting added, removed or redocumented without it fails here."""
+    page = configuration_doc.PAGE.read_text()
+    assert configuration_doc.generated(page) == page, (
+        "docs/configuration.md is stale: run python -m ops.configuration_doc"
+    )
+    for name in SETTING_NAMES:
+        assert f"| `{name}` |" in page
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_every_pidctl_command_named_parses() -> None:
+    """Every `pidctl ...` in a code span or a shell block of the README and docs/ names a
+    command that exists, and only flags that command has."""
+    problems = []
+    for document in docs.DOCUMENTS:
+        for words, flags in docs.pidctl_commands(document):
+            parser, named = build_parser(), ["pidctl"]
+            for word in words:
+                commands = _subcommands(parser)
+                if not commands:
+                    break
+                if word not in commands:
+                    problems.append(f"{document}: {' '.join(named)} has no command {word!r}")
+                    break
+                parser = commands[word]
+                named.append(word)
+            options = {o for action in parser._actions for o in action.option_strings}
+            problems += [
+                f"{document}: {' '.join(named)} has no {flag}"
+                for flag in flags
+                if flag not in options
+            ]
+    assert problems == []
+
+
+def test_run_as_written(tmp_path: Path) -> None:
+    """The README's `format` and `serve`, the data dir in the test's folder and the ports
+    free ones: it formats (its parents made), serves on the wildcard address, and tells
+    clients the advertised address, not its own."""
+    port, metrics = free_port(), free_port()
+    moves = {
+        "/var/lib/pidctl": str(tmp_path / "var" / "lib" / "pidctl"),
+        "0.0.0.0:9093": f"0.0.0.0:{port}",
+        "pidctl-1.example.com:9093": f"pidctl-1.example.com:{port}",
+        "0.0.0.0:9464": f"127.0.0.1:{metrics}",
+    }
+    formats, serves = docs.commands(docs.moved(docs.block("README.md", "Run", 0), moves))
+    done = _shell(formats, tmp_path)
+    assert done.returncode == 0, done.stderr
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    server = subprocess.Popen(
+        shlex.split(serves), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until(functools.partial(_listening, port), "the README's server")
+        with SyncClient(f"127.0.0.1:{port}") as client:
+            [node] = client.request(requests.metadata([])).brokers
+        assert (node.host, node.port) == ("pidctl-1.example.com", port)
+    finally:
+        server.terminate()
+        assert server.wait(30) == 0
+    # The same serve without the advertised address is refused, saying why.
+    bare = re.sub(r"--advertised-listener \S+ ", "", serves)
+    refused = _shell(bare, tmp_path)
+    assert refused.returncode == 2 and "advertised_listener: required" in refused.stderr
+
+
+def test_config_show_as_written(tmp_path: Path) -> None:
+    """docs/configuration.md's `config show` on a file of the page's own example."""
+    (tmp_path / "pidctl.toml").write_text("max_frame_bytes = 65536\n")
+    [line] = docs.commands(docs.block("docs/configuration.md", "Configuration", 0))
+    shown = _shell(line, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "max_frame_bytes = 65536  # pidctl.toml: max_frame_bytes" in shown.stdout
+    assert 'listen = "127.0.0.1:9093"  # default' in shown.stdout
+
+
+def test_every_relative_link_resolves() -> None:
+    """A link of the user documents to a file of the checkout names one that exists."""
+    broken = []
+    for document in (*docs.USER_DOCUMENTS, "ARCHITECTURE.md"):
+        page = ROOT / document
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and "://" not in path and not (page.parent / path).exists():
+                broken.append(f"{document}: {target}")
+    # Pages named in the text (and in the code's comments) too.
+    for path in [*docs.USER_DOCUMENTS, "ARCHITECTURE.md", *_sources()]:
+        for named in re.findall(r"(?<![\w/.-])docs/[\w.-]+\.md", (ROOT / path).read_text()):
+            if not (ROOT / named).exists():
+                broken.append(f"{path}: {named}")
+    assert broken == []
+
+
+def _sources() -> list[str]:
+    """The checkout's Python files and deployment assets, relative to it."""
+    folders = ("controller", "protocol", "ops", "tests")
+    return [
+        str(path.relative_to(ROOT))
+        for folder in folders
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".yaml", ".yml", ".sh") and "__pycache__" not in path.parts
+    ] + ["Dockerfile", "pyproject.toml", "setup.py"]
+
+
+def test_every_benchmark_row_named_exists() -> None:
+    """Every `python -m ops.bench.suite ... --only ROWS` in the README and docs/ (the
+    headline figures' commands among them) names rows the suite has."""
+    from ops.bench import suite
+
+    named = [
+        (document, match.group(1))
+        for document in docs.DOCUMENTS
+        for match in re.finditer(
+            r"ops\.bench\.suite\b[^`\n|]*?--only[ =]([\w,.-]+)", (ROOT / document).read_text()
+        )
+    ]
+    assert any(document == "README.md" for document, _ in named)
+    for document, rows in named:
+        try:
+            suite._only(rows)
+        except argparse.ArgumentTypeError as e:
+            raise AssertionError(f"{document}: {e}") from None

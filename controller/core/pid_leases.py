@@ -1,5 +1,5 @@
 """Leases: the ranges a controller of a fleet took from the PID counter it shares (etcd,
-``docs/etcd.md``), and grants only from (pure; the lease keeper does the I/O).
+``docs/fleets.md``), and grants only from (pure; the lease keeper does the I/O).
 
 Each lease is recorded in the log (:class:`ProducerIdsLeased`) before any PID of it is
 granted; grants come from the first lease with room for a block, and a lease whose rest is

@@ -157,7 +157,7 @@ class ControllerStarted:
 @dataclass(frozen=True, slots=True)
 class ProducerIdsLeased:
     """A range ``[first_producer_id, next_producer_id)`` leased from the PID source shared
-    with other controllers (etcd, see ``docs/etcd.md``), recorded before any of it is granted.
+    with other controllers (etcd, see ``docs/fleets.md``), recorded before any of it is granted.
 
     ``revision`` is the etcd revision of the compare-and-swap that took the range.
     """

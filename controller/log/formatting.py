@@ -105,17 +105,30 @@ def state_written_at(data_dir: Path, snapshot_offset: int) -> float | None:
     return first[0].timestamp_ms / 1000 if first else None
 
 
-def format_data_dir(data_dir: Path, cluster_id: str, node_id: int, now_ms: int) -> None:
+def format_data_dir(
+    data_dir: Path, cluster_id: str, node_id: int, now_ms: int, *, parents: bool = False
+) -> None:
     """Create ``data_dir`` (if missing) with a metadata log whose first record is
     ``ClusterCreated(cluster_id, node_id)``, durably. Refuses a formatted data dir
-    (:class:`AlreadyFormatted`) and a directory holding anything else
-    (:class:`FormatRefused`); raises ``DataDirLocked`` if a process holds it."""
+    (:class:`AlreadyFormatted`), a directory holding anything else and, unless ``parents``,
+    a data dir whose parent does not exist (:class:`FormatRefused`); raises
+    ``DataDirLocked`` if a process holds it."""
     if data_dir.exists() and not data_dir.is_dir():
         raise FormatRefused(f"{data_dir} is not a directory")
     created = not data_dir.exists()
     if not created:
         _check_new(data_dir)
+    missing = _missing_ancestors(data_dir)
+    if missing and not parents:
+        # A typo in an absolute path (/var/lib/pidtcl/data) or a volume not mounted: making
+        # the directories would start a new cluster somewhere nobody looks.
+        raise FormatRefused(
+            f"{missing[-1]} does not exist: check the path (a typo, a volume not mounted), "
+            "or pass --parents to create it"
+        )
     data_dir.mkdir(parents=True, exist_ok=True)
+    for made in reversed(missing):  # each new directory's entry in its parent, outermost first
+        fsync_dir(made.resolve().parent)
     if created:
         fsync_dir(data_dir.resolve().parent)
     lock_fd = lock_data_dir(data_dir)
@@ -136,6 +149,16 @@ def format_data_dir(data_dir: Path, cluster_id: str, node_id: int, now_ms: int) 
         fsync_dir(data_dir)
     finally:
         os.close(lock_fd)
+
+
+def _missing_ancestors(data_dir: Path) -> list[Path]:
+    """The directories above ``data_dir`` that do not exist, nearest first."""
+    missing = []
+    parent = data_dir.absolute().parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    return missing
 
 
 def _check_new(data_dir: Path) -> None:

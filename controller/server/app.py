@@ -50,6 +50,7 @@ from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.build import BUILD
 
 log = structlog.get_logger("pidctl.server")
 
@@ -557,6 +558,7 @@ def log_start(settings: Settings) -> None:
     log.info(
         "pidctl starting",
         version=__version__,
+        build=BUILD,
         pid=os.getpid(),
         node_id=settings.node_id,
         data_dir=str(Path(settings.data_dir).resolve()),

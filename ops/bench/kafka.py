@@ -1,6 +1,6 @@
 """Rows against Apache Kafka itself (issue 32): pidctl and a Kafka broker, on the same machine,
 loaded by the same compiled generator (``ops/bench/loadgen.c``) in the same run, in turns.
-docs/bench-kafka.md has the figures and where the time goes.
+docs/benchmarks.md has the method and the figures; docs/design-decisions.md where the time goes.
 
     python -m ops.bench.suite --rounds 5 --only kafka-idempotent-16x1,\\
         kafka-transactional-16x1,kafka-transactional-flushed-16x1,kafka-allocate-durable-16x1,\\

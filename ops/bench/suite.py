@@ -264,7 +264,7 @@ def probed_load(
     (``ops/bench/stalls.py``): the machine's stops, which hold every request in flight, are
     reported with the latencies. The latencies and the rate are the first window's: the
     probe, a process waking a thousand times a second on the same two cores, raised the
-    durable row's p99 by 0.3-0.4 ms beside it (alternated rounds, docs/bench-request-path.md).
+    durable row's p99 by 0.3-0.4 ms beside it (alternated rounds, docs/design-decisions.md).
     Also the server's CPU time over the measured window, per request (its efficiency,
     steadier than a rate on a machine whose speed varies from hour to hour) and as a share
     of one core (whether it was the limit), with the load generator's own share and the

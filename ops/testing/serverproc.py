@@ -155,7 +155,8 @@ def format_data_dir(data_dir: Path, *settings: str, env: dict[str, str] | None =
 
     environ = {**os.environ, **(env or {})}
     with contextlib.redirect_stdout(io.StringIO()) as said:
-        status = main(["format", *settings, "--data-dir", str(data_dir)], environ)
+        # --parents: a test's data dir may sit in folders of its own not made yet.
+        status = main(["format", *settings, "--parents", "--data-dir", str(data_dir)], environ)
     assert status == 0, f"pidctl format {data_dir}: exit {status}; {said.getvalue()}"
 
 

@@ -5,7 +5,9 @@ and 127.0.0.2, so that speculation has another host to copy a task to). Each run
 fresh topic and counts its rows by their unique id with a real consumer.
 
 Faults (joined with ``+`` to combine, e.g. ``executor+speculation``): ``none``; ``executor``
-(SIGKILL an executor JVM once part of the rows are in Kafka);
+(SIGKILL an executor JVM once part of the rows are in Kafka); ``executors`` (SIGKILL every
+executor JVM then: every task running is mid-write, so its retry starts over, whatever the
+timing; ``ops/dev.sh demo``);
 ``worker`` (SIGKILL the second worker with its executor; a new one replaces it afterwards);
 ``speculation`` (``spark.speculation`` on, one partition's first attempt 5x slower, so a copy
 runs beside it); ``driver`` (SIGKILL ``spark-submit`` mid-write, then run the job again, as a
@@ -55,6 +57,8 @@ class FaultRun:
     #: Task attempts beyond each partition's first (retries and speculative copies; of the
     #: last run for ``driver``).
     extra_attempts: int
+    #: Executor JVMs SIGKILLed (``executor``, ``executors``).
+    executors_killed: int = 0
 
 
 def executor_pids(groups: list[int]) -> list[int]:
@@ -164,11 +168,16 @@ class KafkaFaults:
         started = time.monotonic()
         proc = self._start(command)
         codes = []
+        killed: list[int] = []
         kills = set(fault.split("+")) - {"speculation", "none"}
-        if kills == {"executor"}:
+        if kills & {"executor", "executors"}:
             self._mid_write(topic, proc)
             victims = executor_pids(self.cluster.process_groups())
-            os.kill(victims[0], signal.SIGKILL)
+            if not victims:  # a fault that did not happen must not read as no duplicates
+                raise RuntimeError(f"no executor JVM to kill mid-write:\n{self._said()}")
+            killed = victims if kills == {"executors"} else victims[:1]
+            for victim in killed:
+                os.kill(victim, signal.SIGKILL)
         elif kills == {"worker"}:
             self._mid_write(topic, proc)
             os.killpg(self.second_worker.pid, signal.SIGKILL)
@@ -202,6 +211,7 @@ class KafkaFaults:
             tuple(codes),
             seconds,
             extra,
+            len(killed),
         )
 
 

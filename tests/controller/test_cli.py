@@ -39,6 +39,43 @@ def test_serve_on_a_data_dir_that_is_not_formatted_exits_2(
     assert status == 2 and len(err.splitlines()) == 1 and "pidctl format" in err
 
 
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0"])  # never a default port
+def test_serve_on_a_wildcard_address_needs_an_advertised_listener(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, listen: str
+) -> None:
+    """A client reconnects to the address pidctl advertises; a wildcard is not one (Kafka
+    refuses to advertise 0.0.0.0): one line saying what to set, before anything is made or
+    bound."""
+    data_dir = tmp_path / "d"
+    status, out, err = run(
+        capsys, "serve", "--listen", listen, "--data-dir", str(data_dir), "--format-if-missing"
+    )
+    assert (status, out) == (2, "")
+    assert err == (
+        f"pidctl: advertised_listener: required when listening on the wildcard address "
+        f"{listen} (clients reconnect to the address pidctl advertises, and cannot connect to "
+        f"{listen.rsplit(':', 1)[0].strip('[]')}): set --advertised-listener or "
+        "PIDCTL_ADVERTISED_LISTENER to the HOST:PORT clients reach, or listen on that host\n"
+    )
+    assert not data_dir.exists()
+    # As a first listener of `listeners` too; an advertised address lets it through to the
+    # next check (the data dir is not formatted).
+    listeners = f"PLAINTEXT://{listen}"
+    status, _, err = run(capsys, "serve", "--listeners", listeners, "--data-dir", str(data_dir))
+    assert status == 2 and err.startswith("pidctl: advertised_listener: required")
+    status, _, err = run(
+        capsys,
+        "serve",
+        "--listen",
+        listen,
+        "--advertised-listener",
+        "pidctl.example:9093",
+        "--data-dir",
+        str(data_dir),
+    )
+    assert status == 2 and "pidctl format" in err
+
+
 def test_format_twice_refuses_or_is_ignored(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -57,6 +94,23 @@ def test_format_twice_refuses_or_is_ignored(
         f"{data_dir} is already formatted (cluster id c0ffee); nothing done\n",
         "",
     )
+
+
+def test_format_refuses_a_missing_parent_unless_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An absolute path with a typo above the data dir is one line and nothing made;
+    --parents makes the folders."""
+    data_dir = str(tmp_path / "pidtcl" / "data")
+    status, out, err = run(capsys, "format", "--data-dir", data_dir)
+    assert (status, out) == (1, "")
+    assert err == (
+        f"pidctl: {tmp_path / 'pidtcl'} does not exist: check the path (a typo, a volume not"
+        " mounted), or pass --parents to create it\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    status, out, _ = run(capsys, "format", "--data-dir", data_dir, "--parents")
+    assert status == 0 and out.startswith(f"formatted {data_dir}: cluster id ")
 
 
 def test_an_offline_command_on_a_locked_data_dir_says_to_stop_the_controller(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import random
 import re
 import shlex
@@ -19,7 +20,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import yaml
+import kafka
 
 from ops.bench.core import build_history
 from ops.testing.coordination import free_port
@@ -31,7 +32,7 @@ from ops.testing.serverproc import (
 )
 from pidctl.client import SyncClient
 from pidctl.protocol import requests
-from tests import wire
+from tests import docs, wire
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -253,33 +254,79 @@ def test_a_failed_first_start_leaves_no_data_dir(tmp_path: Path) -> None:
     assert not (tmp_path / "pidctl-data").exists()
 
 
+def docker_runs() -> list[tuple[dict[str, str], list[str]]]:
+    """Each `docker run` of the README's Docker commands: its `-e` variables, and the
+    arguments after the image (none: the image's CMD)."""
+    runs = []
+    for line in docs.commands(docs.block("README.md", "Install", 1)):
+        argv = shlex.split(line)
+        if argv[:2] != ["docker", "run"]:
+            continue
+        env, at = {}, 2
+        while argv[at].startswith("-"):
+            if argv[at] == "--rm":
+                at += 1
+                continue
+            if argv[at] == "-e":
+                name, value = argv[at + 1].split("=", 1)
+                env[name] = value
+            at += 2
+        assert argv[at] == "pidctl", argv  # the image the README's `docker build` tags
+        runs.append((env, argv[at + 1 :]))
+    return runs
+
+
 def test_dockerfile_entrypoint_outside_docker(tmp_path: Path) -> None:
-    """The image's commands as the README gives them: `pidctl format` once, then its
-    ENTRYPOINT + CMD, with its ENV (the data dir moved into a temporary directory, as there
-    is no Docker engine here, and the listeners on free ports), then its HEALTHCHECK."""
+    """The image's commands as the README gives them: `format` once, then its ENTRYPOINT +
+    CMD with the `docker run`'s variables, with the Dockerfile's ENV (the data dir moved
+    into a temporary directory, as there is no Docker engine here, and the ports free ones,
+    the same inside and out as `-p P:P` makes them), then its HEALTHCHECK. Without the
+    advertised address the README sets, the container would exit 2 saying why: it listens
+    on 0.0.0.0, and clients reconnect to the address it advertises."""
     env, command, health = dockerfile()
     assert command == ["pidctl", "serve"] and env["PIDCTL_DATA_DIR"] == "/data"
-    assert "docker run --rm -v pidctl-data:/data pidctl format" in README.read_text()
+    (format_env, format_args), (serve_env, serve_args) = docker_runs()
+    assert format_args == ["format"] and format_env == {} and serve_args == []
     port, metrics_port = free_port(), free_port()
     assert env["PIDCTL_LISTEN"] == "0.0.0.0:9093"
     assert env["PIDCTL_METRICS_LISTEN"] == "0.0.0.0:9464"
+    assert serve_env == {"PIDCTL_ADVERTISED_LISTENER": "localhost:9093"}
     env["PIDCTL_DATA_DIR"] = str(tmp_path / "data")
-    env["PIDCTL_LISTEN"] = f"127.0.0.1:{port}"
+    env["PIDCTL_LISTEN"] = f"0.0.0.0:{port}"
     env["PIDCTL_METRICS_LISTEN"] = f"127.0.0.1:{metrics_port}"
     health = [part.replace(":9464/", f":{metrics_port}/") for part in health]
-    run_env = {**os.environ, **env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-    unformatted = subprocess.run(command, env=run_env, capture_output=True, text=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PIDCTL_")}
+    run_env = {**clean, **env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    served_env = {**run_env, "PIDCTL_ADVERTISED_LISTENER": f"localhost:{port}"}
+    unformatted = subprocess.run(command, env=served_env, capture_output=True, text=True)
     assert unformatted.returncode == 2 and "pidctl format" in unformatted.stderr
-    formatted = subprocess.run([command[0], "format"], env=run_env, capture_output=True)
+    formatted = subprocess.run(
+        [command[0], *format_args], env=run_env, capture_output=True, text=True
+    )
     assert formatted.returncode == 0, formatted.stderr
-    proc = subprocess.Popen(command, env=run_env, stderr=subprocess.DEVNULL, text=True)
-    bootstrap, metrics_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
+    unadvertised = subprocess.run(command, env=run_env, capture_output=True, text=True)
+    assert unadvertised.returncode == 2
+    assert "advertised_listener: required when listening on the wildcard address" in (
+        unadvertised.stderr
+    )
+    proc = subprocess.Popen(command, env=served_env, stderr=subprocess.DEVNULL, text=True)
+    bootstrap, metrics_url = f"localhost:{port}", f"http://127.0.0.1:{metrics_port}"
     try:
         wait_for(metrics_url + "/readyz")
         assert health[0] == "python"
         assert subprocess.run([sys.executable, *health[1:]], timeout=10).returncode == 0
         check_answered_by(bootstrap, tmp_path / "data")
+        with SyncClient(bootstrap) as client:
+            [node] = client.request(requests.metadata([])).brokers
+        assert (node.host, node.port) == ("localhost", port)  # what clients reconnect to
         check_metrics_follow_traffic(bootstrap, metrics_url)
+        # A producer outside the container follows Metadata to the advertised address.
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id="docker")
+        try:
+            producer.init_transactions()
+            assert producer._transaction_manager.producer_id_and_epoch.epoch == 0
+        finally:
+            producer.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -430,35 +477,6 @@ def test_describe_cluster_lists_registered_brokers(server: ServerProcess) -> Non
     assert [c.broker_id for c in controllers.brokers] == [1]
 
 
-def test_deployment_examples_match_the_image() -> None:
-    env, _, _ = dockerfile()
-    manifest = (ROOT / "ops/deploy/kubernetes-sidecar.yaml").read_text()
-    pod = yaml.safe_load(manifest)
-    containers = {c["name"]: c for c in pod["spec"]["containers"]}
-    sidecar = containers["pidctl"]
-    assert set(containers) == {"broker", "pidctl"}
-    # Apache Kafka's broker cannot use pidctl: the manifest says it shows placement only.
-    assert "PLACEMENT ONLY" in manifest and "apache/kafka" not in manifest
-    assert pod["spec"]["enableServiceLinks"] is False
-    [format_data_dir] = pod["spec"]["initContainers"]
-    assert format_data_dir["args"] == ["format", "--ignore-formatted"]
-    assert format_data_dir["image"] == sidecar["image"]
-    assert format_data_dir["volumeMounts"] == sidecar["volumeMounts"]
-    assert sidecar["args"] == ["serve"]
-    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    assert ports == {"pidctl": 9093, "metrics": 9464}
-    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert sidecar["securityContext"]["runAsUser"] == 10001
-    mounts = {m["mountPath"] for m in sidecar["volumeMounts"]}
-    assert env["PIDCTL_DATA_DIR"] in mounts
-    prometheus = yaml.safe_load((ROOT / "ops/deploy/prometheus.yml").read_text())
-    assert any(job["job_name"] == "pidctl" for job in prometheus["scrape_configs"])
-    alerts = yaml.safe_load((ROOT / "ops/deploy/pidctl-alerts.yml").read_text())
-    names = {rule["alert"] for group in alerts["groups"] for rule in group["rules"]}
-    assert "PidctlProducerIdsRunningOut" in names
-
-
 #: What Kubernetes puts into every pod of a namespace with a Service named pidctl (service
 #: links on, the default), with a named port and a second Service, pidctl-metrics.
 SERVICE_LINKS = {
@@ -514,6 +532,8 @@ def test_what_an_operator_sees_from_the_first_scrape(tmp_path: Path) -> None:
         with ServerProcess(data_dir) as server:
             first = server.events[0]
             assert first["event"] == "pidctl starting"
+            running = "compiled" if os.environ.get("TEST_BUILD") == "compiled" else "interpreted"
+            assert first["build"] == running
             assert server.proc is not None and first["pid"] == server.proc.pid
             assert first["data_dir"] == str(data_dir.resolve())
             before = time.time()
@@ -532,7 +552,9 @@ def test_version_and_a_password_prompt_without_a_terminal(tmp_path: Path) -> Non
     from pidctl.protocol import __version__
 
     version = subprocess.run([*PIDCTL, "--version"], capture_output=True, text=True, timeout=60)
-    assert (version.returncode, version.stdout) == (0, f"pidctl {__version__}\n")
+    how = "compiled by mypyc" if os.environ.get("TEST_BUILD") == "compiled" else "interpreted"
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    assert (version.returncode, version.stdout) == (0, f"pidctl {__version__} ({how}; {python})\n")
     users = tmp_path / "users.json"
     added = subprocess.run(
         [*PIDCTL, "users", "add", "--credentials-file", str(users), "--user", "app"],

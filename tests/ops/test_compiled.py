@@ -39,6 +39,18 @@ def test_the_suite_imports_the_build_it_runs() -> None:
         assert found == expect_compiled, group
 
 
+def test_pidctl_version_names_the_build_that_runs() -> None:
+    """``pidctl --version`` (and the first log line, and ``pidctl_build_info``) say which
+    build runs: the request path compiled by mypyc, or interpreted."""
+    from pidctl.controller.cli import version_line
+    from pidctl.protocol import __version__
+
+    line = version_line()
+    assert line.startswith(f"pidctl {__version__} (")
+    assert ("compiled by mypyc" in line) == (os.environ.get("TEST_BUILD") == "compiled"), line
+    assert ("interpreted" in line) == (os.environ.get("TEST_BUILD") != "compiled"), line
+
+
 def test_every_compiled_folder_is_in_one_group() -> None:
     """A folder in two groups would be compiled twice, into two libraries (what is compiled
     is the groups' folders, :data:`compiled.COMPILED` only lists them)."""

@@ -1,4 +1,4 @@
-"""The PID counter shared by a fleet of controllers, kept in etcd (see ``docs/etcd.md``).
+"""The PID counter shared by a fleet of controllers, kept in etcd (see ``docs/fleets.md``).
 
 One key, ``<prefix>/next_producer_id``, holds the lowest PID no controller has leased, as a
 decimal string. A controller takes a lease ``[first, first + size)`` with one transaction:

@@ -22,6 +22,7 @@ from pidctl.controller.server.telemetry.logs import log_write_failures
 from pidctl.controller.server.telemetry.loop_metrics import LoopCounter, LoopHistogram
 from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.build import BUILD
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -144,11 +145,11 @@ class Metrics:
         ProcessCollector(registry=r)
         build = Gauge(
             "pidctl_build_info",
-            "Always 1: the running pidctl's version and Python.",
-            ["version", "python"],
+            "Always 1: the running pidctl's version, Python, and build (compiled or interpreted).",
+            ["version", "python", "build"],
             registry=r,
         )
-        build.labels(__version__, platform.python_version()).set(1)
+        build.labels(__version__, platform.python_version(), BUILD).set(1)
         self.requests = LoopCounter(
             "pidctl_requests", "Requests answered.", ["api", "version"], registry=r
         )

@@ -63,11 +63,14 @@ def main(data_dir: str) -> None:
         )
         SELECT (SELECT MAX(next_producer_id) FROM grants) AS high_water_mark,
                {INT64_MAX} - (SELECT MAX(next_producer_id) FROM grants) AS remaining,
-               pids / secs AS pids_per_second_last_day,
-               CASE WHEN pids > 0 THEN
-                   ({INT64_MAX} - (SELECT MAX(next_producer_id) FROM grants)) / (pids / secs)
-                   / 86400 / 365.25 END AS years_left
-        FROM recent
+               rate AS pids_per_second_last_day,
+               ({INT64_MAX} - (SELECT MAX(next_producer_id) FROM grants)) / rate
+                   / 86400 / 365.25 AS years_left
+        FROM (
+            -- No rate (NULL) from a single grant, or grants all in one millisecond: Spark's
+            -- ANSI mode fails a division by zero (DIVIDE_BY_ZERO) rather than give NULL.
+            SELECT CASE WHEN secs > 0 AND pids > 0 THEN pids / secs END AS rate FROM recent
+        )
     """).show(truncate=False)
     spark.stop()
 

@@ -5,13 +5,16 @@
         --url sqlite:///data/events.db --table events
 
 Reads every JSON file of ``--source`` (fields ``id`` and ``name``) that the checkpoint has
-not seen, one file per micro-batch, then stops (``availableNow``); run it again later, or
-after a crash, with the same checkpoint: nothing is written twice.
+not seen, one file per micro-batch, then stops (``availableNow``) and says how many rows it
+wrote; run it again later, or after a crash, with the same checkpoint: nothing is written
+twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -26,6 +29,8 @@ def main() -> None:
     parser.add_argument("--url", required=True, help="sqlite:///PATH or postgresql://...")
     parser.add_argument("--table", required=True, help="the table the rows go to")
     args = parser.parse_args()
+    if "://" not in args.source and not Path(args.source).is_dir():
+        sys.exit(f"--source {args.source}: no such folder (make it, and put JSON files in it)")
 
     spark = SparkSession.builder.appName("pidctl-stream-write").getOrCreate()
     register_data_sources(spark)  # format("pidctl-sql")
@@ -42,7 +47,17 @@ def main() -> None:
         .start()
     )
     query.awaitTermination()
-    print(f"query {query.id}: every file of {args.source} is in {args.table}")
+    batches = [p for p in query.recentProgress if p.numInputRows > 0]
+    rows = sum(p.numInputRows for p in batches)
+    if batches:
+        print(
+            f"query {query.id}: wrote {rows} rows in {len(batches)} micro-batches to {args.table}"
+        )
+    else:
+        print(
+            f"query {query.id}: no new JSON files in {args.source} (the checkpoint "
+            f"{args.checkpoint} has seen every file there): nothing written"
+        )
     spark.stop()
 
 

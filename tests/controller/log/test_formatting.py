@@ -20,7 +20,7 @@ from pidctl.controller.log.recovery import read_log, recover
 
 
 def test_a_new_data_dir_holds_one_cluster_created_record(tmp_path: Path) -> None:
-    data_dir = tmp_path / "a" / "b"
+    data_dir = tmp_path / "b"
     assert not is_formatted(data_dir)
     format_data_dir(data_dir, "c1", 3, 1_700_000_000_000)
     assert is_formatted(data_dir)
@@ -30,6 +30,17 @@ def test_a_new_data_dir_holds_one_cluster_created_record(tmp_path: Path) -> None
     assert stored_cluster_id(data_dir) == "c1"
     assert recover(data_dir).state.next_offset == 1
     assert not list(data_dir.glob("*.tmp"))
+
+
+def test_a_missing_parent_is_refused_unless_asked_for(tmp_path: Path) -> None:
+    """A typo'd absolute path (/var/lib/pidtcl/data) or a volume not mounted: format makes
+    no directories above the data dir unless told to (--parents)."""
+    data_dir = tmp_path / "typo" / "deeper" / "data"
+    with pytest.raises(FormatRefused, match=r"typo does not exist: .* pass --parents"):
+        format_data_dir(data_dir, "c1", 1, 1)
+    assert list(tmp_path.iterdir()) == []
+    format_data_dir(data_dir, "c1", 1, 1, parents=True)
+    assert stored_cluster_id(data_dir) == "c1"
 
 
 def test_a_formatted_data_dir_is_refused_and_left_as_it_was(tmp_path: Path) -> None:

@@ -17,8 +17,10 @@ from pidctl.controller.log.recovery import recover
 def test_a_short_run_measures_beside_snapshots_of_the_app_ids(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["--app-ids", "20000", "--principals", "20", "--seconds", "8", "--connections", "2"]
-    argv += ["--snapshot-every", "500"]  # snapshots in the window, however slow the machine
+    # A snapshot comes due once the log has grown by the last snapshot's size: app ids few
+    # enough (0.6 MB of snapshot) that a slow machine's load writes that much in the window.
+    argv = ["--app-ids", "6000", "--principals", "20", "--seconds", "12", "--connections", "2"]
+    argv += ["--snapshot-every", "100"]
     job_state.main([*argv, "--build", "interpreted"])
     result = json.loads(capsys.readouterr().out)
     loaded, base = result["with_app_ids"], result["baseline"]

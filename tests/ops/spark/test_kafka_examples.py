@@ -29,7 +29,7 @@ def _blocks(path: Path, start: str | None = None, end: str | None = None) -> lis
 
 
 EXAMPLES = [
-    ("README", _blocks(ROOT / "README.md", "## Spark to Kafka", "## Benchmarks"), "orders", 1000),
+    ("README", [docs.block("README.md", "Spark, exactly once", 1)], "orders", 1000),
     ("docs/spark-kafka.md", _blocks(ROOT / "docs" / "spark-kafka.md"), "events", 500),
 ]
 

@@ -1,5 +1,5 @@
-"""The README's Spark examples run as written: each Python block of its Spark section saved as
-a file and run by the venv's Python, as the README says (``.venv/bin/python example.py``), in
+"""The Spark examples of the README and docs/spark-sink.md run as written: each saved as a
+file and run by the venv's Python, as the page says (``.venv/bin/python example.py``), in
 a fresh process without ``PYSPARK_PYTHON`` in its environment, against the test's controller.
 The three run one after another in one process (each as ``__main__``, as a notebook runs
 cells: ``getOrCreate()`` returns the first one's session), which spares two JVM start-ups.
@@ -18,8 +18,13 @@ from pathlib import Path
 from ops.testing.serverproc import ServerProcess
 from tests import docs
 
-README = Path(__file__).resolve().parents[3] / "README.md"
-SPARK_SPEC = README.parent / "docs" / "spark-sink.md"
+SPARK_SPEC = docs.ROOT / "docs" / "spark-sink.md"
+#: A job's producer ids; the SQL sink; the metadata log as a DataFrame.
+EXAMPLES = (
+    ("docs/spark-sink.md", "Producer ids for a whole job, fetched once by the driver", 0),
+    ("README.md", "Spark, exactly once", 0),
+    ("docs/spark-sink.md", "The metadata log as a DataFrame", 0),
+)
 #: Runs each file given as ``__main__``, one after another, marking where each begins.
 RUNNER = """\
 import runpy, sys
@@ -30,13 +35,7 @@ for path in sys.argv[1:]:
 
 
 def _spark_blocks() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## Spark (`ops/spark/`)") : text.index("## The broker side")]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
-def test_the_section_has_its_examples() -> None:
-    assert len(_spark_blocks()) == 3
+    return [docs.block(*place) for place in EXAMPLES]
 
 
 def test_the_examples_run_as_written(pidctl: ServerProcess, tmp_path: Path) -> None:

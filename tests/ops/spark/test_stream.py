@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -134,20 +133,18 @@ def test_a_streaming_driver_killed_mid_batch_resumes_exactly_once(
     assert superseded == [(1,)]
 
 
-def _readme_command() -> str:
-    """The README's command that runs the streaming example."""
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    blocks: list[str] = re.findall(r"```sh\n(.*?)```", readme, re.S)
-    [block] = [b for b in blocks if "stream_write" in b]
-    return block.replace("\\\n", " ").split("#")[0]
+def _documented_command() -> str:
+    """docs/spark-sink.md's command that runs the streaming example."""
+    [command] = docs.commands(docs.block("docs/spark-sink.md", "Structured Streaming", 0))
+    return command
 
 
 @pytest.mark.slow
 def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: Path) -> None:
-    """The README's command, its addresses and folders moved into the test's (no
+    """docs/spark-sink.md's command, its addresses and folders moved into the test's (no
     PYSPARK_PYTHON: the example's local session runs its workers with this Python)."""
     source, url = _source(tmp_path / "in"), f"sqlite://{tmp_path / 'events.db'}"
-    written = _readme_command()
+    written = _documented_command()
     moves = {
         ".venv/bin/python": sys.executable,
         "127.0.0.1:9093": pidctl.bootstrap,
@@ -159,8 +156,19 @@ def test_the_streaming_example_runs_as_written(pidctl: ServerProcess, tmp_path: 
     assert "/tmp/" not in " ".join(command[1:]).replace(str(tmp_path), "")
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYSPARK")}
     env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
-    for _ in range(2):  # the second run finds everything done
+    # A source folder not made yet: one line, before any Spark starts.
+    missing = [part.replace(str(source), str(tmp_path / "none")) for part in command]
+    refused = subprocess.run(missing, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 1
+    assert (
+        refused.stderr
+        == f"--source {tmp_path / 'none'}: no such folder (make it, and put JSON files in it)\n"
+    )
+    said = []
+    for _ in range(2):  # the second run finds everything done, and says so
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "every file of" in done.stdout
+        said.append(done.stdout)
+    assert f"wrote {FILES * PER_FILE} rows in {FILES} micro-batches to events" in said[0]
+    assert "has seen every file there): nothing written" in said[1]
     assert _select(url, "SELECT id, name FROM events") == EVERY_ROW

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -49,8 +50,9 @@ def test_build_info_and_process_metrics_are_exported() -> None:
     from pidctl.protocol import __version__
 
     exposed = generate_latest(Metrics().registry).decode()
-    build = f'pidctl_build_info{{python="{platform.python_version()}",version="{__version__}"}}'
-    assert f"{build} 1.0" in exposed
+    running = "compiled" if os.environ.get("TEST_BUILD") == "compiled" else "interpreted"
+    labels = f'build="{running}",python="{platform.python_version()}",version="{__version__}"'
+    assert f"pidctl_build_info{{{labels}}} 1.0" in exposed
     for name in (
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
