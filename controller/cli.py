@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -30,6 +32,7 @@ examples:
   pidctl import-zk --zookeeper zk-1:2181 --pid-source etcd://etcd-1:2379/pidctl
   pidctl sink recover sqlite:///data/orders.db orders --older-than 0   # no write running
   pidctl sink versions postgresql://etl@db/warehouse orders
+  pidctl kafka verify --bootstrap-servers kafka-1:9092 --topic orders --app-id nightly --version 7
   echo "$PASSWORD" | pidctl users add --credentials-file users.json --user broker-1 --password-stdin
 """
 
@@ -139,6 +142,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reserve.add_argument("--data-dir", type=Path, required=True)
     reserve.add_argument("--producer-id", type=int, required=True, metavar="N")
+    reserve.add_argument(
+        "--last-producer-id",
+        type=int,
+        metavar="N",
+        help="the controller's last_producer_id, if set (default: PIDCTL_LAST_PRODUCER_ID, "
+        "else 2^63-2): --producer-id may be at most the start of its last block",
+    )
+    reserve.add_argument(
+        "--force",
+        action="store_true",
+        help="lower an intact reservation (refused without it: the reservation is what a "
+        "start-up skips to, above grants the log's lost tail may have held)",
+    )
 
     register = commands.add_parser("register", help="register a broker; prints its epoch")
     register.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -207,6 +223,42 @@ def build_parser() -> argparse.ArgumentParser:
     versions.add_argument("url", metavar="URL")
     versions.add_argument("table", metavar="TABLE")
 
+    kafka = commands.add_parser("kafka", help="pidctl-kafka's writes, read from the brokers")
+    kafka_commands = kafka.add_subparsers(dest="kafka_command", required=True, metavar="COMMAND")
+    check = kafka_commands.add_parser(
+        "verify",
+        help="check that a named job version's rows are in a topic once each (exit status 1 "
+        "if not): repeated sequences, missing rows, rows that differ from what was written, "
+        "duplicate rows",
+    )
+    check.add_argument(
+        "--bootstrap-servers", required=True, metavar="HOST:PORT[,HOST:PORT]", help="Kafka's"
+    )
+    check.add_argument("--topic", required=True)
+    check.add_argument("--app-id", required=True, help="the job's txnAppId (a stream: query id)")
+    check.add_argument(
+        "--version", type=int, required=True, help="its txnVersion (a stream: batch id)"
+    )
+    check.add_argument(
+        "--since-ms",
+        type=int,
+        metavar="UNIX_MS",
+        help="read from this time on (less 10 minutes for clocks); default: every partition "
+        "from its start",
+    )
+    check.add_argument(
+        "--rows", type=int, metavar="N", help="the rows the version wrote: checked too"
+    )
+    check.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Kafka client property: security.protocol, sasl.mechanism, sasl.jaas.config, "
+        "ssl.truststore.location (repeatable)",
+    )
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
+
     allocate = commands.add_parser("allocate", help="ask for a block of producer ids")
     allocate.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     allocate.add_argument("--broker-id", type=int, required=True)
@@ -235,20 +287,28 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="VALUE")
 
 
-def _load_settings(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
-    """Settings from flags, environment and file; raises SettingsError naming each problem."""
+def _load_settings(
+    args: argparse.Namespace, *, for_reload: bool = False
+) -> tuple[Any, dict[str, str]]:
+    """Settings from flags, environment and file; raises SettingsError naming each problem
+    (``for_reload``: ReloadRefused for a config file a reload must not take)."""
     from pidctl.controller.settings import SETTING_NAMES, load_settings_with_sources
 
     environ: Mapping[str, str] = args.environ
     env_config = environ.get("PIDCTL_CONFIG")
     config = args.config or (Path(env_config) if env_config else None)
     flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_NAMES}
-    return load_settings_with_sources(flags, environ, config)
+    return load_settings_with_sources(flags, environ, config, for_reload=for_reload)
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one ``pidctl`` command; ``environ`` (default ``os.environ``) is where PIDCTL_*
     settings are read from."""
+    if argv is None and sys.argv[1:2] == ["serve"]:
+        # SIGHUP's default action ends the process: until the server's signal watch runs
+        # (after its imports, ~0.3 s), a SIGHUP (a reload asked early) is ignored instead.
+        # (Only as the process's own command: a caller in process keeps its handlers.)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
     args.environ = os.environ if environ is None else environ
     try:
@@ -324,7 +384,7 @@ def _run_server(args: argparse.Namespace, settings: Any) -> int:
     def reload() -> Any:
         """SIGHUP: the same flags, the environment and the config file read again (a
         SettingsError names what is wrong; the server logs it and keeps what it has)."""
-        return _load_settings(args)[0]
+        return _load_settings(args, for_reload=True)[0]
 
     trio.run(serve, settings, reload)
     return 0
@@ -453,6 +513,39 @@ def _sink(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kafka(args: argparse.Namespace) -> int:
+    try:
+        from pidctl.spark.kafka_verify import verify
+    except ImportError as e:
+        raise PidctlError(f"{e.name} is needed to read Kafka (pip install 'pidctl[spark]')") from e
+    properties = {}
+    for item in args.property:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--property must be KEY=VALUE, got {item!r}")
+        properties[key.strip().lower()] = value
+    servers = [s.strip() for s in args.bootstrap_servers.split(",") if s.strip()]
+    try:
+        verdict = verify(
+            servers,
+            args.topic,
+            args.app_id,
+            args.version,
+            properties=properties,
+            since_ms=args.since_ms,
+            expected_rows=args.rows,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    except (OSError, RuntimeError) as e:
+        raise PidctlError(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
+    if args.json:
+        print(json.dumps(verdict.as_dict()))
+    else:
+        print("\n".join(verdict.lines()))
+    return 0 if verdict.ok else 1
+
+
 def _single(error: BaseException) -> BaseException:
     """The one exception inside nested single-member exception groups (trio's nurseries)."""
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
@@ -498,8 +591,19 @@ def _log(args: argparse.Namespace) -> int:
     if args.log_command == "reserve":
         if args.producer_id < 0:
             raise UsageError("--producer-id must not be negative")
+        last = args.last_producer_id
+        if last is None:  # the setting, from the environment or its default
+            from pidctl.controller.settings import load_settings_with_sources
+
+            name = "PIDCTL_LAST_PRODUCER_ID"
+            wanted = {name: args.environ[name]} if name in args.environ else {}
+            last = load_settings_with_sources({}, wanted)[0].last_producer_id
         try:
-            print(reserve_by_operator(args.data_dir, args.producer_id))
+            print(
+                reserve_by_operator(
+                    args.data_dir, args.producer_id, last_producer_id=last, force=args.force
+                )
+            )
         except LogCorruption as e:
             raise _corrupt(e) from e
         return 0
@@ -662,6 +766,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": _status,
     "users": _users,
     "sink": _sink,
+    "kafka": _kafka,
     "import-zk": _import_zk,
 }
 

@@ -39,7 +39,7 @@ from pidctl.controller.core.kafka import (
 )
 from pidctl.controller.core.pid_leases import DEFAULT_LEASE_SIZE, DEFAULT_PREFETCH_RATIO
 from pidctl.controller.core.producer_ids import ProducerIdRange
-from pidctl.controller.core.quotas import NEW_PRODUCER_IDS, QuotaOverride
+from pidctl.controller.core.quotas import DEFAULT_MAX_BUCKETS, NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
 from pidctl.controller.log.metalog import (
@@ -120,6 +120,10 @@ class SettingsError(PidctlError, ValueError):
     """One line per problem, naming the setting and what is wrong with it."""
 
     exit_code = 2
+
+
+class ReloadRefused(SettingsError):
+    """A config file a reload must not take: it could be one caught half written."""
 
 
 Parse = Callable[[Any], Any]
@@ -456,10 +460,19 @@ class Settings:
     # milliseconds: a few dozen leave room for several scrapers.
     metrics_max_connections: int = _setting(
         32,
-        "connections to the metrics and health endpoint open at once; more wait in the "
-        "kernel's backlog until one ends (counted in the file-descriptor budget with "
-        "max_connections)",
+        "connections to the metrics and health endpoint open at once (counted in the "
+        "file-descriptor budget with max_connections); one more is accepted all the same, "
+        "and the connection waiting longest for its request closed to make room, so that "
+        "connections held open cannot keep /healthz and /readyz probes out",
         "connections",
+        parse=POSITIVE,
+    )
+    # (transport/http.py's DEFAULT_REQUEST_TIMEOUT_S, which imports these settings.)
+    metrics_request_timeout_ms: int = _setting(
+        1000,
+        "time a connection to the metrics and health endpoint may take to send its request "
+        "head (Prometheus and container probes send it as they connect); it is closed after",
+        "ms",
         parse=POSITIVE,
     )
     max_connections_per_address: int = _setting(
@@ -546,19 +559,27 @@ class Settings:
     )
     allocate_producer_ids_quota: float = _setting(
         0.0,
-        "AllocateProducerIds per second per (principal, client id) before responses carry "
-        "throttle_time_ms and the connection is muted for it; 0: no quota",
+        "AllocateProducerIds per second per (principal, client id; a job's per principal) "
+        "before responses carry throttle_time_ms and the connection is muted for it; one "
+        "that comes while the quota is still behind (another connection, a client that "
+        "ignored the throttle) is refused THROTTLING_QUOTA_EXCEEDED; 0: no quota",
         "requests/s",
     )
     init_producer_id_quota: float = _setting(
-        0.0, "InitProducerId per second per (principal, client id); 0: no quota", "requests/s"
+        0.0,
+        "InitProducerId per second per (principal, client id), as allocate_producer_ids_quota "
+        "(refused COORDINATOR_LOAD_IN_PROGRESS, which clients retry); 0: no quota",
+        "requests/s",
     )
     producer_ids_rate: float = _setting(
         0.0,
-        "new producer ids per second per principal (idempotent InitProducerIds, and a "
-        "transactional id's first use or rotation to a new PID: KIP-936's quota, which Kafka "
-        "never shipped) before answers carry throttle_time_ms and the connection is muted "
-        "for it; 0: no quota",
+        "new producer ids per second per principal, whatever its connections and client ids "
+        "(idempotent InitProducerIds, a transactional id's first use or rotation to a new "
+        "PID, and a job's new block, 1,000: KIP-936's quota, which Kafka never shipped); past "
+        "it, answers carry throttle_time_ms and the connection is muted for it, and a "
+        "request that may create producer ids while the principal is still behind is "
+        "refused (InitProducerId COORDINATOR_LOAD_IN_PROGRESS, AllocateProducerIds "
+        "THROTTLING_QUOTA_EXCEEDED); 0: no quota",
         "producer ids/s",
     )
     connection_creation_rate: float = _setting(
@@ -577,6 +598,16 @@ class Settings:
     )
     quota_window_ms: int = _setting(
         1000, "burst allowance of every rate above: rate x window", "ms", parse=POSITIVE
+    )
+    quota_max_buckets: int = _setting(
+        DEFAULT_MAX_BUCKETS,
+        "request-quota buckets (one per API, principal and client id) and connection-rate "
+        "buckets (one per source address) kept, each table; each is a few hundred bytes "
+        "whatever the client id (its hash is kept). When a table is full, a bucket full "
+        "again makes room; else a new client id counts in its principal's overflow bucket "
+        "(a new address in one shared by all such addresses)",
+        "buckets",
+        parse=POSITIVE,
     )
     segment_max_bytes: int = _setting(
         DEFAULT_SEGMENT_MAX_BYTES,
@@ -613,8 +644,10 @@ class Settings:
     data_dir_min_free_bytes: int = _setting(
         DEFAULT_MIN_FREE_BYTES,
         "free space the data dir's filesystem must have: below it `pidctl serve` refuses to "
-        "start, and a running server fails /readyz (checked every 5 s) before a commit meets "
-        "ENOSPC; 0: not checked",
+        "start, and a running server (checked every second) pauses grants, before a commit "
+        "meets ENOSPC: InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS and "
+        "AllocateProducerIds KAFKA_STORAGE_ERROR (both retriable), /readyz fails and the log "
+        "says so, until there is room again; 0: not checked",
         "bytes",
         parse=NON_NEGATIVE,
     )
@@ -648,6 +681,14 @@ class Settings:
         "(checked at each snapshot); 0: no floor",
         "ms",
         parse=NON_NEGATIVE,
+    )
+    reload_timeout_ms: int = _setting(
+        5000,
+        "on SIGHUP, time allowed to read the config and credentials files (in a worker "
+        "thread: a file on a hung mount never holds up requests); a reload past it fails, "
+        "and the next one waits until that read has returned",
+        "ms",
+        parse=POSITIVE,
     )
     shutdown_grace_ms: int = _setting(
         5000, "on SIGTERM/SIGINT, time allowed for in-flight requests to finish", "ms"
@@ -746,6 +787,21 @@ def _check_together(settings: Settings) -> list[str]:
     return problems
 
 
+#: A key no setting has, appended to a config file to see where its last line belongs.
+_PROBE_KEY = "pidctl_end_of_file_probe"
+
+
+def ends_inside_acl_table(text: str) -> bool:
+    """Whether a config file (that parses) ends inside an ``[[acls]]`` table: what follows
+    its last line would belong to its last ACL. A file cut while it was being written can
+    end so anywhere in its ACLs, and parse: an ACL cut before its ``host`` or
+    ``permission`` line reads as one for every host, or as an ALLOW; one cut off whole
+    loses a DENY a later line held. An ``acls = [...]`` array cannot be cut and parse."""
+    probed = tomllib.loads(f"{text}\n{_PROBE_KEY} = 1\n")
+    acls = probed.get("acls")
+    return isinstance(acls, list) and bool(acls) and _PROBE_KEY in acls[-1]
+
+
 #: Hosts that bind every interface: a listener may listen on one, but no client can
 #: connect to it.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
@@ -772,16 +828,21 @@ def load_settings_with_sources(
     flags: Mapping[str, Any],
     environ: Mapping[str, str] = os.environ,
     config_file: Path | None = None,
+    *,
+    for_reload: bool = False,
 ) -> tuple[Settings, dict[str, str]]:
     """Merge file < env < flags over the defaults; return the settings and where each
     non-default value came from. Raises :class:`SettingsError` listing every problem, one
-    line each."""
+    line each; ``for_reload`` (a SIGHUP), :class:`ReloadRefused` for a config file that
+    ends inside an ``[[acls]]`` table (:func:`ends_inside_acl_table`)."""
     merged: dict[str, tuple[str, Any]] = {}
+    text = ""
     if config_file is not None:
         try:
             with open(config_file, "rb") as f:
-                data = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as e:
+                text = f.read().decode()  # (one read: a rename into place is seen whole)
+            data = tomllib.loads(text)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             raise SettingsError(f"config file {config_file}: {e}") from e
         for name, value in data.items():
             merged[name.replace("-", "_")] = (f"{config_file}: {name}", value)
@@ -808,15 +869,25 @@ def load_settings_with_sources(
     problems = _check_together(settings)
     if problems:
         raise SettingsError("\n".join(problems))
+    # (After the checks: a file with a malformed setting is refused for what is wrong.)
+    if for_reload and config_file is not None and ends_inside_acl_table(text):
+        raise ReloadRefused(
+            f"config file {config_file} ends inside an [[acls]] table, as one cut while "
+            "it was being written would (a half-written ACL can allow more than the "
+            "whole file); write the ACLs as one array, acls = [{...}, ...], which a cut "
+            "leaves unreadable, or restart the server to take this file"
+        )
     return settings, {name: source for name, (source, _) in merged.items()}
 
 
 def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
     """The effective settings as a TOML file that loads back as the same settings, each line
     saying where its value came from. Secrets are never shown: a set one is a comment (fed
-    back, it is unset). Unset settings are comments too; the arrays of tables (``acls``,
-    ``quota_overrides``) come last, as TOML wants."""
+    back, it is unset). Unset settings are comments too; ``acls`` is one array of inline
+    tables, an ACL a line (a reload takes it: :func:`ends_inside_acl_table`), and the
+    arrays of tables (``quota_overrides``) come last, as TOML wants."""
     lines: list[str] = []
+    arrays: list[str] = []
     tables: list[str] = []
     for f in dataclasses.fields(Settings):
         value = getattr(settings, f.name)
@@ -825,6 +896,12 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
             lines.append(f"# {f.name} = ({'set, not shown' if value else 'unset'})  # {source}")
         elif value is None or value == "" or value == ():
             lines.append(f"# {f.name} = (unset)  # {source}")
+        elif isinstance(value, tuple) and f.name == "acls":
+            arrays += [f"# {f.name}: {source}", f"{f.name} = ["]
+            for row in _table_rows(value):
+                pairs = ", ".join(f"{key} = {_toml_value(item)}" for key, item in row.items())
+                arrays.append(f"  {{ {pairs} }},")
+            arrays.append("]")
         elif isinstance(value, tuple):
             tables += ["", f"# {f.name}: {source}"]
             for row in _table_rows(value):
@@ -832,7 +909,7 @@ def show_settings(settings: Settings, sources: Mapping[str, str]) -> list[str]:
                 tables += [f"{key} = {_toml_value(item)}" for key, item in row.items()]
         else:
             lines.append(f"{f.name} = {_toml_value(value)}  # {source}")
-    return lines + tables
+    return lines + arrays + tables
 
 
 def _toml_value(value: Any) -> str:

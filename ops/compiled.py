@@ -101,7 +101,8 @@ def _shipped_files() -> list[Path]:
         path
         for folder in PACKAGES.values()
         for path in (ROOT / folder).rglob("*")
-        if path.suffix in (".py", ".typed") and "__pycache__" not in path.parts
+        # .java: pidctl-kafka's carrier, shipped as sources (package data, pyproject.toml)
+        if path.suffix in (".py", ".typed", ".java") and "__pycache__" not in path.parts
     )
 
 

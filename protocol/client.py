@@ -11,7 +11,12 @@ from typing import Any
 
 from kio.static.protocol import RequestPayload
 
-from pidctl.protocol.codec import decode_response, encode_request, peek_correlation_id
+from pidctl.protocol.codec import (
+    decode_response,
+    encode_request,
+    encode_request_prefix,
+    peek_correlation_id,
+)
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 
 #: int32 correlation ids wrap around here.
@@ -54,6 +59,17 @@ class ClientProtocol:
         self._outstanding.append((correlation_id, body.__api_key__, body.__version__))
         header_client_id = self.client_id if isinstance(client_id, _Own) else client_id
         return correlation_id, encode_request(body, correlation_id, header_client_id)
+
+    def send_prefix(self, api_key: int, api_version: int, body_size: int) -> tuple[int, bytes]:
+        """Like :meth:`send` for a body the caller has encoded itself (``body_size`` bytes,
+        written right after the bytes returned): the frame's length prefix and header."""
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (correlation_id + 1) % _CORRELATION_LIMIT
+        self._outstanding.append((correlation_id, api_key, api_version))
+        prefix = encode_request_prefix(
+            api_key, api_version, correlation_id, self.client_id, body_size
+        )
+        return correlation_id, prefix
 
     def receive(self, data: bytes) -> list[tuple[int, Any]]:
         """Feed received bytes; return ``(correlation_id, response)`` for each complete one."""

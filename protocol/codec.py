@@ -413,6 +413,27 @@ def encode_request(body: RequestPayload, correlation_id: int, client_id: str | N
     return bytes(data)
 
 
+def encode_request_prefix(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None, body_size: int
+) -> bytes:
+    """The length prefix and header of a request whose ``body_size`` bytes of body the
+    caller encodes and writes after them (a Produce request's record batches, sent from
+    their own buffers rather than copied into one frame)."""
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    write_request_header(
+        buffer,
+        request_header_version(api_key, api_version),
+        api_key,
+        api_version,
+        correlation_id,
+        client_id,
+    )
+    data = buffer.getbuffer()
+    _LENGTH.pack_into(data, 0, len(data) - 4 + body_size)
+    return bytes(data)
+
+
 def peek_correlation_id(frame: bytes) -> int:
     """The correlation id of a response frame: the first field of every header version."""
     return skip_response_header(frame, 0)[0]

@@ -32,7 +32,7 @@ from pidctl.client import SyncClient
 from pidctl.controller.cli import build_parser
 from pidctl.controller.core.acl import Authorizer, parse_acl
 from pidctl.controller.core.records import RECORD_TYPES
-from pidctl.controller.settings import SETTING_NAMES
+from pidctl.controller.settings import SETTING_NAMES, SettingsError, load_settings_with_sources
 from pidctl.protocol import requests
 from tests import docs
 
@@ -101,6 +101,9 @@ BLOCKS = {
     ("docs/security.md", "Security", 0): run_by(
         "tests/test_docs.py::test_the_security_configuration_as_written"
     ),
+    ("docs/quotas-and-reloads.md", "Reloads (SIGHUP)", 0): run_by(
+        "tests/test_docs.py::test_the_reloadable_acls_as_written"
+    ),
     ("docs/job-allocations.md", "Owners and ACLs", 0): run_by(
         "tests/test_docs.py::test_the_app_id_acl_as_written"
     ),
@@ -167,12 +170,30 @@ BLOCKS = {
     ("docs/spark-deployment.md", "Try it: a standalone cluster on one machine", 1): not_run(
         "it is a part of this suite"
     ),
-    ("docs/spark-kafka.md", "Design", 0): run_by(
+    ("docs/spark-kafka.md", "PID ranges: the job's apart from the cluster's", 0): run_by(
         "tests/test_docs.py::test_configuration_fragments_load"
     ),
     ("docs/spark-kafka.md", "Using it", 0): run_by(
         "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
         " (in the test session's SparkSession)"
+    ),
+    ("docs/spark-kafka.md", "Using it", 1): run_by(
+        "tests/ops/spark/test_kafka_examples.py::test_example_runs_and_writes_every_row_once"
+        " (after the block before it, as the page reads)"
+    ),
+    ("docs/spark-kafka.md", "Using it", 2): not_run(
+        "a spark-submit of the reader's job; the carrier's jar is built by the same command and"
+        " put on the class path in tests/ops/spark/conftest.py::spark and in the cluster"
+        " benchmark (ops/bench/spark_kafka.py)"
+    ),
+    ("docs/spark-kafka.md", "What a write does", 0): not_run(
+        "a log line; the job of tests/ops/spark/test_kafka_on_cluster.py::"
+        "test_every_row_once_when_an_executor_dies_and_the_verifier_says_so writes one"
+    ),
+    ("docs/spark-kafka.md", "Verifying a version: `pidctl kafka verify`", 0): not_run(
+        "it names a broker and topic of the reader's; the command runs against the test's in"
+        " tests/ops/spark/test_kafka_verify.py::"
+        "test_a_written_version_is_confirmed_and_a_copied_row_is_found"
     ),
     ("docs/spark-sink.md", 'The exactly-once SQL sink (`write_sql`, `format("pidctl-sql")`)', 0): (
         run_by("tests/ops/spark/test_write.py::test_the_documented_write_runs_as_written")
@@ -400,7 +421,9 @@ def test_the_security_configuration_as_written(tmp_path: Path) -> None:
 def test_configuration_fragments_load(tmp_path: Path) -> None:
     """docs/spark-kafka.md's configuration fragment is a valid pidctl configuration."""
     config = tmp_path / "pidctl.toml"
-    config.write_text(docs.block("docs/spark-kafka.md", "Design", 0))
+    config.write_text(
+        docs.block("docs/spark-kafka.md", "PID ranges: the job's apart from the cluster's", 0)
+    )
     shown = subprocess.run(
         [sys.executable, "-m", "pidctl.controller.cli", "config", "show", "--config", str(config)],
         capture_output=True,
@@ -506,6 +529,23 @@ def test_the_app_id_acl_as_written() -> None:
     assert authorizer.authorize("User:etl", "Write", "AppId", "etl-orders")
     assert not authorizer.authorize("User:etl", "Write", "AppId", "orders")
     assert not authorizer.authorize("User:other", "Write", "AppId", "etl-orders")
+
+
+def test_the_reloadable_acls_as_written(tmp_path: Path) -> None:
+    """docs/quotas-and-reloads.md's ACLs as one array: a reload takes the file, and the file
+    cut after any of its lines is no longer one it takes (it does not parse)."""
+    text = docs.block("docs/quotas-and-reloads.md", "Reloads (SIGHUP)", 0)
+    config = tmp_path / "pidctl.toml"
+    config.write_text(text)
+    settings, _ = load_settings_with_sources({}, {}, config, for_reload=True)
+    authorizer = Authorizer(settings.acls, enabled=settings.authorizer == "acl")
+    assert authorizer.authorize("User:etl", "Write", "TransactionalId", "etl-orders")
+    assert not authorizer.authorize("User:etl", "Write", "TransactionalId", "orders")
+    lines = text.splitlines(keepends=True)
+    for cut in range(lines.index("acls = [\n") + 1, len(lines)):
+        config.write_text("".join(lines[:cut]))
+        with pytest.raises(SettingsError):
+            load_settings_with_sources({}, {}, config, for_reload=True)
 
 
 def _is_commit(word: str) -> bool:

@@ -51,12 +51,18 @@ class Release:
     venv: Path  # where the README's install put it
 
 
+#: The environment the installed release runs in, as a user's shell has it: without the test
+#: run's PYTHONPATH (``ops/dev.sh test`` puts the compiled build's directory there, which
+#: would shadow the wheel's own modules) and its TEST_BUILD.
+INSTALLED_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TEST_BUILD")}
+
+
 def _shell(command: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         ["bash", "-c", command],
         cwd=cwd,
         env={
-            **os.environ,
+            **INSTALLED_ENV,
             **(env or {}),
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         },
@@ -114,7 +120,10 @@ def test_the_installed_wheel_says_which_build_it_is(release: Release) -> None:
     text = docs.block(*INSTALL)
     [said] = re.findall(r"pidctl --version +# (.*)", text)
     version = subprocess.run(
-        [release.venv / "bin" / "pidctl", "--version"], capture_output=True, text=True
+        [release.venv / "bin" / "pidctl", "--version"],
+        capture_output=True,
+        text=True,
+        env=INSTALLED_ENV,
     )
     assert version.returncode == 0, version.stderr
     # The comment names this release's version and build; the Python's version varies.
@@ -140,10 +149,16 @@ def test_the_request_path_runs_compiled_from_the_wheel(release: Release, tmp_pat
         capture_output=True,
         text=True,
         check=True,
+        env=INSTALLED_ENV,
     ).stdout.split()
     assert all(str(release.venv) in f and f.endswith(EXTENSION) == COMPILES_HERE for f in imported)
     data_dir = tmp_path / "data"
-    subprocess.run([pidctl, "format", "--data-dir", data_dir], check=True, capture_output=True)
+    subprocess.run(
+        [pidctl, "format", "--data-dir", data_dir],
+        check=True,
+        capture_output=True,
+        env=INSTALLED_ENV,
+    )
     port, metrics = free_port(), free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as sink:
@@ -151,6 +166,7 @@ def test_the_request_path_runs_compiled_from_the_wheel(release: Release, tmp_pat
             [pidctl, "serve", "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
              "--metrics-listen", f"127.0.0.1:{metrics}", "--log-format", "json"],
             stderr=sink,
+            env=INSTALLED_ENV,
         )  # fmt: skip
     try:
 
@@ -205,6 +221,7 @@ def test_elsewhere_the_wheel_is_pure_python(release: Release, tmp_path: Path) ->
         capture_output=True,
         text=True,
         check=True,
+        env=INSTALLED_ENV,
     ).stdout.strip()
     # pidctl's dependencies from the test venv (a .pth line runs no .pth file of that folder,
     # so not its editable pidctl).

@@ -35,6 +35,7 @@ from pidctl.controller.api.responses import (
     too_many_topics,
 )
 from pidctl.controller.core.acl import APP_ID, Authorizer
+from pidctl.controller.core.job_commits import parse_commit_key
 from pidctl.controller.core.jobs import parse_job_key
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.logformat import RecordTooLarge
@@ -97,6 +98,9 @@ _REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
 #: A named job without Write on its app id, as a transactional id without Write on it.
 _APP_ID_DENIED = ErrorCode.transactional_id_authorization_failed
 _INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
+#: AllocateProducerIds while grants are paused (the disk nearly full): Kafka's retriable
+#: storage error.
+_PAUSED_BLOCK = Block(ErrorCode.kafka_storage_error, 0, 0)
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group (KIP-932, from
 #: v6 only).
@@ -141,6 +145,8 @@ class InitAnswer:
 
 _TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)
 _IDEMPOTENT_WRITE_DENIED = InitAnswer(ErrorCode.cluster_authorization_failed)
+#: InitProducerId while grants are paused: the error every client retries.
+_PAUSED_INIT = InitAnswer(ErrorCode.coordinator_load_in_progress)
 
 
 class IdempotentRun(NamedTuple):
@@ -189,6 +195,10 @@ def _told_nobody(api: str, exhausted: bool) -> None:
     """No one is told of requests refused for want of a producer id."""
 
 
+def _told_nobody_paused(api: str) -> None:
+    """No one is told of requests refused while grants are paused."""
+
+
 class Controller:
     """Answers requests: per API, authorise, decide (one manager), apply (the quorum
     controller), respond."""
@@ -201,10 +211,12 @@ class Controller:
         authorizer: Authorizer | None = None,
         limits: RequestLimits | None = None,
         on_no_producer_id: Callable[[str, bool], None] | None = None,
+        on_paused: Callable[[str], None] | None = None,
     ) -> None:
         """``on_no_producer_id``: told of each request refused for want of a producer id:
         the API's name, and whether the range is used up for good (an operator must widen
-        it) rather than waiting for a lease or a block."""
+        it) rather than waiting for a lease or a block. ``on_paused``: told of each request
+        refused while grants are paused (:attr:`paused`): the API's name."""
         #: The managers, for their decisions (read and decided here; changed only by apply).
         self.state = quorum.state
         self.node_id = node_id
@@ -217,6 +229,13 @@ class Controller:
         self._pool_grants = PoolGrants(blocks_held=pool.depth + 1)
         quorum.observers.append(self._pool_grants.applied)
         self.on_no_producer_id = on_no_producer_id or _told_nobody
+        #: Why grants are paused now, or None: the data dir's filesystem is nearly full
+        #: (``server/app.py`` watches it), and a grant's record could meet ENOSPC, which
+        #: stops the server. Meanwhile InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS
+        #: and AllocateProducerIds KAFKA_STORAGE_ERROR (both retried by clients and
+        #: brokers), and nothing is written.
+        self.paused: str | None = None
+        self.on_paused = on_paused or _told_nobody_paused
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self.api_versions = ApiVersionsAnswers(self.supported)
         self._handlers: dict[int, Handler] = {
@@ -355,10 +374,13 @@ class Controller:
 
     def allocate_producer_ids(
         self, request: BlockRequested, now: Now, conn: ConnectionInfo
-    ) -> tuple[Block, int]:
-        """AllocateProducerIds' handler: the block (or refusal) and the offset that must be
-        durable before it is answered, whichever reader read the request (``struct`` or
-        kio: ``protocol.block_requests``); the connection packs the answer."""
+    ) -> tuple[Block, int, int]:
+        """AllocateProducerIds' handler, whichever reader read the request (``struct`` or
+        kio: ``protocol.block_requests``): the block (or refusal), the offset that must be
+        durable before it is answered, and the producer ids it created for a job (a new job
+        block's 1,000, for the quota on new producer ids; 0 for a broker's block, which is
+        the cluster's, and for a job's block answered again). The connection packs the
+        answer."""
         broker_id, broker_epoch = request.broker_id, request.broker_epoch
         client_id = request.client_id
         manager = self.state.producer_ids
@@ -370,28 +392,48 @@ class Controller:
         job = broker_id == JOB_BROKER_ID and broker_epoch == JOB_BROKER_EPOCH
         # (No record of it can be too large: a client id is at most 32,767 bytes, an app id
         # at most max_job_app_id_bytes.)
+        key = commit = None
         if job:
             try:
-                key = parse_job_key(client_id)
+                commit = parse_commit_key(client_id)
+                key = None if commit is not None else parse_job_key(client_id)
             except ValueError:
-                return _INVALID_BLOCK, NO_WAIT
-            if key is not None:
+                return _INVALID_BLOCK, NO_WAIT, 0
+            if commit is not None:
+                # A named job's version completed (core/job_commits.py): recorded for the
+                # app id's owner, as its blocks are.
+                refused = self.app_id_refusal(conn, commit.app_id)
+                if refused:
+                    return Block(refused, 0, 0), NO_WAIT, 0
+            elif key is not None:
                 refused = self.app_id_refusal(conn, key.app_id)
                 if refused:
-                    return Block(refused, 0, 0), NO_WAIT
-                result = self.state.jobs.allocate(
-                    key,
-                    wall_ms=now.wall_ms,
-                    mono_ms=now.mono_ms,
-                    principal=conn.principal,
-                    client_id=client_id,
-                )
+                    return Block(refused, 0, 0), NO_WAIT, 0
+                committed = self.state.commits.committed_block(key.app_id, key.version, key.block)
+                if committed is not None:  # a re-run of a completed version writes nothing
+                    return committed, NO_WAIT, 0
             elif not self._may_write_idempotently(conn):
-                return _REFUSED_BLOCK, NO_WAIT
-            else:
-                result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
+                return _REFUSED_BLOCK, NO_WAIT, 0
         elif not self._may(conn, "ClusterAction"):
-            return _REFUSED_BLOCK, NO_WAIT
+            return _REFUSED_BLOCK, NO_WAIT, 0
+        if self.paused is not None:
+            self.on_paused("AllocateProducerIds")
+            return _PAUSED_BLOCK, NO_WAIT, 0
+        if commit is not None:
+            done, offset = self._apply(
+                self.state.commits.commit(commit, principal=conn.principal), now
+            )
+            return done, offset, 0
+        if key is not None:
+            result = self.state.jobs.allocate(
+                key,
+                wall_ms=now.wall_ms,
+                mono_ms=now.mono_ms,
+                principal=conn.principal,
+                client_id=client_id,
+            )
+        elif job:
+            result = manager.allocate_for_job(principal=conn.principal, client_id=client_id)
         else:
             result = manager.allocate(
                 broker_id=broker_id,
@@ -402,7 +444,9 @@ class Controller:
         block, offset = self._apply(result, now)
         if block.error in _NO_BLOCK:
             self.on_no_producer_id("AllocateProducerIds", manager.exhausted())
-        return block, offset
+        # A job's block is new when it was recorded now (one answered again writes nothing).
+        created = block.length if job and result.records else 0
+        return block, offset, created
 
     def app_id_refusal(
         self, conn: ConnectionInfo, app_id: str, operation: str = "Write"
@@ -430,6 +474,9 @@ class Controller:
                 return _TRANSACTIONAL_ID_DENIED
         elif not self._may_write_idempotently(conn):
             return _IDEMPOTENT_WRITE_DENIED
+        if self.paused is not None:
+            self.on_paused("InitProducerId")
+            return _PAUSED_INIT
         expected = parse_expected(request.producer_id, request.producer_epoch)
         if isinstance(expected, ErrorCode):
             return InitAnswer(expected)
@@ -467,6 +514,10 @@ class Controller:
         first requests in order; the rest are answered ``error``."""
         if not self._may_write_idempotently(conn):
             return IdempotentRun([], _DENIED, NO_WAIT)
+        if self.paused is not None:
+            for _ in range(count):
+                self.on_paused("InitProducerId")
+            return IdempotentRun([], _NO_PRODUCER_ID_YET, NO_WAIT)
         return self._idempotent_run(count, now)
 
     def _idempotent_run(self, count: int, now: Now) -> IdempotentRun:

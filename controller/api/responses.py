@@ -90,6 +90,19 @@ REFUSALS: dict[int, dict[str, Any]] = {
 }
 
 
+#: The error of a request refused by a strict quota (core/quotas.py), per API that takes
+#: one; the connection's answerer of its kind packs it with the throttle time.
+#: AllocateProducerIds: THROTTLING_QUOTA_EXCEEDED, as KIP-599's controller mutation quota
+#: refuses (a broker backs off and retries on any error). InitProducerId:
+#: COORDINATOR_LOAD_IN_PROGRESS, which every client retries, where Kafka's Java producer
+#: fails for good on any error it does not expect there, THROTTLING_QUOTA_EXCEEDED too
+#: (TransactionManager's InitProducerIdHandler).
+QUOTA_REFUSALS: dict[int, ErrorCode] = {
+    ApiKey.ALLOCATE_PRODUCER_IDS: ErrorCode.throttling_quota_exceeded,
+    ApiKey.INIT_PRODUCER_ID: ErrorCode.coordinator_load_in_progress,
+}
+
+
 def too_many_keys(request: Request, asked: int, most: int) -> Any:
     """FindCoordinator (v4+) asking for more keys than allowed: one entry says why, whatever
     was asked, so the answer stays small."""

@@ -24,10 +24,11 @@ app id. An app id no longer than ``max_app_id_bytes``, and at most
 For the owner:
 
 - an older version is refused PRODUCER_FENCED: a later version of the app has run;
-- the same version longer than ``reuse_ms`` of job time after its first block, or one whose
-  age is unknown (the clocks, ``job_clock.py``), is refused UNKNOWN_PRODUCER_ID: the brokers
-  keep a PID's sequences only ``producer.id.expiration.ms`` after its last write, so a
-  re-run past that could no longer tell what the first run wrote;
+- the same version longer than ``reuse_ms`` of job time after its first block (or than the
+  key's ``max_age_ms``, the brokers' own ``producer.id.expiration.ms`` read by the job), or
+  one whose age is unknown (the clocks, ``job_clock.py``), is refused UNKNOWN_PRODUCER_ID:
+  the brokers keep a PID's sequences only ``producer.id.expiration.ms`` after its last
+  write, so a re-run past that could no longer tell what the first run wrote;
 - after a start-up that cut a damaged tail off the log, a block not in the log is refused
   UNKNOWN_PRODUCER_ID for ``reuse_ms`` of running time: its record may have been lost, and
   answering anew would hand out other blocks than the first run got;
@@ -92,15 +93,20 @@ CLOCK_RECORD_INTERVAL_MS = 60_000
 
 @dataclass(frozen=True, slots=True)
 class JobKey:
-    """Which block of which version of which app a keyed job request asks for."""
+    """Which block of which version of which app a keyed job request asks for; and at most
+    how old (job time since its first block) a version may be to be answered again:
+    ``max_age_ms``, the brokers' ``producer.id.expiration.ms`` the job read from them
+    (``pidctl-job/VERSION/BLOCK~MAX_AGE_MS/APP_ID``), None for ``reuse_ms`` alone."""
 
     app_id: str
     version: int
     block: int
+    max_age_ms: int | None = None
 
     def client_id(self) -> str:
         """The client id that carries this key on the wire."""
-        return f"{JOB_KEY_PREFIX}{self.version}/{self.block}/{self.app_id}"
+        age = "" if self.max_age_ms is None else f"~{self.max_age_ms}"
+        return f"{JOB_KEY_PREFIX}{self.version}/{self.block}{age}/{self.app_id}"
 
 
 #: What a client id's bytes that are not UTF-8 are read as (U+FFFD, the replacement
@@ -122,13 +128,15 @@ def parse_job_key(client_id: str | None) -> JobKey | None:
         # as one, and be handed one app's blocks.
         raise ValueError(f"job key {client_id!r} is not UTF-8 (or holds U+FFFD)")
     version, block, app_id = parts
-    if not (version.isdigit() and block.isdigit() and version.isascii() and block.isascii()):
-        raise ValueError(f"job key {client_id!r}: version and block must be non-negative")
-    if int(version) >= 2**63 or int(block) >= MAX_BLOCKS_PER_VERSION:
+    block, _, age = block.partition("~")
+    numbers = (version, block, age) if age else (version, block)
+    if not all(n.isdigit() and n.isascii() for n in numbers):
+        raise ValueError(f"job key {client_id!r}: version, block and age must be non-negative")
+    if int(version) >= 2**63 or int(block) >= MAX_BLOCKS_PER_VERSION or int(age or 0) >= 2**63:
         raise ValueError(
             f"job key {client_id!r}: version below 2^63, block below {MAX_BLOCKS_PER_VERSION}"
         )
-    return JobKey(app_id, int(version), int(block))
+    return JobKey(app_id, int(version), int(block), int(age) if age else None)
 
 
 _NOT_OWNER = Block(ErrorCode.transactional_id_authorization_failed)
@@ -203,7 +211,7 @@ class JobAllocationManager:
         if held is not None and key.version < held.version:
             return answer(_FENCED)
         if held is not None and key.version == held.version:
-            if not self._reusable(held, job_ms):
+            if not self._reusable(held, job_ms, key.max_age_ms):
                 return answer(_UNKNOWN_AGE)
             if key.block < held.block_count:
                 return answer(Block(ErrorCode.none, held.block(key.block), BLOCK_SIZE))
@@ -230,8 +238,9 @@ class JobAllocationManager:
         )
         return ControllerResult((*granted.records, record), block)
 
-    def _reusable(self, held: AppVersion, job_ms: int) -> bool:
-        """Whether the version's age is known and within ``reuse_ms``. Unknown: stamped
+    def _reusable(self, held: AppVersion, job_ms: int, max_age_ms: int | None = None) -> bool:
+        """Whether the version's age is known and within ``reuse_ms`` (and the key's
+        ``max_age_ms``, the brokers' expiration, when it carries one). Unknown: stamped
         ahead of job time; or recorded before this start while job time is behind the
         newest job record then (the clock went back while the controller was down, or that
         record was stamped ahead)."""
@@ -239,7 +248,8 @@ class JobAllocationManager:
             return False
         if held.running_ms < self._started_running_ms and job_ms < self._started_behind_ms:
             return False
-        return job_ms - held.allocated_ms <= self.reuse_ms
+        reuse = self.reuse_ms if max_age_ms is None else min(self.reuse_ms, max_age_ms)
+        return job_ms - held.allocated_ms <= reuse
 
     def _quarantined(self, running_ms: int) -> bool:
         start = self.damaged_tail_running_ms

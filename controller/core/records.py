@@ -242,6 +242,15 @@ class ProducerIdsReserved:
     next_producer_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class JobVersionCommitted:
+    """Version ``version`` of the job named ``app_id`` completed: every task wrote its rows
+    (``core/job_commits.py``). A re-run of it, or of an older version, writes nothing."""
+
+    app_id: str
+    version: int
+
+
 # -- the records only snapshots hold ------------------------------------------------------
 #
 # A snapshot is records too (``docs/log-format.md``): each manager restates its state as
@@ -307,6 +316,15 @@ class JobsState:
     damaged_tail_running_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class JobCommitsLoaded:
+    """``count`` app ids' latest committed versions: ``rows`` is the base64 of their packed
+    rows (``CommitTable.packed_chunks``). Replayed after the app ids (``JobAllocationsLoaded``)."""
+
+    count: int
+    rows: str
+
+
 Record = (
     ClusterCreated
     | ControllerStarted
@@ -328,6 +346,8 @@ Record = (
     | TransactionsState
     | JobAllocationsLoaded
     | JobsState
+    | JobVersionCommitted
+    | JobCommitsLoaded
 )
 
 #: Each record type's stable numeric id (the frame's type byte): a record's class is its
@@ -354,6 +374,8 @@ RECORD_TYPES: dict[int, type[Record]] = {
     18: JobAllocationsLoaded,
     19: JobsState,
     20: LeasesState,
+    21: JobVersionCommitted,
+    22: JobCommitsLoaded,
 }
 
 #: The record types only a snapshot holds: in the log, one is corruption.
@@ -365,6 +387,7 @@ SNAPSHOT_RECORDS: frozenset[type[Record]] = frozenset(
         TransactionsState,
         JobAllocationsLoaded,
         JobsState,
+        JobCommitsLoaded,
     }
 )
 #: Most bytes of packed rows in one ``...Loaded`` record: in base64 a third more, well

@@ -14,6 +14,7 @@ from typing import Any
 
 from pidctl.controller.core.cluster import ClusterControlManager
 from pidctl.controller.core.errors import InvariantViolation
+from pidctl.controller.core.job_commits import JobCommitManager
 from pidctl.controller.core.jobs import JobAllocationManager
 from pidctl.controller.core.pid_leases import LeaseManager
 from pidctl.controller.core.producer_ids import ProducerIdControlManager, ProducerIdRange
@@ -28,7 +29,9 @@ from pidctl.controller.core.records import (
     JobAllocationsLoaded,
     JobBlockRecorded,
     JobClockAdvanced,
+    JobCommitsLoaded,
     JobsState,
+    JobVersionCommitted,
     LeasesState,
     ProducerIdFloorRaised,
     ProducerIdsGranted,
@@ -59,6 +62,7 @@ class ControllerState:
     producer_ids: ProducerIdControlManager = field(init=False)
     transactions: TransactionControlManager = field(init=False)
     jobs: JobAllocationManager = field(init=False)
+    commits: JobCommitManager = field(init=False)
     next_offset: int = 0
     _owners: dict[type, Callable[[int, Any], None]] = field(init=False, compare=False, repr=False)
 
@@ -68,6 +72,7 @@ class ControllerState:
         self.producer_ids = ProducerIdControlManager(self.cluster, self.leases, self.reservations)
         self.transactions = TransactionControlManager(self.producer_ids)
         self.jobs = JobAllocationManager(self.producer_ids)
+        self.commits = JobCommitManager(self.jobs)
         self._dispatch()
 
     def _granted(self) -> int:
@@ -89,9 +94,10 @@ class ControllerState:
             TransactionalIdUpdated: transactions.replay,
             TransactionalIdExpired: transactions.replay,
             JobBlockRecorded: jobs.replay,
-            JobAllocationExpired: jobs.replay,
+            JobAllocationExpired: self._replay_expired_app,
             JobClockAdvanced: jobs.replay,
             DamagedTailTruncated: self._replay_damaged_tail,
+            JobVersionCommitted: self.commits.replay,
             # Only in snapshots (records.py says why):
             ProducerIdsState: producer_ids.replay,
             LeasesState: leases.replay,
@@ -99,7 +105,13 @@ class ControllerState:
             TransactionsState: transactions.replay,
             JobAllocationsLoaded: jobs.replay,
             JobsState: jobs.replay,
+            JobCommitsLoaded: self.commits.replay,
         }
+
+    def _replay_expired_app(self, offset: int, record: JobAllocationExpired) -> None:
+        # The app id is forgotten with its commit.
+        self.jobs.replay(offset, record)
+        self.commits.replay(offset, record)
 
     def _replay_damaged_tail(self, offset: int, record: DamagedTailTruncated) -> None:
         # Both managers' answers may have been in the lost tail.
@@ -187,6 +199,7 @@ class ControllerState:
         )
         copied.transactions = self.transactions.copy(copied.producer_ids)
         copied.jobs = self.jobs.copy(copied.producer_ids)
+        copied.commits = self.commits.copy(copied.jobs)
         copied._dispatch()
         return copied
 
@@ -204,6 +217,7 @@ class ControllerState:
         yield from self.reservations.snapshot_records(at)
         yield from self.transactions.snapshot_records(at)
         yield from self.jobs.snapshot_records(at)
+        yield from self.commits.snapshot_records(at)
 
     @classmethod
     def from_snapshot_records(

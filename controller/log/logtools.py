@@ -94,7 +94,7 @@ def format_dump(contents: LogContents, entries: list[LogEntry], as_json: bool) -
         else:
             skip = ("offset", "timestamp_ms", "time", "type")
             fields = " ".join(
-                f"{k}={v}" for k, v in item.items() if k not in skip and v is not None
+                f"{k}={shown(v)}" for k, v in item.items() if k not in skip and v is not None
             )
             yield f"{item['offset']:>10}  {item['time']}  {item['type']:<22} {fields}"
     if contents.torn_tail_bytes:
@@ -103,6 +103,37 @@ def format_dump(contents: LogContents, entries: list[LogEntry], as_json: bool) -
             f"({contents.torn_tail_problem}): a write cut short by a crash, or damage to "
             "acknowledged records (see `pidctl log verify`)"
         )
+
+
+#: What a value may hold and be shown as it is: anything else is quoted (logfmt's way).
+_QUOTED = frozenset(' "=,\\')
+
+
+def shown(value: object) -> str:
+    """A value as a text line of ``pidctl log dump`` shows it: as it is when it is plain;
+    else in double quotes, with ``\\`` and ``"`` escaped and every character that is not
+    printable (a control character, an escape sequence's ESC, a line or paragraph
+    separator, a bidirectional override) as a ``\\x``, ``\\u`` or ``\\U`` escape. A client
+    chooses its client id (and a job its app id): none can make a line of the audit trail,
+    a field, or a terminal escape of its own, and the escapes read back to what the log
+    holds (``--json`` prints it as JSON strings)."""
+    if isinstance(value, tuple | list):  # (a broker's listeners)
+        return ",".join(shown(item) for item in value)
+    text = str(value)
+    if text and text.isprintable() and _QUOTED.isdisjoint(text):
+        return text
+    return '"' + "".join(_escaped(char) for char in text) + '"'
+
+
+def _escaped(char: str) -> str:
+    if char in '"\\':
+        return "\\" + char
+    if char.isprintable():
+        return char
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def removed_before(contents: LogContents) -> int:
@@ -155,7 +186,9 @@ def summary_lines(entries: list[LogEntry]) -> list[str]:
             )
         elif isinstance(record, ProducerIdsGranted):
             # A job is known by its client id (a Spark application id), not a broker id.
-            who = record.client_id or "?" if record.holder == "job" else str(record.broker_id)
+            who = (
+                shown(record.client_id or "?") if record.holder == "job" else str(record.broker_id)
+            )
             holder = holders[(record.holder, who)]
             holder.blocks += 1
             holder.pids += record.next_producer_id - record.first_producer_id

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import structlog
 
+from pidctl.controller.core.errors import PidctlError
+from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
 from pidctl.controller.core.logformat import (
     SEGMENT_SUFFIX,
     SNAPSHOT_SUFFIX,
@@ -44,20 +46,57 @@ from pidctl.controller.log.datadir import (
 log = structlog.get_logger("pidctl.metalog")
 
 
-def reserve_by_operator(data_dir: Path, producer_id: int) -> str:
+class ReservationRefused(PidctlError):
+    """``pidctl log reserve`` refuses a value: past the range, or below an intact
+    reservation without ``--force``."""
+
+    exit_code = 2
+
+
+def highest_reservation(last_producer_id: int = INT64_MAX - 1) -> int:
+    """The highest value ``pidctl log reserve`` takes for a range ending at
+    ``last_producer_id``: the start of the range's last whole block. Above it, a start-up
+    would find no block to grant, and answer every request with an error."""
+    return last_producer_id - BLOCK_SIZE + 1
+
+
+def reserve_by_operator(
+    data_dir: Path,
+    producer_id: int,
+    *,
+    last_producer_id: int = INT64_MAX - 1,
+    force: bool = False,
+) -> str:
     """``pidctl log reserve`` (the controller stopped): replace a missing or damaged
     reservation file on an operator's word that no PID at or above ``producer_id`` was
-    handed out (never below what the log itself granted). Returns what was done."""
+    handed out (never below what the log itself granted). Refused
+    (:class:`ReservationRefused`) past the range's last block, and below an intact
+    reservation unless ``force``: the reservation is what a start-up skips to, above
+    grants the log's tail may have lost. Returns what was done."""
+    most = highest_reservation(last_producer_id)
+    if not 0 <= producer_id <= most:
+        raise ReservationRefused(
+            f"--producer-id {producer_id} is past the last block of the range (at most "
+            f"{most}, with last_producer_id {last_producer_id}): a start-up would find no "
+            "block to grant"
+        )
     if not data_dir.is_dir():
         raise LogCorruption(f"{data_dir}: no such data dir")
     lock_fd = lock_data_dir(data_dir, by_operator=True)
     try:
         state = _replay_streaming(data_dir)[0]
         try:
-            before = str(read_reservation(data_dir) or "none")
+            intact = read_reservation(data_dir)
+            before = str(intact or "none")
         except LogCorruption:
-            before = "damaged"
+            intact, before = None, "damaged"
         value = max(producer_id, state.next_producer_id)
+        if intact is not None and value < intact and not force:
+            raise ReservationRefused(
+                f"{data_dir / RESERVATION_FILE} holds an intact reservation up to {intact}, "
+                f"above {value}: lowering it could let a start-up grant producer ids the "
+                "log's lost tail had granted; --force to lower it all the same"
+            )
         write_reservation_file(data_dir, value)
     finally:
         os.close(lock_fd)

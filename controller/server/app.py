@@ -22,7 +22,6 @@ import trio
 
 from pidctl.controller.api.handlers import Controller, RequestLimits
 from pidctl.controller.api.quorum import QuorumController
-from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.state import ControllerState
@@ -38,7 +37,13 @@ from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
 from pidctl.controller.server.after_commit import AfterCommit
 from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
 from pidctl.controller.server.malloc_tuning import pin_mmap_threshold
-from pidctl.controller.server.security.sasl import CredentialStore
+from pidctl.controller.server.reload import (
+    ReloadReader,
+    build_authorizer,
+    load_credentials,
+    reload_refusal,
+    restart_only_changes,
+)
 from pidctl.controller.server.telemetry.alarms import Alarm
 from pidctl.controller.server.telemetry.metrics import Metrics, StateView
 from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
@@ -47,7 +52,7 @@ from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.poller import available as poller_available
 from pidctl.controller.server.transport.socket_io import close_socket
-from pidctl.controller.settings import Settings
+from pidctl.controller.settings import ReloadRefused, Settings
 from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.build import BUILD
@@ -71,8 +76,9 @@ class ResourceLimit(PidctlError):
 #: directory and next reservation, a snapshot or roll being written, listeners, etcd,
 #: stdio and trio's own.
 RESERVED_FILE_DESCRIPTORS = 64
-#: How often the data dir's free space is looked at while serving (one statvfs).
-FREE_SPACE_CHECK_S = 5.0
+#: How often the data dir's free space is looked at while serving (one statvfs, in a
+#: worker thread): below data_dir_min_free_bytes grants pause within this long.
+FREE_SPACE_CHECK_S = 1.0
 
 
 def raise_file_limit(max_connections: int, metrics_max_connections: int = 0) -> int:
@@ -112,40 +118,55 @@ class PidctlServer:
             window_s=settings.quota_window_ms / 1000,
             overrides=settings.quota_overrides,
             producer_ids_rate=settings.producer_ids_rate,
+            max_buckets=settings.quota_max_buckets,
         )
         self.authorizer = build_authorizer(settings)
         self.credentials = load_credentials(settings)
-        self.http = HttpEndpoint(self.metrics, settings.metrics_max_connections)
+        self.http = HttpEndpoint(
+            self.metrics,
+            settings.metrics_max_connections,
+            settings.metrics_request_timeout_ms / 1000,
+        )
         self._exhausted = Alarm("producer_ids", "no producer id left", self.http.faults)
         self._low_space = Alarm("disk_space", "data dir nearly full", self.http.faults)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
         self.after_commit = AfterCommit(self.metrics, self.http)
 
-    def reload(self, load: Callable[[], Settings]) -> str:
-        """SIGHUP: take new ACLs, super users and SASL credentials; nothing else changes.
-        Returns the outcome (the label of ``pidctl_config_reloads_total``):
+    async def reload(self, load: Callable[[], Settings], reader: ReloadReader) -> str:
+        """SIGHUP: take new ACLs, super users, the authorizer's switch and SASL credentials
+        (``reload.py``); nothing else changes, and a reload says which other settings
+        changed (they take a restart). Returns the outcome (the label of
+        ``pidctl_config_reloads_total``):
 
-        - ``failed``: reading the configuration or the credentials failed, whatever the
-          error: the previous configuration stays;
-        - ``refused``: the new one would switch the authorizer off or remove every SASL
-          credential (:func:`reload_refusal`), which is what an empty or half-written file
-          looks like; a reload cannot tell an operator's intent from an editor's write in
-          progress, so these take a restart. The previous configuration stays;
+        - ``failed``: reading the configuration or the credentials failed or took longer
+          than ``reload_timeout_ms``, whatever the error: the previous configuration stays;
+        - ``refused``: the new one could be a file caught half written (it ends inside an
+          ``[[acls]]`` table, or it would switch the authorizer off, remove a DENY ACL or
+          every SASL credential: :func:`reload_refusal`); a reload cannot tell an
+          operator's intent from an editor's write in progress, so these take a restart.
+          The previous configuration stays;
         - ``applied``."""
         try:
-            settings = load()
-            authorizer = build_authorizer(settings)
-            credentials = load_credentials(settings)
+            loaded = await reader.read(load)
+        except ReloadRefused as refused:  # (its own name: compiled, a name has one type)
+            log.error("reload refused; the previous configuration stays", reason=str(refused))
+            return self._reloaded("refused")
         except Exception as e:  # any error: a reload must not take the server down
             log.error(
                 "reload failed; the previous configuration stays",
                 error=str(e) or type(e).__name__,
             )
             return self._reloaded("failed")
+        restart = restart_only_changes(self.settings, loaded.settings)
+        authorizer, credentials = loaded.authorizer, loaded.credentials
         reason = reload_refusal(self.authorizer, self.credentials, authorizer, credentials)
         if reason is not None:
-            log.error("reload refused; the previous configuration stays", reason=reason)
+            log.error(
+                "reload refused; the previous configuration stays",
+                reason=reason,
+                restart_needed=restart,
+            )
             return self._reloaded("refused")
         self.authorizer = authorizer
         self.credentials = credentials
@@ -155,7 +176,13 @@ class PidctlServer:
             "configuration reloaded",
             acls=len(self.authorizer.acls),
             users=len(self.credentials.users),
+            restart_needed=restart,
         )
+        if restart:
+            log.warning(
+                "changed settings take effect only after a restart; the running values stay",
+                settings=restart,
+            )
         return self._reloaded("applied")
 
     def _reloaded(self, outcome: str) -> str:
@@ -263,6 +290,7 @@ class PidctlServer:
             authorizer=self.authorizer,
             limits=limits,
             on_no_producer_id=self._no_producer_id,
+            on_paused=self._refused_while_paused,
         )
         self._controller = controller
         lease_keeper = self._lease_keeper(quorum, metalog)
@@ -416,21 +444,34 @@ class PidctlServer:
             next_producer_id=None if state is None else state.next_producer_id,
         )
 
+    def _refused_while_paused(self, api: str) -> None:
+        self.metrics.producer_id_refusals.labels(api, "disk_space").inc()
+
     async def _watch_free_space(
         self, data_dir: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """The data dir's free space, every ``FREE_SPACE_CHECK_S``: a gauge, and below
-        ``data_dir_min_free_bytes`` ``/readyz`` fails and says why before a commit meets
-        ENOSPC (which stops the server)."""
+        ``data_dir_min_free_bytes`` grants pause (``Controller.paused``: retriable errors,
+        nothing written), ``/readyz`` fails, and the log says why, before a commit meets
+        ENOSPC (which stops the server); they resume once there is room again."""
         minimum = self.settings.data_dir_min_free_bytes
         while True:
             free = await trio.to_thread.run_sync(free_bytes, data_dir)
             self.metrics.data_dir_free_bytes.set(free)
             problem = SpaceVerdict(free, minimum).problem
             if problem is None:
-                self._low_space.clear(free_bytes=free)
+                self._low_space.clear(free_bytes=free, grants="resumed")
             else:
-                self._low_space.sound(problem, data_dir=str(data_dir), free_bytes=free)
+                self._low_space.sound(
+                    problem,
+                    data_dir=str(data_dir),
+                    free_bytes=free,
+                    grants="paused: InitProducerId answered COORDINATOR_LOAD_IN_PROGRESS, "
+                    "AllocateProducerIds KAFKA_STORAGE_ERROR, until there is room",
+                )
+            if self._controller is not None:
+                self._controller.paused = problem
+            self.metrics.grants_paused.set(0 if problem is None else 1)
             task_status.started()
             task_status = trio.TASK_STATUS_IGNORED
             await trio.sleep(FREE_SPACE_CHECK_S)
@@ -582,58 +623,12 @@ def _state_view(state: ControllerState) -> StateView:
     )
 
 
-def reload_refusal(
-    authorizer: Authorizer,
-    credentials: CredentialStore,
-    new_authorizer: Authorizer,
-    new_credentials: CredentialStore,
-) -> str | None:
-    """Why a reload from (``authorizer``, ``credentials``) to the new ones must be refused,
-    or None. An empty config file, or one cut before its ``authorizer`` line, reads as
-    ``authorizer = "none"``, a file cut in its ACL list as fewer ACLs, and a missing or
-    emptied credentials file as no users: a reload cannot tell them from an operator's
-    intent, so it never makes a change that lets through what was refused — switching the
-    authorizer off, removing a DENY ACL, removing every credential."""
-    if authorizer.enabled and not new_authorizer.enabled:
-        return (
-            'it would switch the authorizer off (authorizer = "none"): an empty or half-written '
-            "config file reads so; restart the server to do that"
-        )
-    if credentials.users and not new_credentials.users:
-        return (
-            "it would remove every SASL credential: a missing or emptied credentials file reads "
-            "so; restart the server to do that"
-        )
-    # A file cut anywhere in its ACL list reads as the entries before the cut: losing an
-    # ALLOW only refuses more, losing a DENY lets through what it refused.
-    removed_denials = {a for a in authorizer.acls if a.permission == "deny"} - set(
-        new_authorizer.acls
-    )
-    if authorizer.enabled and removed_denials:
-        return (
-            f"it would remove {len(removed_denials)} DENY ACL(s): a config file cut in its ACL "
-            "list reads so; restart the server to do that"
-        )
-    return None
-
-
-def build_authorizer(settings: Settings) -> Authorizer:
-    # Separated by ";" as Kafka's super.users: a certificate's principal contains commas.
-    super_users = [u.strip() for u in settings.super_users.split(";") if u.strip()]
-    return Authorizer(settings.acls, super_users, enabled=settings.authorizer == "acl")
-
-
-def load_credentials(settings: Settings) -> CredentialStore:
-    if not settings.credentials_file:
-        return CredentialStore()
-    return CredentialStore.load(Path(settings.credentials_file))
-
-
 async def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads ACLs and
-    credentials through ``reload``."""
+    credentials through ``reload`` (until then, ``pidctl serve`` ignores SIGHUP: cli.py)."""
     server = PidctlServer(settings)
     async with trio.open_nursery() as nursery:
+        reader = ReloadReader(nursery, settings.reload_timeout_ms / 1000)
 
         async def watch_signals() -> None:
             wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -644,7 +639,7 @@ async def serve(settings: Settings, reload: Callable[[], Settings] | None = None
                         server.request_shutdown()
                         return
                     if reload is not None:
-                        server.reload(reload)
+                        await server.reload(reload, reader)
 
         nursery.start_soon(watch_signals)
         await server.run()

@@ -1,17 +1,26 @@
-"""Benchmark: ``format("pidctl-kafka")`` against Spark's own Kafka sink, same job, same broker,
-measured in the same run.
+"""Benchmark: ``format("pidctl-kafka")`` against Spark's own Kafka sink, same job, same cluster,
+same broker, measured in the same run.
 
-    python -m ops.bench.spark_kafka [--rows 400000] [--partitions 4] [--wide-partitions 1000]
+    python -m ops.bench.spark_kafka [--rows 1000000] [--partitions 8] [--topic-partitions 6]
+        [--rounds 5] [--wide-partitions 1000] [--faults]
 
-- Throughput without faults: the same DataFrame (a string key, a 100-byte value) written by
-  ``format("kafka")`` (spark-sql-kafka-0-10 4.2.0, from Maven Central) and by
-  ``format("pidctl-kafka")`` into fresh topics of one real broker, alternately, best of
-  ``--repeats``; the ratio is pidctl's rows/s over Spark's. CPU seconds of the Spark process
-  tree (driver JVM and Python workers) and of the broker are printed for each.
+- Throughput on a standalone cluster (a master and two workers of one core and 1 GiB, as a
+  data team runs it): the job ``ops/spark/examples/kafka_write.py`` (``--rows`` rows in
+  ``--partitions`` Spark partitions into a fresh topic of ``--topic-partitions`` partitions,
+  a string key and a ~107-byte value) submitted with ``spark-submit``, by Spark's
+  ``format("kafka")`` (spark-sql-kafka-0-10 4.2.0 from Maven Central), by
+  ``format("pidctl-kafka")`` (Python tasks) and by ``write_kafka`` (the JVM carrier,
+  ``ops/spark/carrier.py``) in turn, ``--rounds`` rounds, each sink first in every third
+  round. Per run: the submission's seconds (start to exit, what a scheduler waits for), the
+  write's own seconds (``save()``, printed by the job), and the CPU seconds of the cluster
+  (workers, executors and their Python workers), of the driver (``spark-submit``, its
+  Python and Python workers), of the broker and of pidctl; every run's rows counted by id
+  with a consumer. Per round the ratios Spark's seconds / each of ours (above 1: ours is
+  faster); the results are their medians.
 - The broker's producer-state count after a job of ``--wide-partitions`` Spark partitions
-  (DescribeProducers over every partition of the topic), for both sinks: pidctl-kafka holds
-  one PID per Spark partition and Kafka partition written, Spark's sink one per executor.
-
+  (DescribeProducers over every partition of the topic), for both sinks, in a local
+  session: pidctl-kafka holds one PID per Spark partition and Kafka partition written,
+  Spark's sink one per executor.
 - With ``--faults``: both sinks under each fault of ops/testing/spark_kafka_faults.py on a
   standalone master with two workers (executor killed, worker killed, speculation, driver
   killed and re-run): rows, duplicates and missing, counted by id with a consumer.
@@ -26,19 +35,25 @@ import argparse
 import contextlib
 import json
 import os
+import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ops.bench.common import ROOT, median_by
 from ops.testing.jars import classpath
 from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import WITHOUT_HYPOTHESIS, ServerProcess
 from ops.testing.spark_cluster import SparkCluster
 from ops.testing.spark_kafka_faults import FAULTS, SINKS, KafkaFaults, report
+from pidctl.spark import carrier
 from pidctl.spark.kafka_cluster import KafkaCluster
 
 #: The PID range the docs recommend for a pidctl serving jobs: far above a Kafka controller's.
@@ -56,24 +71,6 @@ def process_cpu_seconds(pid: int) -> float:
         return 0.0
     # utime, stime, cutime, cstime: fields 14-17 of stat, 11-14 after the command.
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and every live descendant."""
-    total = 0.0
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    stack = [pid]
-    while stack:
-        current = stack.pop()
-        total += process_cpu_seconds(current)
-        stack.extend(children.get(current, []))
-    return total
 
 
 def session(jars: str) -> Any:
@@ -114,24 +111,163 @@ def write(df: Any, fmt: str, kafka: KafkaNode, pidctl: ServerProcess, topic: str
     if fmt == "pidctl-kafka":
         writer = writer.option("pidctl.bootstrap", pidctl.bootstrap)
         writer = writer.option("partitions", str(max(1000, df.rdd.getNumPartitions())))
+        writer = writer.option("txnAppId", f"bench-{topic}").option("txnVersion", "1")
     writer.save()
 
 
-def timed(
-    spark: Any, df: Any, fmt: str, kafka: KafkaNode, pidctl: ServerProcess, partitions: int
+def group_cpu_seconds(groups: list[int]) -> float:
+    """CPU seconds of every live process of the process ``groups`` (with what each has
+    reaped: a worker's counts its executors once they exit)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in groups:  # pgrp
+            total += sum(int(f) for f in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's children it has waited for (a ``spark-submit`` run)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+#: The sinks, each first in every third round: Spark's own, pidctl-kafka's data source and
+#: write_kafka (the JVM carrier).
+CLUSTER_SINKS = ("kafka", "pidctl-kafka", "write_kafka")
+OURS = ("pidctl-kafka", "write_kafka")
+
+
+class ClusterRuns:
+    """Submissions of the benchmark job to one standalone cluster, broker and pidctl."""
+
+    def __init__(
+        self, cluster: SparkCluster, kafka: KafkaNode, pidctl: ServerProcess, args: Any
+    ) -> None:
+        self.cluster, self.kafka, self.pidctl, self.args = cluster, kafka, pidctl, args
+        jars = classpath("spark-kafka").split(os.pathsep)
+        clients = next(jar for jar in jars if "kafka-clients" in jar)
+        self.jars = ",".join([*jars, str(carrier.build(Path(clients)))])
+        #: Spark's Python workers as an installed pidctl's: no hypothesis (kio imports it).
+        self.python_path = str(WITHOUT_HYPOTHESIS)
+
+    def command(self, sink: str, topic: str, rows: int, partitions: int) -> list[str]:
+        conf = {
+            "spark.executor.memory": "512m",
+            "spark.log.level": "WARN",
+            "spark.pyspark.python": sys.executable,
+            "spark.executorEnv.PYTHONPATH": self.python_path,
+        }
+        command = [*self.cluster.submit_command(), "--jars", self.jars]
+        for name, value in conf.items():
+            command += ["--conf", f"{name}={value}"]
+        command += [str(ROOT / "ops" / "spark" / "examples" / "kafka_write.py")]
+        command += ["--format", sink, "--kafka", self.kafka.bootstrap, "--topic", topic]
+        command += ["--rows", str(rows), "--partitions", str(partitions)]
+        command += ["--pidctl", self.pidctl.bootstrap]
+        command += ["--app-id", f"bench-{uuid.uuid4().hex[:8]}", "--version", "1"]
+        return command
+
+    def _pidctl_pid(self) -> int:
+        assert self.pidctl.proc is not None, "pidctl is not running"
+        return self.pidctl.proc.pid
+
+    def run(self, sink: str, rows: int, partitions: int, *, counted: bool = True) -> dict[str, Any]:
+        """One submission of the job with ``sink``: its times, CPU and (if ``counted``) the
+        rows read back by id."""
+        topic = new_topic(self.kafka.bootstrap, self.args.topic_partitions, prefix=sink)
+        groups = self.cluster.process_groups()
+        env = self.cluster.submit_env(
+            PYSPARK_PYTHON=sys.executable, PYTHONPATH=f"{self.python_path}{os.pathsep}{ROOT}"
+        )
+        before = (
+            group_cpu_seconds(groups),
+            children_cpu_seconds(),
+            process_cpu_seconds(self.kafka.pid),
+            process_cpu_seconds(self._pidctl_pid()),
+        )
+        started = time.perf_counter()
+        done = subprocess.run(
+            self.command(sink, topic, rows, partitions),
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            start_new_session=True,
+        )
+        seconds = time.perf_counter() - started
+        after = (
+            group_cpu_seconds(groups),
+            children_cpu_seconds(),
+            process_cpu_seconds(self.kafka.pid),
+            process_cpu_seconds(self._pidctl_pid()),
+        )
+        if done.returncode:
+            raise RuntimeError(f"{sink} job failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        reported = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        names = ("cluster", "driver", "broker", "pidctl")
+        cpu = {name: b - a for name, a, b in zip(names, before, after, strict=True)}
+        run: dict[str, Any] = {
+            "sink": sink,
+            "topic": topic,
+            "job_s": round(seconds, 2),
+            "write_s": reported[-1]["write_s"],
+            "cpu_s": {name: round(value, 2) for name, value in cpu.items()},
+        }
+        if counted:
+            found = count(self.kafka.bootstrap, topic, rows)
+            run["duplicates"], run["missing"] = found.duplicates, found.missing
+        return run
+
+
+def _ratio_of(sink: str) -> Callable[[dict[str, Any]], float]:
+    """A round's job ratio of ``sink`` (what the median round is chosen by)."""
+    return lambda round_: float(round_[f"{sink}_job_ratio"])
+
+
+def cluster_rounds(
+    kafka: KafkaNode, pidctl: ServerProcess, args: argparse.Namespace
 ) -> dict[str, Any]:
-    topic = new_topic(kafka.bootstrap, partitions, prefix=fmt)
-    me, broker = os.getpid(), kafka.pid
-    cpu0, broker0, t0 = tree_cpu_seconds(me), process_cpu_seconds(broker), time.perf_counter()
-    write(df, fmt, kafka, pidctl, topic)
-    elapsed = time.perf_counter() - t0
-    rows = df.count()
+    """The sinks on the same job in turn, ``--rounds`` rounds on one standalone cluster (a
+    master and two workers of one core and 1 GiB), each sink first in one round of every
+    three: per round each run's times and CPU, and the ratios Spark's seconds / each of
+    pidctl-kafka's; the median of each over the rounds."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    rounds = []
+    with SparkCluster(workers=2, env={"PATH": path}) as cluster:
+        runs = ClusterRuns(cluster, kafka, pidctl, args)
+        for sink in CLUSTER_SINKS:  # a first small job of each: jars and caches warm
+            runs.run(sink, 1000, 2, counted=False)
+        for index in range(args.rounds):
+            turn = index % len(CLUSTER_SINKS)
+            order = CLUSTER_SINKS[turn:] + CLUSTER_SINKS[:turn]
+            by_sink = {sink: runs.run(sink, args.rows, args.partitions) for sink in order}
+            spark = by_sink["kafka"]
+            one: dict[str, Any] = {"round": index, "first": order[0], "kafka": spark}
+            for sink in OURS:
+                mine = by_sink[sink]
+                one[sink] = mine
+                one[f"{sink}_job_ratio"] = round(spark["job_s"] / mine["job_s"], 3)
+                one[f"{sink}_write_ratio"] = round(spark["write_s"] / mine["write_s"], 3)
+            rounds.append(one)
+            partial(f"round {index}", one)
+    medians: dict[str, Any] = {}
+    for sink in OURS:
+        for measure in ("job", "write"):
+            key = f"{sink}_{measure}_ratio"
+            medians[f"median_{key}"] = statistics.median(r[key] for r in rounds)
+        medians[f"{sink}_median_round"] = median_by(rounds, _ratio_of(sink))
     return {
-        "topic": topic,
-        "seconds": elapsed,
-        "rows_per_s": rows / elapsed,
-        "spark_cpu_s": tree_cpu_seconds(me) - cpu0,
-        "broker_cpu_s": process_cpu_seconds(broker) - broker0,
+        "rows": args.rows,
+        "partitions": args.partitions,
+        "topic_partitions": args.topic_partitions,
+        "workers": 2,
+        **medians,
+        "rounds": rounds,
+        "load_average": [round(load, 2) for load in os.getloadavg()],
     }
 
 
@@ -142,29 +278,6 @@ def producer_states(kafka: KafkaNode, topic: str, partitions: int) -> int:
     finally:
         cluster.close()
     return sum(len(states) for states in found.values())
-
-
-def throughput(
-    spark: Any, kafka: KafkaNode, pidctl: ServerProcess, args: argparse.Namespace
-) -> dict[str, Any]:
-    """Both sinks on the same job, alternately, best of ``--repeats``; every row counted."""
-    df = frame(spark, args.rows, args.partitions)
-    write(frame(spark, 1000, 2), "kafka", kafka, pidctl, new_topic(kafka.bootstrap, 1))
-    write(frame(spark, 1000, 2), "pidctl-kafka", kafka, pidctl, new_topic(kafka.bootstrap, 1))
-    runs: dict[str, list[dict[str, Any]]] = {"kafka": [], "pidctl-kafka": []}
-    for _ in range(args.repeats):
-        for fmt in runs:
-            runs[fmt].append(timed(spark, df, fmt, kafka, pidctl, args.partitions))
-    best = {fmt: max(r, key=lambda x: x["rows_per_s"]) for fmt, r in runs.items()}
-    for run in best.values():
-        counted = count(kafka.bootstrap, run["topic"], args.rows)
-        run["duplicates"], run["missing"] = counted.duplicates, counted.missing
-    return {
-        "spark_kafka_sink": best["kafka"],
-        "pidctl_kafka": best["pidctl-kafka"],
-        "ratio": best["pidctl-kafka"]["rows_per_s"] / best["kafka"]["rows_per_s"],
-        "all_runs": runs,
-    }
 
 
 def wide_job(
@@ -216,9 +329,10 @@ def started(server: ServerProcess) -> Iterator[ServerProcess]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=400_000)
-    parser.add_argument("--partitions", type=int, default=4, help="Spark and Kafka partitions")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the cluster job")
+    parser.add_argument("--partitions", type=int, default=8, help="its Spark partitions")
+    parser.add_argument("--topic-partitions", type=int, default=6, help="its Kafka partitions")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of both sinks")
     parser.add_argument("--wide-partitions", type=int, default=1000)
     parser.add_argument("--wide-topic-partitions", type=int, default=4)
     parser.add_argument("--faults", action="store_true", help="also the fault comparison")
@@ -226,8 +340,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--fault-sinks", default=",".join(SINKS), help="sinks under faults")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args(argv)
-    jars = classpath("spark-kafka").replace(os.pathsep, ",")
-    result: dict[str, Any] = {"rows": args.rows, "value_bytes": VALUE_BYTES}
+    result: dict[str, Any] = {"value_bytes": VALUE_BYTES}
     with (
         tempfile.TemporaryDirectory(prefix="pidctl-bench-kafka-") as tmp,
         KafkaNode(shipped_jvm=True) as kafka,
@@ -235,16 +348,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ServerProcess(Path(tmp) / "data", "--first-producer-id", str(JOB_RANGE_START))
         ) as pidctl,
     ):
-        spark = session(jars)
-        try:
-            if not args.skip_throughput:
-                result |= throughput(spark, kafka, pidctl, args)
-                partial("throughput", {k: v for k, v in result.items() if k != "all_runs"})
-            if args.wide_partitions:
+        if not args.skip_throughput:
+            result["cluster"] = cluster_rounds(kafka, pidctl, args)
+        if args.wide_partitions:
+            spark = session(classpath("spark-kafka").replace(os.pathsep, ","))
+            try:
                 result["producer_states"] = wide_job(spark, kafka, pidctl, args)
                 partial("producer_states", result["producer_states"])
-        finally:
-            spark.stop()
+            finally:
+                spark.stop()
         if args.faults:
             faults, sinks = args.fault_list.split(","), args.fault_sinks.split(",")
             result["faults"] = fault_comparison(kafka, pidctl, faults, sinks)

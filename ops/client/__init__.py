@@ -7,9 +7,8 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
 from kio.static.protocol import RequestPayload
 
 from pidctl.protocol import requests
@@ -17,7 +16,12 @@ from pidctl.protocol.addresses import HostPort
 from pidctl.protocol.client import ClientProtocol
 from pidctl.protocol.sasl_client import ScramClient, plain_token
 
+if TYPE_CHECKING:  # imported where used: a Spark task's blocking client needs no trio
+    import trio
+
 _RECEIVE_BYTES = 64 * 1024
+#: Buffers one ``sendmsg`` takes at most (well under Linux's IOV_MAX of 1024).
+_IOV_MAX = 512
 
 
 def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
@@ -44,13 +48,17 @@ class SyncClient:
         timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
         sasl: tuple[str, str, str] | None = None,
+        source_address: tuple[str, int] | None = None,
     ) -> None:
         """Connect to ``bootstrap`` (``HOST:PORT``); ``timeout`` bounds every socket wait.
 
         ``ssl_context`` makes it a TLS connection; ``sasl`` = (mechanism, user, password)
-        authenticates with PLAIN or SCRAM-SHA-256/512 first (raises AuthenticationError)."""
+        authenticates with PLAIN or SCRAM-SHA-256/512 first (raises AuthenticationError);
+        ``source_address`` (host, port) is the local address to connect from (port 0: any)."""
         host, port = parse_bootstrap(bootstrap)
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection(
+            (host, port), timeout=timeout, source_address=source_address
+        )
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ssl_context is not None:
             sock = ssl_context.wrap_socket(sock, server_hostname=host)
@@ -122,6 +130,25 @@ class SyncClient:
         responses in the order of the requests): a producer keeps several in flight."""
         self._sock.sendall(self._protocol.send(body)[1])
 
+    def send_parts(self, api_key: int, api_version: int, body: Sequence[Any]) -> None:
+        """Send one request whose body the caller encoded, in ``body``'s parts (bytes-like:
+        a record batch goes from its own buffer, not copied into one frame); its response
+        is read by :meth:`receive` as any other."""
+        size = sum(memoryview(part).nbytes for part in body)
+        _, prefix = self._protocol.send_prefix(api_key, api_version, size)
+        parts = [prefix, *body]
+        if isinstance(self._sock, ssl.SSLSocket):  # TLS has no sendmsg
+            self._sock.sendall(b"".join(parts))
+            return
+        views = [memoryview(part).cast("B") for part in parts]
+        while views:
+            sent = self._sock.sendmsg(views[:_IOV_MAX])
+            while views and sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
+
     def receive(self) -> Any:
         """The response to the oldest request sent and not yet received (waits for it)."""
         while not self._received:
@@ -139,12 +166,16 @@ class TrioClient:
         """Wrap an open stream; use :meth:`connect` to open one."""
         self._stream = stream
         self._protocol = ClientProtocol(client_id)
+        import trio
+
         self._lock = trio.Lock()
 
     @classmethod
     async def connect(cls, bootstrap: str, *, client_id: str | None = "pidctl") -> TrioClient:
         """Open a connection to ``bootstrap`` (``HOST:PORT``)."""
         host, port = parse_bootstrap(bootstrap)
+        import trio
+
         return cls(await trio.open_tcp_stream(host, port), client_id)
 
     async def aclose(self) -> None:

@@ -1,6 +1,7 @@
 """pidctl for PySpark: preallocated producer ids for a job, an exactly-once SQL sink
-(``write_sql`` for batch jobs, ``format("pidctl-sql")`` for streams) and the metadata log as a
-DataFrame. Needs the ``spark`` extra (pyspark 4, pyarrow, psycopg)."""
+(``write_sql`` for batch jobs, ``format("pidctl-sql")`` for streams), an exactly-once Kafka
+sink (``format("pidctl-kafka")``, ``write_kafka``) and the metadata log as a DataFrame. Needs
+the ``spark`` extra (pyspark 4, pyarrow, psycopg)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ __all__ = [
     "preallocate_producer_ids",
     "register_data_sources",
     "with_producer_columns",
+    "write_kafka",
     "write_sql",
 ]
 
@@ -22,6 +24,14 @@ __all__ = [
 def write_sql(df: Any, options: Any = None, /, **named: Any) -> Any:
     """The exactly-once SQL sink for a batch job: :func:`pidctl.spark.write.write_sql`."""
     from pidctl.spark.write import write_sql as write
+
+    return write(df, options, **named)
+
+
+def write_kafka(df: Any, options: Any = None, /, **named: Any) -> Any:
+    """Spark to Kafka exactly once for a batch job, decided on the driver:
+    :func:`pidctl.spark.kafka_write.write_kafka`."""
+    from pidctl.spark.kafka_write import write_kafka as write
 
     return write(df, options, **named)
 

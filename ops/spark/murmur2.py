@@ -43,28 +43,31 @@ def _hash_rows(rows: Any, length: int) -> Any:
     return h
 
 
-def key_partitions(keys: Any, count: int) -> list[int | None]:
-    """The partition of each key of a pyarrow binary array (None for a null key)."""
+def partitions_of(keys: Any, count: int) -> Any:
+    """The partition of each key of a pyarrow string or binary array, as a numpy int64
+    array: -1 for a null key."""
     import pyarrow as pa
 
     if not pa.types.is_binary(keys.type):
         keys = keys.cast(pa.binary())
     n = len(keys)
+    partitions = np.full(n, -1, dtype=np.int64)
     if n == 0 or keys.null_count == n:
-        return [None] * n
+        return partitions
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset : keys.offset + n + 1]
     data = np.frombuffer(keys.buffers()[2] or b"", dtype=np.uint8)
     lengths = np.diff(offsets)
     valid = np.ones(n, dtype=bool)
     if keys.null_count:
         valid = ~np.asarray(keys.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    partitions = np.zeros(n, dtype=np.int64)
     for length in np.unique(lengths[valid]):
         rows = np.nonzero(valid & (lengths == length))[0]
         matrix = data[offsets[rows][:, None] + np.arange(int(length))]
         hashed = _hash_rows(matrix.reshape(len(rows), int(length)), int(length))
         partitions[rows] = (hashed & np.uint32(0x7FFFFFFF)).astype(np.int64) % count
-    result: list[int | None] = [*partitions.tolist()]
-    for index in np.nonzero(~valid)[0].tolist():
-        result[index] = None
-    return result
+    return partitions
+
+
+def key_partitions(keys: Any, count: int) -> list[int | None]:
+    """The partition of each key of a pyarrow binary array (None for a null key)."""
+    return [None if p < 0 else p for p in partitions_of(keys, count).tolist()]

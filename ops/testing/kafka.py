@@ -290,6 +290,30 @@ class KafkaNode:
             raise
         return self
 
+    def kill(self) -> None:
+        """SIGKILL the node (a crash: no controlled shutdown), keeping its data and ports for
+        :meth:`restart`."""
+        assert self.process is not None, "not started"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def restart(self) -> KafkaNode:
+        """Start the node again on its data and ports (after :meth:`kill`); wait until it
+        answers as before. Kafka recovers its logs and producer state first."""
+        assert self.process is not None and self.process.poll() is not None, "still running"
+        config = self.directory / "server.properties"
+        with (self.directory / "console.log").open("ab") as console:
+            self.process = subprocess.Popen(
+                self._java("kafka.Kafka", str(config)),
+                env=self._env(),
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_ready()
+        return self
+
     def _ready(self) -> bool:
         try:
             with SyncClient(self.bootstrap, timeout=5) as client:

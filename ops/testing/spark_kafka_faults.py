@@ -1,5 +1,6 @@
-"""Faults during a Spark-to-Kafka job on a real standalone cluster, for ``pidctl-kafka`` and for
-Spark's own Kafka sink side by side: the same job (``ops/spark/examples/kafka_write.py``),
+"""Faults during a Spark-to-Kafka job on a real standalone cluster, for ``pidctl-kafka`` (its
+data source, and ``write_kafka`` with the JVM carrier) and for Spark's own Kafka sink side by
+side: the same job (``ops/spark/examples/kafka_write.py``),
 the same broker, the same cluster (a master and two workers on two loopback hosts, 127.0.0.1
 and 127.0.0.2, so that speculation has another host to copy a task to). Each run writes a
 fresh topic and counts its rows by their unique id with a real consumer.
@@ -11,7 +12,9 @@ timing; ``ops/dev.sh demo``);
 ``worker`` (SIGKILL the second worker with its executor; a new one replaces it afterwards);
 ``speculation`` (``spark.speculation`` on, one partition's first attempt 5x slower, so a copy
 runs beside it); ``driver`` (SIGKILL ``spark-submit`` mid-write, then run the job again, as a
-scheduler would: pidctl-kafka with the same ``txnAppId``/``txnVersion``).
+scheduler would: pidctl-kafka with the same ``txnAppId``/``txnVersion``); ``broker`` (SIGKILL
+the broker mid-write, start it again :data:`BROKER_DOWN_S` later on its data and ports).
+A pidctl-kafka run is also checked by ``pidctl kafka verify`` (``kafka_verify.py``).
 """
 
 from __future__ import annotations
@@ -33,14 +36,21 @@ from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic, written_rows
 from ops.testing.serverproc import ServerProcess, wait_until
 from ops.testing.spark_cluster import SparkCluster, live_processes
+from pidctl.spark import carrier
+from pidctl.spark.kafka_verify import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "ops" / "spark" / "examples" / "kafka_write.py"
-FAULTS = ("none", "executor", "worker", "speculation", "driver")
-SINKS = ("pidctl-kafka", "kafka")
+FAULTS = ("none", "executor", "worker", "speculation", "driver", "broker")
+SINKS = ("pidctl-kafka", "write_kafka", "kafka")
 #: How long one submission may take on a busy 2-core machine.
 SUBMIT_TIMEOUT_S = 600
 SECOND_HOST = "127.0.0.2"
+#: How long the broker stays down in the ``broker`` fault.
+BROKER_DOWN_S = 5.0
+#: Rows per Arrow batch of the faults' jobs: ``--slow-ms`` sleeps per batch, so that a
+#: partition's rows arrive over a few seconds and a fault lands mid-write.
+BATCH_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,10 @@ class FaultRun:
     #: Task attempts beyond each partition's first (retries and speculative copies; of the
     #: last run for ``driver``).
     extra_attempts: int
+    #: ``pidctl kafka verify``'s verdict on the version (pidctl-kafka only; else None).
+    verified: bool | None = None
+    topic: str = ""
+    app_id: str = ""
     #: Executor JVMs SIGKILLed (``executor``, ``executors``).
     executors_killed: int = 0
 
@@ -89,7 +103,10 @@ class KafkaFaults:
     ) -> None:
         self.cluster, self.kafka, self.pidctl = cluster, kafka, pidctl
         self.rows, self.partitions, self.slow_ms = rows, partitions, slow_ms
-        self.jars = classpath("spark-kafka").replace(os.pathsep, ",")
+        jars = classpath("spark-kafka").split(os.pathsep)
+        clients = next(jar for jar in jars if "kafka-clients" in jar)
+        # write_kafka's JVM carrier beside Spark's own connector.
+        self.jars = ",".join([*jars, str(carrier.build(Path(clients)))])
         self.second_worker = cluster.add_worker(SECOND_HOST)
         #: The last submission's stdout and stderr, beside the cluster's own logs.
         self.output = cluster.directory / "submit.log"
@@ -115,7 +132,8 @@ class KafkaFaults:
             command += ["--conf", f"{name}={value}"]
         command += [str(JOB), "--format", sink, "--kafka", self.kafka.bootstrap, "--topic", topic]
         command += ["--rows", str(self.rows), "--partitions", str(self.partitions)]
-        command += ["--slow-ms", str(self.slow_ms), "--pidctl", self.pidctl.bootstrap]
+        command += ["--slow-ms", str(self.slow_ms), "--batch-rows", str(BATCH_ROWS)]
+        command += ["--pidctl", self.pidctl.bootstrap]
         command += ["--app-id", app_id, "--version", "1", "--attempts-dir", str(attempts)]
         if speculation:
             command += ["--straggler", "0"]
@@ -182,6 +200,11 @@ class KafkaFaults:
             self._mid_write(topic, proc)
             os.killpg(self.second_worker.pid, signal.SIGKILL)
             self.second_worker.wait(30)
+        elif kills == {"broker"}:
+            self._mid_write(topic, proc)
+            self.kafka.kill()
+            time.sleep(BROKER_DOWN_S)
+            self.kafka.restart()
         elif kills == {"driver"}:
             self._mid_write(topic, proc)
             os.killpg(proc.pid, signal.SIGKILL)
@@ -202,6 +225,10 @@ class KafkaFaults:
         extra = sum(1 for path in attempts.iterdir() if not path.name.endswith("-0"))
         shutil.rmtree(attempts)
         counted = count(self.kafka.bootstrap, topic, self.rows)
+        verified = None
+        if sink != "kafka":
+            verdict = verify([self.kafka.bootstrap], topic, app_id, 1, expected_rows=self.rows)
+            verified = verdict.ok
         return FaultRun(
             fault,
             sink,
@@ -211,6 +238,9 @@ class KafkaFaults:
             tuple(codes),
             seconds,
             extra,
+            verified,
+            topic,
+            app_id,
             len(killed),
         )
 

@@ -14,7 +14,7 @@ from pidctl.protocol.init_requests import init_request_of
 
 def decide(controller: Controller, request: Request, now: Now, conn: ConnectionInfo) -> Any:
     """What the API's handler answers ``request`` with (InitProducerId's ``InitAnswer``,
-    AllocateProducerIds' block and offset, the others' ``Reply``)."""
+    AllocateProducerIds' block, offset and the PIDs it created, the others' ``Reply``)."""
     if request.api_key == ApiKey.INIT_PRODUCER_ID:
         return controller.init_producer_id(init_request_of(request), now, conn)
     if request.api_key == ApiKey.ALLOCATE_PRODUCER_IDS:

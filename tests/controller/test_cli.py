@@ -168,3 +168,48 @@ def test_the_command_line_prints_errors_in_one_place() -> None:
         and isinstance(node.value.value, int)
     }
     assert returns == {0}  # a failing status comes only from the error that carries it
+
+
+def test_log_reserve_refuses_values_past_the_ranges_last_block(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """2^63-1 was taken (the controller then answered every request with an error), and
+    2^63 crashed with a traceback."""
+    format_data_dir(tmp_path, "c0ffee", 1, 0)
+    for value in (2**63 - 1, 2**63, 2**64, 2**63 - 1000):
+        status, out, err = run(
+            capsys, "log", "reserve", "--data-dir", str(tmp_path), "--producer-id", str(value)
+        )
+        assert (status, out) == (2, ""), value
+        assert len(err.splitlines()) == 1 and "past the last block of the range" in err
+    last_block = 2**63 - 1 - 1000  # the last block [2^63-1001, 2^63-2]
+    status, out, _ = run(
+        capsys, "log", "reserve", "--data-dir", str(tmp_path), "--producer-id", str(last_block)
+    )
+    assert status == 0 and f"the next start grants from {last_block}" in out
+    # A range ending lower (the controller's last_producer_id): its last block, no further.
+    for flag in (["--last-producer-id", "99999"], []):
+        environ = {} if flag else {"PIDCTL_LAST_PRODUCER_ID": "99999"}
+        argv = ["log", "reserve", "--data-dir", str(tmp_path), "--producer-id", "99001", *flag]
+        status = main([*argv, "--force"], environ=environ)
+        _, err = capsys.readouterr()
+        assert status == 2 and "at most 99000, with last_producer_id 99999" in err
+
+
+def test_log_reserve_lowers_an_intact_reservation_only_with_force(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """It silently lowered an intact reservation: what a start-up skips to, above grants the
+    log's lost tail may have held."""
+    from pidctl.controller.log.datadir import read_reservation
+
+    format_data_dir(tmp_path, "c0ffee", 1, 0)
+    reserve = ["log", "reserve", "--data-dir", str(tmp_path), "--producer-id"]
+    assert run(capsys, *reserve, "50000")[0] == 0
+    status, out, err = run(capsys, *reserve, "20000")
+    assert (status, out) == (2, "") and "intact reservation up to 50000" in err
+    assert read_reservation(tmp_path) == 50000
+    assert run(capsys, *reserve, "60000")[0] == 0  # raising it: always
+    status, out, _ = run(capsys, *reserve, "20000", "--force")
+    assert status == 0 and "reserved up to 20000 (it was 60000" in out
+    assert read_reservation(tmp_path) == 20000

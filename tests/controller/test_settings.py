@@ -103,7 +103,7 @@ init_producer_id_quota = 4.5
     assert "node_id = 7  # --node-id" in shown
     again = tmp_path / "shown.toml"
     again.write_text(shown)
-    reloaded, _ = load_settings_with_sources({}, {}, again)
+    reloaded, _ = load_settings_with_sources({}, {}, again, for_reload=True)  # (an array)
     assert reloaded == dataclasses.replace(settings, ssl_keyfile_password="")
 
 
@@ -129,3 +129,33 @@ def test_log_preallocate_bytes_refuses_what_would_preallocate_nothing_or_too_muc
     write of zeros would hold the disk too long."""
     with pytest.raises(SettingsError, match="log_preallocate_bytes"):
         load_settings_with_sources({}, {"PIDCTL_LOG_PREALLOCATE_BYTES": value})
+
+
+@pytest.mark.parametrize(
+    ("text", "inside"),
+    [
+        ('authorizer = "acl"\n', False),
+        ('[[acls]]\nprincipal = "User:a"\noperation = "Write"\n', True),
+        ('[[acls]]\nprincipal = "User:a"\n# a comment, then nothing', True),
+        ('acls = [\n  { principal = "User:a", operation = "Write" },\n]\n', False),
+        ('[[acls]]\nprincipal = "User:a"\n[[quota_overrides]]\nclient_id = "x"\n', False),
+    ],
+    ids=["no-acls", "table-last", "comment-last", "array", "another-table-last"],
+)
+def test_a_file_ending_inside_an_acl_table_is_told(text: str, inside: bool) -> None:
+    from pidctl.controller.settings import ends_inside_acl_table
+
+    assert ends_inside_acl_table(text) is inside
+
+
+def test_a_reload_refuses_a_file_ending_inside_an_acl_table(tmp_path: Path) -> None:
+    from pidctl.controller.settings import ReloadRefused
+
+    config = tmp_path / "pidctl.toml"
+    config.write_text(
+        'authorizer = "acl"\n[[acls]]\nprincipal = "User:a"\noperation = "IdempotentWrite"\n'
+        'resource_type = "Cluster"\n'
+    )
+    load_settings_with_sources({}, {}, config)  # at start-up: taken
+    with pytest.raises(ReloadRefused, match=r"ends inside an \[\[acls\]\] table"):
+        load_settings_with_sources({}, {}, config, for_reload=True)

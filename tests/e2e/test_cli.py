@@ -318,3 +318,35 @@ def test_output_into_a_closed_pipe_stops_quietly(server: ServerProcess) -> None:
     )
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_log_dump_shows_client_ids_escaped_so_none_forges_a_line_or_a_terminal_escape(
+    tmp_path: Path,
+) -> None:
+    """`pidctl log dump` printed client ids raw: a newline in one forged a line of the audit
+    trail an operator reads, and escape sequences reached the terminal."""
+    data_dir = tmp_path / "data"
+    forged_line = "\n         9  2030-01-01T00:00:00.000Z  ProducerIdsGranted     broker_id=7"
+    hostile = [
+        "spark-app" + forged_line,
+        "\x1b]0;pwned\x07\x1b[2J\x1b[31mred",
+        "a b holder=broker \u202eevil\r",
+    ]
+    with ServerProcess(data_dir) as server:
+        with SyncClient(server.bootstrap) as client:
+            answers = client.pipeline([wire.allocate(-1, -1)] * len(hostile), hostile)
+        assert all(a.error_code == 0 for a in answers)
+        assert server.terminate() == 0
+    text = pidctl("log", "dump", "--data-dir", str(data_dir))
+    records = pidctl("log", "dump", "--data-dir", str(data_dir), "--json").stdout.splitlines()
+    assert text.returncode == 0
+    lines = [line for line in text.stdout.splitlines() if not line.startswith("#")]
+    assert len(lines) == len(records)  # a line per record, none forged
+    assert "\x1b" not in text.stdout and "\r" not in text.stdout and "\u202e" not in text.stdout
+    grants = [json.loads(r) for r in records if '"ProducerIdsGranted"' in r]
+    assert [g["client_id"] for g in grants] == hostile  # --json: exactly what the log holds
+    shown = [line for line in lines if "ProducerIdsGranted" in line]
+    assert 'client_id="spark-app\\x0a         9  2030-01-01T00:00:00.000Z' in shown[0]
+    assert 'client_id="a b holder=broker \\u202eevil\\x0d"' in shown[2]
+    summary = pidctl("log", "dump", "--data-dir", str(data_dir), "--summary").stdout
+    assert "\x1b" not in summary and 'job "spark-app\\x0a' in summary

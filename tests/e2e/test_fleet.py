@@ -9,6 +9,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -25,9 +26,21 @@ from pidctl.controller.core.records import JobBlockRecorded, ProducerIdsLeased
 from pidctl.controller.log.datadir import read_reservation
 from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
-from pidctl.spark.allocation import PreallocationError
-from pidctl.spark.kafka_sink import allocate_named
+from pidctl.spark import kafka_driver
+from pidctl.spark.allocation import JobAllocation, PreallocationError
 from tests.e2e.test_operations import http_status
+
+
+def allocate_named(
+    bootstrap: str, count: int, app: str, version: int, **client: Any
+) -> JobAllocation:
+    """The driver's named allocation (``kafka_driver.allocate_named``) with the credentials
+    as the sink passes them; a refusal is not asked again."""
+    named = kafka_driver.allocate_named(
+        bootstrap, count, app, version, connection=client, budget_s=5
+    )
+    return named.allocation
+
 
 CLUSTER_ID = "fleetFleetFleetFleet01"
 

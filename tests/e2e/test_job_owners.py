@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -19,8 +20,20 @@ from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.records import JobBlockRecorded
 from pidctl.controller.log.recovery import read_log
 from pidctl.protocol import requests
-from pidctl.spark.allocation import PreallocationError
-from pidctl.spark.kafka_sink import allocate_named
+from pidctl.spark import kafka_driver
+from pidctl.spark.allocation import JobAllocation, PreallocationError
+
+
+def allocate_named(
+    bootstrap: str, count: int, app: str, version: int, **client: Any
+) -> JobAllocation:
+    """The driver's named allocation (``kafka_driver.allocate_named``) with the credentials
+    as the sink passes them; a refusal is not asked again."""
+    named = kafka_driver.allocate_named(
+        bootstrap, count, app, version, connection=client, budget_s=5
+    )
+    return named.allocation
+
 
 PASSWORDS = {"etl": "etl-pw", "intruder": "intruder-pw", "nobody": "nobody-pw"}
 ACLS = [

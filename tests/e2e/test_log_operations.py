@@ -213,6 +213,9 @@ def _fill(directory: Path, leave: int = 0) -> Path:
 
 #: The room the tests ask of the 8 MiB file system.
 ROOM = 1_000_000
+#: What a paused server answers: AllocateProducerIds, InitProducerId.
+KAFKA_STORAGE_ERROR = 56
+COORDINATOR_LOAD_IN_PROGRESS = 14
 
 
 def _readyz(url: str) -> tuple[int, str]:
@@ -249,24 +252,64 @@ def test_a_full_ext4_file_system_is_refused_at_start_up(small_ext4: Path) -> Non
     assert set(acked) <= granted  # nothing acknowledged was lost
 
 
-def test_a_file_system_filling_up_fails_readyz_before_a_commit_fails(small_ext4: Path) -> None:
-    """Below data_dir_min_free_bytes a running server says so (/readyz, the gauge, an error
-    line) while it still has room to commit; once there is room again it is ready again."""
+def test_a_file_system_filling_up_pauses_grants_before_a_commit_fails(small_ext4: Path) -> None:
+    """Below data_dir_min_free_bytes only /readyz failed: grants went on until a commit met
+    ENOSPC, which stops the server. Now, under a steady load, grants pause (retriable
+    errors, nothing written) while there is still room to commit, the server says so
+    (/readyz, the gauges, an error line), and they resume once there is room again;
+    every grant acknowledged is in the log."""
     room = ("--data-dir-min-free-bytes", str(ROOM))
-    with ServerProcess(small_ext4 / "d", *room) as server:
+    acked: list[tuple[int, int]] = []
+    with ServerProcess(small_ext4 / "d", *room) as server, SyncClient(server.bootstrap) as client:
         assert _readyz(server.metrics_url)[0] == 200
         filler = _fill(small_ext4, leave=ROOM // 4)
-        wait_until(lambda: _readyz(server.metrics_url)[0] == 503, "/readyz failing", timeout=60)
-        reasons = _readyz(server.metrics_url)[1]
-        assert "disk_space: " in reasons and "below data_dir_min_free_bytes" in reasons
-        assert scrape(server.metrics_url)["pidctl_data_dir_free_bytes"] < ROOM
-        with SyncClient(server.bootstrap) as client:  # it still serves, durably
-            assert client.request(requests.allocate(-1, -1)).error_code == 0
+        load = [requests.allocate(-1, -1)] * 50 + [requests.init_producer_id()] * 10
+        deadline = time.monotonic() + 60
+        while True:  # ~1,000 grants a second, the records ~100 KB a second
+            answers = client.pipeline(load)
+            acked += [
+                (a.producer_id_start, a.producer_id_len) for a in answers[:50] if a.error_code == 0
+            ]
+            errors = {int(a.error_code) for a in answers}
+            if errors == {KAFKA_STORAGE_ERROR, COORDINATOR_LOAD_IN_PROGRESS}:
+                break  # paused
+            assert errors <= {0, KAFKA_STORAGE_ERROR, COORDINATOR_LOAD_IN_PROGRESS}, errors
+            assert time.monotonic() < deadline, "grants never paused"
+            time.sleep(0.05)  # pacing the load, not waiting for anything
+        assert server.proc is not None and server.proc.poll() is None
+        status, reasons = _readyz(server.metrics_url)
+        assert status == 503 and "disk_space: " in reasons
+        assert "below data_dir_min_free_bytes" in reasons
+        samples = scrape(server.metrics_url)
+        assert samples["pidctl_data_dir_free_bytes"] < ROOM
+        assert samples["pidctl_grants_paused"] == 1
+        refused = 'pidctl_producer_id_refusals_total{api="AllocateProducerIds",reason="disk_space"}'
+        assert samples[refused] >= 50
         filler.unlink()
+
+        def resumed() -> bool:
+            answer = client.request(requests.allocate(-1, -1))
+            if answer.error_code:
+                return False
+            acked.append((answer.producer_id_start, answer.producer_id_len))
+            return True
+
+        wait_until(resumed, "grants resumed", timeout=60)
+        assert client.request(requests.init_producer_id()).error_code == 0
         wait_until(lambda: _readyz(server.metrics_url)[0] == 200, "/readyz back", timeout=60)
+        assert scrape(server.metrics_url)["pidctl_grants_paused"] == 0
+        assert server.terminate() == 0
+    assert not [e for e in server.events if e.get("event") == "storage_failed"]
     alarms = [e for e in server.events if e.get("event") == "data dir nearly full"]
     assert len(alarms) == 1 and alarms[0]["level"] == "error", alarms
+    assert "paused" in alarms[0]["grants"]
     assert any(e.get("event") == "data dir nearly full: over" for e in server.events)
+    granted = {
+        (e.record.first_producer_id, e.record.next_producer_id - e.record.first_producer_id)
+        for e in read_log(small_ext4 / "d").entries()
+        if isinstance(e.record, ProducerIdsGranted)
+    }
+    assert set(acked) <= granted  # every grant acknowledged is durable
 
 
 def test_a_used_up_range_fails_readyz_counts_and_logs_each_refusal_rate_limited(

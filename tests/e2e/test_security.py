@@ -102,9 +102,13 @@ def _write_config(path: Path, tmp: Path, acls: list[dict[str, str]]) -> None:
         'authorizer = "acl"',
         'super_users = "User:admin"',
     ]
+    # One array, an ACL a line: the form a reload takes (a file ending inside an [[acls]]
+    # table could be one cut while written: docs/operations.md).
+    lines.append("acls = [")
     for acl in acls:
-        lines.append("[[acls]]")
-        lines.extend(f"{key} = {toml(value)}" for key, value in acl.items())
+        pairs = ", ".join(f"{key} = {toml(value)}" for key, value in acl.items())
+        lines.append(f"  {{ {pairs} }},")
+    lines.append("]")
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from kio.schema.errors import ErrorCode
 from ops.bench.common import first_overlap
 from ops.testing.serverproc import ServerProcess, format_data_dir, wait_until
 from pidctl.client import SyncClient
+from pidctl.controller.core.job_commits import CommitKey
 from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.logformat import SEGMENT_SUFFIX
 from pidctl.controller.core.records import (
@@ -270,6 +271,7 @@ class Answered:
     ranges: list[tuple[int, int]]
     jobs: dict[tuple[str, int], list[int]]
     pairs: set[tuple[int, int]]
+    committed: set[tuple[str, int]] = field(default_factory=set)
 
 
 class Asking:
@@ -288,6 +290,16 @@ class Asking:
         self.answered.ranges += [(start, 1000) for start in starts]
         self.answered.jobs[(app, version)] = starts
         return starts
+
+    def commit(self, app: str, version: int) -> None:
+        """Commit a job version (``core/job_commits.py``): its blocks are then answered
+        DUPLICATE_SEQUENCE_NUMBER, with the block."""
+        with SyncClient(self.server.bootstrap) as client:
+            (answer,) = client.pipeline(
+                [requests.allocate(-1, -1)], [CommitKey(app, version).client_id()]
+            )
+        assert answer.error_code == 0, answer
+        self.answered.committed.add((app, version))
 
     def tx(self) -> None:
         with SyncClient(self.server.bootstrap) as client:
@@ -346,6 +358,8 @@ def _write_history(data_dir: Path, last: str) -> Answered:
             raise AssertionError("made by format alone")
         if last == "JobBlockRecorded":
             asking.job("app", 2)
+        elif last == "JobVersionCommitted":
+            asking.commit("app", 1)
         elif last == "ProducerIdsGranted":
             asking.broker_block()
         elif last == "TransactionalIdUpdated":
@@ -410,6 +424,12 @@ def _check_after_damage(data_dir: Path, answered: Answered) -> None:
                     (0, start),
                     (ErrorCode.unknown_producer_id, 0),
                     *([(ErrorCode.producer_fenced, 0)] if superseded else []),
+                    # (its commit kept: "written already", with the block)
+                    *(
+                        [(ErrorCode.duplicate_sequence_number, start)]
+                        if (app, version) in answered.committed
+                        else []
+                    ),
                 }, (app, version, answer)
         with SyncClient(server.bootstrap) as client:
             (fresh,) = client.pipeline(
@@ -434,6 +454,7 @@ def _check_after_damage(data_dir: Path, answered: Answered) -> None:
 
 LAST_RECORDS = [
     "JobBlockRecorded",
+    "JobVersionCommitted",
     "ProducerIdsGranted",
     "TransactionalIdUpdated",
     "BrokerRegistered",

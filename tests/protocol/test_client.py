@@ -4,6 +4,7 @@ import pytest
 from kio.schema.api_versions.v0 import ApiVersionsRequest
 
 from pidctl.controller.api.handlers import SERVED_APIS
+from pidctl.protocol import requests
 from pidctl.protocol.api_versions import build_api_versions_response
 from pidctl.protocol.apis import supported_apis
 from pidctl.protocol.client import ClientProtocol, ResponseOrderError
@@ -32,3 +33,20 @@ def test_out_of_order_response_is_refused() -> None:
     second = client.send(ApiVersionsRequest())
     with pytest.raises(ResponseOrderError):
         client.receive(_answer(second[1]) + _answer(first[1]))
+
+
+def test_a_request_sent_as_prefix_and_own_body_is_the_same_frame() -> None:
+    """``send_prefix`` (a body the caller encodes, a Produce's record batches sent from
+    their own buffers) frames it as ``send`` frames the entity, and its answer is matched."""
+    import io
+
+    from kio.serial import entity_writer
+
+    whole, parts = ClientProtocol("c"), ClientProtocol("c")
+    body = requests.metadata(["t"], version=12)
+    _, framed = whole.send(body)
+    encoded = io.BytesIO()
+    entity_writer(type(body))(encoded, body)
+    _, prefix = parts.send_prefix(3, 12, len(encoded.getvalue()))
+    assert prefix + encoded.getvalue() == framed
+    assert parts.outstanding == 1

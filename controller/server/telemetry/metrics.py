@@ -205,10 +205,20 @@ class Metrics:
             ["api"],
             registry=r,
         )
+        self.quota_refusals = LoopCounter(
+            "pidctl_quota_refusals",
+            "Requests refused undecided because their quota was used up (a request quota's, "
+            "or their principal's producer_ids_rate): answered THROTTLING_QUOTA_EXCEEDED "
+            "(AllocateProducerIds) or COORDINATOR_LOAD_IN_PROGRESS (InitProducerId), with "
+            "throttle_time_ms, by API.",
+            ["api"],
+            registry=r,
+        )
         self.producer_ids_created = LoopCounter(
             "pidctl_producer_ids_created",
             "Producer ids created for InitProducerId (idempotent, or a transactional id's first "
-            "use or rotation), by principal.",
+            "use or rotation) and for jobs' blocks (1,000 each; a block answered again to a "
+            "re-run creates none), by principal.",
             ["principal"],
             registry=r,
         )
@@ -320,15 +330,23 @@ class Metrics:
         self.producer_id_refusals = LoopCounter(
             "pidctl_producer_id_refusals",
             "Requests refused because no producer id could be handed out, by API and reason: "
-            "exhausted (the range is used up: an operator must act; /readyz fails) or "
-            "waiting (for a lease, or a block being made durable).",
+            "exhausted (the range is used up: an operator must act; /readyz fails), "
+            "waiting (for a lease, or a block being made durable) or disk_space (grants "
+            "paused: the data dir's filesystem below data_dir_min_free_bytes).",
             ["api", "reason"],
             registry=r,
         )
         self.data_dir_free_bytes = Gauge(
             "pidctl_data_dir_free_bytes",
             "Free bytes on the data dir's filesystem (statvfs, without root's reserve); "
-            "below data_dir_min_free_bytes /readyz fails.",
+            "below data_dir_min_free_bytes grants pause and /readyz fails.",
+            registry=r,
+        )
+        self.grants_paused = Gauge(
+            "pidctl_grants_paused",
+            "1 while grants are paused because the data dir's filesystem is below "
+            "data_dir_min_free_bytes (InitProducerId and AllocateProducerIds answered with "
+            "retriable errors, nothing written); else 0.",
             registry=r,
         )
         self.etcd_counter_regressions = LoopCounter(
@@ -343,10 +361,13 @@ class Metrics:
             "metrics_max_connections).",
             registry=r,
         )
-        self.http_connections_waited = LoopCounter(
-            "pidctl_http_connections_waited",
-            "Times the metrics endpoint stopped accepting because metrics_max_connections "
-            "were open (further connections wait in the kernel's backlog).",
+        self.http_connections_evicted = LoopCounter(
+            "pidctl_http_connections_evicted",
+            "Connections to the metrics and health endpoint closed before their request was "
+            "answered, by reason: full (metrics_max_connections were open when another came: "
+            "the one waiting longest for its request made room), timeout (no whole request "
+            "within metrics_request_timeout_ms).",
+            ["reason"],
             registry=r,
         )
         self._blocks_granted: dict[tuple[str, int], Any] = {}

@@ -30,13 +30,15 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.handlers import ConnectionInfo, Controller, IdempotentRun, InitAnswer
 from pidctl.controller.api.quorum import Now
-from pidctl.controller.api.responses import NO_WAIT
-from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.api.responses import NO_WAIT, QUOTA_REFUSALS
+from pidctl.controller.core.producer_ids import Block
+from pidctl.controller.core.quotas import Quotas, quota_subject
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.security.sasl_session import SaslSession
 from pidctl.controller.server.telemetry.metrics import Metrics, api_name
+from pidctl.controller.server.transport.hangups import Hangups
 from pidctl.controller.server.transport.outbox import (
     Durability,
     Outbox,
@@ -83,6 +85,11 @@ _INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
 _ALLOCATE_PRODUCER_IDS = api_name(ApiKey.ALLOCATE_PRODUCER_IDS)
 _INIT_PRODUCER_ID_KEY = int(ApiKey.INIT_PRODUCER_ID)
 _ALLOCATE_PRODUCER_IDS_KEY = int(ApiKey.ALLOCATE_PRODUCER_IDS)
+#: The answers of requests a strict quota refuses undecided (api/responses.py says why
+#: these errors): an InitProducerId's, alone or a run of one, and an AllocateProducerIds'.
+_OVER_QUOTA_INIT = InitAnswer(QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID])
+_OVER_QUOTA_RUN = IdempotentRun((), QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID], NO_WAIT)
+_OVER_QUOTA_BLOCK = Block(QUOTA_REFUSALS[ApiKey.ALLOCATE_PRODUCER_IDS], 0, 0)
 
 
 def now() -> Now:
@@ -107,6 +114,8 @@ class LiveConnection:
     """What the watchdog and the shutdown need to know of a running connection."""
 
     connection: ServerConnection
+    #: The socket's descriptor (a TLS connection's too), for watching it while muted.
+    descriptor: int = -1
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     reading: bool = False
     stopping: bool = False
@@ -158,14 +167,18 @@ class ConnectionTasks:
         self.stream_writer = StreamWriter(log, self._sent)
         self.poller = poller
         metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
+        #: Mutes throttled connections, ending a mute when its client hangs up.
+        self.hangups = Hangups()
 
     async def poll(self) -> None:
-        """Run the poller until cancelled (cancel it after :meth:`stop_all`: it then wakes
-        the connections still parked)."""
-        if self.poller is None:
-            await trio.sleep_forever()
-        else:
-            await self.poller.run()
+        """Run the poller and the watch of muted connections until cancelled (cancel it
+        after :meth:`stop_all`: the poller then wakes the connections still parked)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.hangups.run)
+            if self.poller is None:
+                await trio.sleep_forever()
+            else:
+                await self.poller.run()
 
     def stop_all(self) -> None:
         """Shutdown: every connection stops reading (answers in progress are finished), and
@@ -205,7 +218,7 @@ class ConnectionTasks:
         # answers, waiting for the log, in an outbox either way (outbox.py).
         io = SocketIO(stream.fileno()) if isinstance(stream, socket.socket) else StreamIO(stream)
         outbox = self.writer.outbox(io)
-        live = LiveConnection(connection)
+        live = LiveConnection(connection, descriptor=_descriptor_of(stream))
         if self._stopped:
             live.stop()
         self.live.add(live)
@@ -295,10 +308,11 @@ class ConnectionTasks:
                         detail=closed.detail,
                     )
                 return closed.reason
-            if decided.throttle:
-                # KIP-219: answer at once, then read nothing more from this client until the
-                # throttle time has passed, whether or not it honours the field.
-                await trio.sleep(decided.throttle)
+            # KIP-219: answer at once, then read nothing more from this client until the
+            # throttle time has passed, whether or not it honours the field; a client that
+            # hangs up meanwhile frees its place at once (hangups.py).
+            if decided.throttle and await self.hangups.mute(live.descriptor, decided.throttle):
+                return "client"
 
     @property
     def _one_at_a_time(self) -> bool:
@@ -439,13 +453,17 @@ class ConnectionTasks:
         api = api_name(request.api_key)
         # Unpacked at once: one step, where each field read by name is a lookup.
         body, durable_offset, encoded = self.controller.handle(request, decided_at, info)
+        # (No API answered here takes a quota: none refuses it.)
+        client_id = header.client_id
         delay = self._accounted(
             api,
             header.api_version,
             getattr(body, "error_code", 0),
             0,
+            0.0,
             request.api_key,
-            header.client_id,
+            client_id,
+            client_id,
             header.correlation_id,
             info,
         )
@@ -469,17 +487,25 @@ class ConnectionTasks:
         received: float,
     ) -> int:
         """Decide and answer an InitProducerId (read by ``struct`` or kio; not an idempotent
-        run's): the controller's :meth:`Controller.init_producer_id`."""
+        run's): the controller's :meth:`Controller.init_producer_id`, unless its quota
+        refuses it first."""
         version, correlation_id = request.api_version, request.correlation_id
-        answer = self.controller.init_producer_id(request, decided_at, info)
+        client_id = request.client_id
+        refused = self._refusal(_INIT_PRODUCER_ID, _INIT_PRODUCER_ID_KEY, client_id, True, info)
+        if refused:
+            answer = _OVER_QUOTA_INIT
+        else:
+            answer = self.controller.init_producer_id(request, decided_at, info)
         error = answer.error
         delay = self._accounted(
             _INIT_PRODUCER_ID,
             version,
             error,
             answer.created,
+            refused,
             _INIT_PRODUCER_ID_KEY,
-            request.client_id,
+            client_id,
+            client_id,
             correlation_id,
             info,
         )
@@ -506,21 +532,28 @@ class ConnectionTasks:
         """Decide and answer a run of idempotent InitProducerIds (one version, their
         correlation ids in order): the controller's :meth:`Controller.init_idempotent_run`.
         A run of one (every run while a quota or the request log needs each request alone)
-        is accounted for as :meth:`_answer_init` accounts for one; how many requests."""
+        is refused and accounted for as :meth:`_answer_init` does one; how many requests."""
         version, correlation_ids, frame = run
         count = len(correlation_ids)
-        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
-        granted = len(pids)
         if count == 1:
             correlation_id = correlation_ids[0]
+            # Read only for what asks for it (a quota, the request log).
+            client_id = client_id_in(frame) if self._one_at_a_time else None
+            refused = self._refusal(_INIT_PRODUCER_ID, _INIT_PRODUCER_ID_KEY, client_id, True, info)
+            if refused:
+                pids, error, offset = _OVER_QUOTA_RUN
+            else:
+                pids, error, offset = self.controller.init_idempotent_run(1, decided_at, info)
+            granted = len(pids)
             delay = self._accounted(
                 _INIT_PRODUCER_ID,
                 version,
                 0 if granted else error,
                 granted,
+                refused,
                 _INIT_PRODUCER_ID_KEY,
-                # Read only for what asks for it (a quota, the request log).
-                client_id_in(frame) if self._one_at_a_time else None,
+                client_id,
+                client_id,
                 correlation_id,
                 info,
             )
@@ -533,6 +566,8 @@ class ConnectionTasks:
             decided.throttle = delay
             return 1
         # (Longer runs only without a quota or the request log: counted, never throttled.)
+        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
+        granted = len(pids)
         if granted < count:
             self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
         self._tally(_INIT_PRODUCER_ID, version, 0, granted)
@@ -552,17 +587,29 @@ class ConnectionTasks:
         received: float,
     ) -> int:
         """Decide and answer an AllocateProducerIds (read by ``struct`` or kio): the
-        controller's :meth:`Controller.allocate_producer_ids`."""
-        block, offset = self.controller.allocate_producer_ids(request, decided_at, info)
+        controller's :meth:`Controller.allocate_producer_ids`, unless its quota refuses it
+        first."""
+        client_id, correlation_id = request.client_id, request.correlation_id
+        subject, creates = quota_subject(_ALLOCATE_PRODUCER_IDS_KEY, client_id, request)
+        refused = self._refusal(
+            _ALLOCATE_PRODUCER_IDS, _ALLOCATE_PRODUCER_IDS_KEY, subject, creates, info
+        )
+        if refused:
+            block, offset, created = _OVER_QUOTA_BLOCK, NO_WAIT, 0
+        else:
+            block, offset, created = self.controller.allocate_producer_ids(
+                request, decided_at, info
+            )
         error = block.error
-        correlation_id = request.correlation_id
         delay = self._accounted(
             _ALLOCATE_PRODUCER_IDS,
             0,
             error,
-            0,
+            created,
+            refused,
             _ALLOCATE_PRODUCER_IDS_KEY,
-            request.client_id,
+            subject,
+            client_id,
             correlation_id,
             info,
         )
@@ -574,26 +621,54 @@ class ConnectionTasks:
         decided.throttle = delay
         return 1
 
+    def _refusal(
+        self,
+        api: str,
+        api_key: int,
+        subject: str | None,
+        creates_producer_ids: bool,
+        info: ConnectionInfo,
+    ) -> float:
+        """Before a request of an API that takes a quota is decided: 0 if it may be; else
+        the throttle of its refusal (strict quotas, ``core/quotas.py``: its bucket is
+        behind, whichever connection or client id it came by), counted. ``subject``: the
+        client id its request quota counts it under (``quota_subject``)."""
+        quotas = self.quotas
+        if not (quotas.limits_requests or quotas.limits_producer_ids):
+            return 0.0
+        refused = quotas.refusal(
+            api_key, info.principal, subject, creates_producer_ids, time.monotonic()
+        )
+        if refused:
+            self.metrics.quota_refusals.labels(api).inc()
+        return refused
+
     def _accounted(
         self,
         api: str,
         version: int,
         error: int,
         created: int,
+        refused: float,
         api_key: int,
+        subject: str | None,
         client_id: str | None,
         correlation_id: int,
         info: ConnectionInfo,
     ) -> float:
         """What follows the decision of one request, whichever its API: the throttle its
         quotas ask for (KIP-219; 0 for none), counted; the answer counted; the request log's
-        line. ``created``: the producer ids it created (for their quota)."""
-        quotas = self.quotas
-        delay = 0.0
-        if quotas.limits_requests:
-            delay = quotas.request(api_key, info.principal, client_id, time.monotonic())
-        if created:
-            delay = max(delay, self._new_producer_ids(info.principal, created))
+        line. ``created``: the producer ids it created (for their quota); ``refused``: the
+        throttle of a quota's refusal (:meth:`_refusal`: nothing was decided, nothing more
+        is counted against the quotas); ``subject``: the client id its request quota counts
+        it under (``quota_subject``), ``client_id`` the one it sent."""
+        delay = refused
+        if not refused:
+            quotas = self.quotas
+            if quotas.limits_requests:
+                delay = quotas.request(api_key, info.principal, subject, time.monotonic())
+            if created:
+                delay = max(delay, self._new_producer_ids(info.principal, created))
         if delay:
             self._throttled(api, delay)
         self._tally(api, version, error, 1)
@@ -700,6 +775,16 @@ class ConnectionTasks:
         if error:
             name = ErrorCode(error).name.upper()
             self.metrics.errors.labels(api, str(version), name).inc(count)
+
+
+def _descriptor_of(stream: socket.socket | trio.abc.Stream) -> int:
+    """The descriptor of a connection's socket: a plain one's, or the one under a TLS
+    stream; -1 if there is none to be had."""
+    if isinstance(stream, socket.socket):
+        return stream.fileno()
+    transport = getattr(stream, "transport_stream", None)
+    sock = getattr(transport, "socket", None)
+    return sock.fileno() if sock is not None else -1
 
 
 # _Round and _Answers: plain classes, one of each made per round (compiled rule 1).

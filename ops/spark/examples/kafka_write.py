@@ -9,19 +9,18 @@ Each row's value is ``<id>:<padding>`` and its key the id: a consumer counts dup
 missing rows by the id. ``--slow-ms`` sleeps that long per ``--batch-rows`` rows (so a test
 can kill something mid-write); ``--straggler P`` makes partition P's first attempt 5x
 slower (so speculation copies it); ``--attempts-dir`` records each task attempt. Prints one
-line: the rows written.
+JSON line: the format, the rows and the seconds the write took.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql import SparkSession
-
-from pidctl.spark import register_data_sources
 
 
 def slowed(slow_ms: int, straggler: int, attempts_dir: str | None) -> Any:
@@ -53,41 +52,52 @@ def main() -> None:
     parser.add_argument("--kafka", required=True, help="kafka.bootstrap.servers")
     parser.add_argument("--topic", required=True)
     parser.add_argument("--pidctl", help="pidctl's HOST:PORT (pidctl-kafka)")
-    parser.add_argument("--format", default="pidctl-kafka", choices=["pidctl-kafka", "kafka"])
+    parser.add_argument(
+        "--format",
+        default="pidctl-kafka",
+        choices=["pidctl-kafka", "kafka", "write_kafka"],
+        help="a data source, or write_kafka (pidctl-kafka from the driver)",
+    )
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--app-id", help="txnAppId (pidctl-kafka)")
     parser.add_argument("--version", help="txnVersion (pidctl-kafka)")
     parser.add_argument("--slow-ms", type=int, default=0)
-    parser.add_argument("--batch-rows", type=int, default=500)
+    parser.add_argument("--batch-rows", type=int, help="Arrow batch rows (default Spark's, 10,000)")
     parser.add_argument("--straggler", type=int, default=-1)
     parser.add_argument("--attempts-dir", help="a file per task attempt goes here")
     args = parser.parse_args()
 
-    spark = (
-        SparkSession.builder.appName(f"pidctl-kafka-write-{args.format}")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.batch_rows))
-        .getOrCreate()
-    )
-    register_data_sources(spark)  # format("pidctl-kafka")
+    builder = SparkSession.builder.appName(f"pidctl-kafka-write-{args.format}")
+    if args.batch_rows:
+        builder = builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", args.batch_rows)
+    spark = builder.getOrCreate()
+    if args.format == "pidctl-kafka":  # Spark's own sink needs no registration
+        from pidctl.spark import register_data_sources
+
+        register_data_sources(spark)
     df = spark.range(0, args.rows, 1, args.partitions)
     if args.slow_ms:
         df = df.mapInArrow(slowed(args.slow_ms, args.straggler, args.attempts_dir), df.schema)
     df = df.selectExpr(
         "CAST(id AS STRING) AS key", "CONCAT(CAST(id AS STRING), ':', REPEAT('x', 100)) AS value"
     )
-    writer = (
-        df.write.format(args.format)
-        .mode("append")
-        .option("kafka.bootstrap.servers", args.kafka)
-        .option("topic", args.topic)
-    )
-    if args.format == "pidctl-kafka":
-        writer = writer.option("pidctl.bootstrap", args.pidctl)
+    options = {"kafka.bootstrap.servers": args.kafka, "topic": args.topic}
+    if args.format != "kafka":
+        options["pidctl.bootstrap"] = args.pidctl
         if args.app_id:
-            writer = writer.option("txnAppId", args.app_id).option("txnVersion", args.version)
-    writer.save()
-    print(f"wrote {args.rows} rows with {args.format}")
+            options |= {"txnAppId": args.app_id, "txnVersion": args.version}
+        else:
+            options["delivery"] = "at-least-once"
+    started = time.perf_counter()
+    if args.format == "write_kafka":
+        from pidctl.spark import write_kafka
+
+        write_kafka(df, options)
+    else:
+        df.write.format(args.format).mode("append").options(**options).save()
+    seconds = time.perf_counter() - started
+    print(json.dumps({"format": args.format, "rows": args.rows, "write_s": round(seconds, 3)}))
     spark.stop()
 
 

@@ -98,6 +98,11 @@ UNREACHABLE: dict[tuple[ApiKey, int], str] = {
         "the RecordTooLarge refusal: its record holds a broker id and an epoch, never too "
         "large for the log"
     ),
+    (ApiKey.ALLOCATE_PRODUCER_IDS, ErrorCode.kafka_storage_error.value): (
+        "grants paused for a nearly full data dir (data_dir_min_free_bytes): a filesystem "
+        "brings it about, not a request (tests/controller/api/test_handlers.py, "
+        "tests/e2e/test_log_operations.py)"
+    ),
 }
 
 

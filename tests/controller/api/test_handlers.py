@@ -60,16 +60,22 @@ def _handle(controller: Controller, body: Any, principal: str = "User:ANONYMOUS"
             error_code=init.error, producer_id=init.producer_id, producer_epoch=init.producer_epoch
         )
     if request.api_key == ApiKey.ALLOCATE_PRODUCER_IDS:
-        block, _ = controller.allocate_producer_ids(block_request_of(request), NOW, conn)
+        block, _, _ = controller.allocate_producer_ids(block_request_of(request), NOW, conn)
         return SimpleNamespace(
             error_code=block.error, producer_id_start=block.first, producer_id_len=block.length
         )
     return controller.handle(request, NOW, conn).body
 
 
-def _allocate(controller: Controller, client_id: str, principal: str = "User:ANONYMOUS") -> Any:
-    """A job's block (broker id and epoch -1) asked with ``client_id``, through the handler."""
-    request = BlockRequested(7, client_id, -1, -1)
+def _allocate(
+    controller: Controller,
+    client_id: str | None,
+    principal: str = "User:ANONYMOUS",
+    broker_id: int = -1,
+) -> Any:
+    """A job's block (broker id and epoch -1) asked with ``client_id``, through the handler
+    (or a broker's, given its ``broker_id``): the block, its offset, the PIDs it created."""
+    request = BlockRequested(7, client_id, broker_id, -1)
     return controller.allocate_producer_ids(request, NOW, ConnectionInfo(principal=principal))
 
 
@@ -328,17 +334,50 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
     written."""
     controller = _controller()
     written = controller.state.next_offset
-    block, _ = _allocate(controller, client_id_of(b"pidctl-job/1/0/app-\xff"))
-    assert (block.error, block.first, block.length) == (ErrorCode.invalid_request, 0, 0)
+    block, _, created = _allocate(controller, client_id_of(b"pidctl-job/1/0/app-\xff"))
+    assert (block.error, block.first, block.length, created) == (
+        ErrorCode.invalid_request,
+        0,
+        0,
+        0,
+    )
     assert controller.state.next_offset == written
-    named, _ = _allocate(controller, "pidctl-job/1/0/app-x")
-    assert named.error == ErrorCode.none
+    named, _, created = _allocate(controller, "pidctl-job/1/0/app-x")
+    assert (named.error, created) == (ErrorCode.none, 1000)
+    # The same block asked again (a re-run) is answered as recorded: no new producer ids.
+    again, _, created = _allocate(controller, "pidctl-job/1/0/app-x")
+    assert (again.first, created) == (named.first, 0)
+
+
+def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_written() -> None:
+    """The data dir's filesystem below data_dir_min_free_bytes (server/app.py sets it):
+    InitProducerId COORDINATOR_LOAD_IN_PROGRESS, AllocateProducerIds KAFKA_STORAGE_ERROR."""
+    controller = _controller()
+    refused: list[str] = []
+    controller.on_paused = refused.append
+    controller.paused = "1.0 MiB free on the data dir's filesystem"
+    written = controller.state.next_offset
+    conn = ConnectionInfo()
+    idempotent = InitRequested(5, 7, "t", None, 60_000, -1, -1)
+    init = controller.init_producer_id(idempotent, NOW, conn)
+    assert init.error == ErrorCode.coordinator_load_in_progress
+    tx = controller.init_producer_id(InitRequested(5, 7, "t", "tx", 60_000, -1, -1), NOW, conn)
+    assert tx.error == ErrorCode.coordinator_load_in_progress
+    run = controller.init_idempotent_run(3, NOW, conn)
+    assert (list(run.producer_ids), run.error) == ([], ErrorCode.coordinator_load_in_progress)
+    for broker_id in (-1, 1):
+        block, _, created = _allocate(controller, None, broker_id=broker_id)
+        assert (block.error, block.length, created) == (ErrorCode.kafka_storage_error, 0, 0)
+    assert controller.state.next_offset == written
+    assert refused == ["InitProducerId"] * 5 + ["AllocateProducerIds"] * 2
+    controller.paused = None  # room again: granted
+    assert controller.init_producer_id(idempotent, NOW, conn).error == 0
 
 
 def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
     """A named job's block, through the handler, as ``principal``."""
     key = f"pidctl-job/{version}/{block}/{app}"
-    answer, _ = _allocate(controller, key, principal)
+    answer, _, _ = _allocate(controller, key, principal)
     return answer
 
 
@@ -365,7 +404,7 @@ def test_a_named_job_needs_write_on_its_app_id_as_a_transactional_id_does() -> N
     assert _named(controller, "etl-a", 1, 0, "User:etl").error == 0
     assert _named(controller, "anything", 1, 0, "User:any").error == 0
     # Without a name, a job still needs only IdempotentWrite.
-    unnamed, _ = _allocate(controller, "x", "User:adhoc")
+    unnamed, _, _ = _allocate(controller, "x", "User:adhoc")
     assert unnamed.error == 0
 
 
@@ -400,6 +439,6 @@ def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
     log = MemoryLog()
     controller = _controller(log=log)
     huge = "c" * 32_000
-    block, _ = _allocate(controller, huge)
+    block, _, _ = _allocate(controller, huge)
     assert block.error == 0
     assert max(len(entry) for entry in log.entries) < 600

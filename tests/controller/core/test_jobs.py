@@ -467,3 +467,28 @@ def test_a_copy_for_a_snapshot_is_taken_without_copying_the_app_ids() -> None:
     )
     assert shared >= len(state.jobs.apps._shards) - 2
     assert through_snapshot(copied) == copied
+
+
+def test_a_key_may_carry_the_brokers_expiration_as_a_shorter_reuse_window() -> None:
+    """A job that read the brokers' producer.id.expiration.ms sends it with its key: a
+    re-run older than it is refused even inside reuse_ms (they forgot the first run's
+    sequences), and the first run is answered as before."""
+    key = JobKey("app", 3, 0, max_age_ms=3_600_000)
+    assert key.client_id() == "pidctl-job/3/0~3600000/app"
+    assert parse_job_key(key.client_id()) == key
+    assert parse_job_key("pidctl-job/3/0/app") == JobKey("app", 3, 0)
+    with pytest.raises(ValueError):
+        parse_job_key("pidctl-job/3/0~x/app")
+    state = _state()
+    first = _block(state, "app", 3, 0, now_ms=0)
+
+    def rerun(now_ms: int) -> Block:
+        result = state.jobs.allocate(
+            key, wall_ms=now_ms, mono_ms=now_ms, principal=OWNER, client_id=key.client_id()
+        )
+        return apply(state, result)
+
+    assert rerun(3_600_000) == first
+    assert rerun(3_600_001).error == ErrorCode.unknown_producer_id
+    # Without the key's age the day's window holds.
+    assert _block(state, "app", 3, 0, now_ms=3_600_001) == first

@@ -1,6 +1,10 @@
-"""`pidctl log dump --summary`: blocks per holder, jobs by client id, leases, imports, holes."""
+"""`pidctl log dump --summary`: blocks per holder, jobs by client id, leases, imports, holes;
+and how a text line shows a value."""
 
 from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pidctl.controller.core.logformat import LogEntry
 from pidctl.controller.core.records import (
@@ -12,7 +16,7 @@ from pidctl.controller.core.records import (
     ProducerIdsLeased,
     Record,
 )
-from pidctl.controller.log.logtools import summary_lines
+from pidctl.controller.log.logtools import shown, summary_lines
 
 T0 = 1_795_000_000_000  # any time: the summary prints only counts and ids
 
@@ -71,3 +75,30 @@ def test_holes_between_leases_are_other_controllers_ranges() -> None:
         )
     )
     assert other[-1] == "  1000..4999 never granted (not leased here: other controllers' ranges)"
+
+
+def _read_back(text: str) -> str:
+    """What a shown value says (logfmt: quoted, with Python's escapes)."""
+    if not text.startswith('"'):
+        return text
+    inner = text[1:-1]
+    return inner.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+@given(st.text())
+def test_a_shown_value_is_one_printable_field_that_reads_back_as_it_was(value: str) -> None:
+    text = shown(value)
+    assert text.isprintable()  # no newline, no ESC, no separator, no override
+    assert _read_back(text) == value
+    # One field: a space, "=" or "," only inside quotes.
+    assert text.startswith('"') or not set(text) & set(' =",')
+
+
+def test_plain_values_are_shown_as_they_are() -> None:
+    assert shown("User:ANONYMOUS") == "User:ANONYMOUS"
+    assert shown("spark-app-42") == "spark-app-42"
+    assert shown(1000) == "1000"
+    assert shown("zoë") == "zoë"
+    assert shown("x\ny") == '"x\\x0ay"'
+    assert shown("User:CN=a,O=b") == '"User:CN=a,O=b"'
+    assert shown(("PLAINTEXT://k:1", "SSL://k:2")) == "PLAINTEXT://k:1,SSL://k:2"

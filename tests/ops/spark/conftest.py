@@ -37,8 +37,13 @@ def spark() -> Iterator[Any]:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pyspark.sql import SparkSession
 
-    from pidctl.spark import register_data_sources
+    from ops.testing.jars import classpath
+    from pidctl.spark import carrier, register_data_sources
 
+    # pidctl-kafka's JVM carrier (write_kafka's path), built against the Kafka client jar
+    # ops.testing.jars fetched; and that jar, as spark-submit --jars would give it.
+    clients = next(p for p in classpath("spark-kafka").split(os.pathsep) if "kafka-clients" in p)
+    jars = [POSTGRES_JDBC_JAR, str(carrier.build(Path(clients))), clients]
     session = (
         SparkSession.builder.master("local[2,3]")
         .appName("pidctl-tests")
@@ -46,8 +51,9 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.host", "127.0.0.1")
-        # PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java): write_sql's path.
-        .config("spark.jars", POSTGRES_JDBC_JAR)
+        # PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java): write_sql's path;
+        # pidctl-kafka's carrier: write_kafka's.
+        .config("spark.jars", ",".join(jars))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -63,6 +69,16 @@ def pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data_dir: Path = tmp_path_factory.mktemp("pidctl") / "data"
     keep = ("--segment-max-bytes", "20000", "--log-retention-bytes", "100000000")
     with ServerProcess(data_dir, *keep) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def job_pidctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A controller serving Spark jobs that write to Kafka: its producer ids from 2^62, far
+    above the test broker's own (from 0), as docs/spark-kafka.md says to set it up (the sink
+    refuses ids in the cluster's range)."""
+    data_dir: Path = tmp_path_factory.mktemp("job-pidctl") / "data"
+    with ServerProcess(data_dir, "--first-producer-id", str(2**62)) as server:
         yield server
 
 

@@ -1,52 +1,75 @@
-"""pidctl-kafka on a real standalone master with two workers (two loopback hosts), a real
-Kafka and a real pidctl, under the faults of ops/testing/spark_kafka_faults.py: an executor
-JVM killed mid-write with speculation on, and the driver killed and the job run again.
-Every case: every row exactly once, counted by id with a consumer. One cluster serves every
-case; a worker's kill, and Spark's own sink under every fault, are measured by ``python -m
-ops.bench.spark_kafka --faults`` (its duplicates beside ours), not here, to keep CI short."""
+"""The Kafka cluster as pidctl-kafka sees it (ops/spark/kafka_cluster.py), against a real broker:
+Produce's body encoded by hand is kio's; questions go on a connection of their own; a batch
+is found back by its producer and last sequence; the brokers' settings and the cluster's own
+producer ids are read from them."""
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+import io
 
-import pytest
+import pyarrow as pa
+from kio.schema.produce.v9 import ProduceRequest
+from kio.schema.produce.v9.request import PartitionProduceData, TopicProduceData
+from kio.schema.types import TopicName
+from kio.serial import entity_writer
+from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from ops.testing.kafka import KafkaNode
-from ops.testing.serverproc import ServerProcess
-from ops.testing.spark_cluster import SparkCluster, live_processes
-from ops.testing.spark_kafka_faults import KafkaFaults
-
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaFaults]:
-    """One cluster, broker and controller (PIDs from 2^62, as the docs advise) for every case;
-    executors run this interpreter, where pidctl is installed."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    data = tmp_path_factory.mktemp("pidctl") / "data"
-    with (
-        KafkaNode() as kafka,
-        ServerProcess(data, "--first-producer-id", str(2**62)) as pidctl,
-        SparkCluster(env={"PATH": path}) as cluster,
-    ):
-        groups = cluster.process_groups
-        yield KafkaFaults(cluster, kafka, pidctl)
-        everything = groups()
-    assert live_processes(everything) == []
+from ops.testing.kafka_topics import new_topic
+from pidctl.spark.kafka_cluster import KafkaCluster, produce_body, timeout_ms
+from pidctl.spark.kafka_options import ProducerSettings
+from pidctl.spark.kafka_producer import TaskProducer
 
 
-#: Speculation shares a run with the executor kill: one submission fewer in CI. A worker's
-#: kill is, for pidctl-kafka, its executor's kill with the retries on the other host: it
-#: runs in the benchmark's fault cases (``ops.bench.spark_kafka --faults``), not in CI.
-@pytest.mark.parametrize("fault", ["executor+speculation", "driver"])
-def test_every_row_once_under(faults: KafkaFaults, fault: str) -> None:
-    run = faults.run(fault, "pidctl-kafka")
-    print(run)
-    assert run.exit_codes[-1] == 0
-    assert (run.rows, run.duplicates, run.missing) == (faults.rows, 0, 0)
-    if fault != "driver":  # the fault made Spark run more attempts than partitions
-        assert run.extra_attempts > 0
+def test_the_produce_body_is_kios() -> None:
+    batch = [b"header-bytes", memoryview(b"records" * 100)]
+    parts = produce_body("orders", 3, batch, acks=-1, timeout_ms=30_000)
+    mine = b"".join(bytes(memoryview(part)) for part in parts)
+    request = ProduceRequest(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(timeout_ms(30.0)),
+        topic_data=(
+            TopicProduceData(
+                name=TopicName("orders"),
+                partition_data=(
+                    PartitionProduceData(
+                        index=i32(3), records=Records(b"header-bytes" + b"records" * 100)
+                    ),
+                ),
+            ),
+        ),
+    )
+    theirs = io.BytesIO()
+    entity_writer(ProduceRequest)(theirs, request)
+    assert mine == theirs.getvalue()
+
+
+def test_a_batch_is_found_by_its_producer_and_last_sequence(kafka: KafkaNode) -> None:
+    topic = new_topic(kafka.bootstrap, 1)
+    cluster = KafkaCluster([kafka.bootstrap], client_id="t", timeout_s=30, connection={})
+    try:
+        producer = TaskProducer(cluster, 2**62 + 99, 0, 0, ProducerSettings(4000), resume=False)
+        rows = pa.RecordBatch.from_arrays([pa.array([f"{i}:x" for i in range(2000)])], ["value"])
+        reports = producer.write(iter([rows]), topic)
+        ((_, producers),) = cluster.describe_producers([(topic, 0)]).items()
+        (mine,) = producers
+        assert mine.last_sequence == reports[0].last_sequence == 1999
+        found = cluster.find_batch((topic, 0), mine.producer_id, 1999, mine.last_timestamp)
+        assert found is not None and found.last_sequence == 1999
+        assert cluster.find_batch((topic, 0), mine.producer_id, 1998, mine.last_timestamp) is None
+        assert sum(b.count for b in cluster.batches((topic, 0), 0)) == 2000
+        assert cluster.end_offset((topic, 0)) == 2000 and cluster.start_offset((topic, 0)) == 0
+    finally:
+        cluster.close()
+
+
+def test_the_brokers_settings_and_producer_ids_are_read_from_them(kafka: KafkaNode) -> None:
+    cluster = KafkaCluster([kafka.bootstrap], client_id="t", timeout_s=30, connection={})
+    try:
+        value, who = cluster.broker_config("producer.id.expiration.ms")
+        assert value == "86400000" and who.startswith("broker ")
+        first = cluster.cluster_producer_id()
+        assert 0 <= first < cluster.cluster_producer_id()  # the cluster's next, from 0 up
+    finally:
+        cluster.close()

@@ -52,32 +52,59 @@ async def test_paths_statuses_and_methods() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_at_most_max_connections_are_open_and_the_rest_wait() -> None:
+async def test_a_connection_held_silent_makes_room_for_one_that_asks() -> None:
+    """At most max_connections are open; one more is accepted all the same, and the one
+    that has waited longest for its request head is closed for it: connections held open
+    without a request cannot keep a probe out."""
     metrics = Metrics()
-    endpoint = HttpEndpoint(metrics, 2)
+    endpoint = HttpEndpoint(metrics, 2, request_timeout_s=60)
     await endpoint.bind(HostPort("127.0.0.1", 0))
 
-    def sample(name: str) -> float:
-        return metrics.registry.get_sample_value(name) or 0.0
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
 
     async with trio.open_nursery() as nursery:
         await nursery.start(endpoint.serve)
         silent = [await trio.open_tcp_stream("127.0.0.1", endpoint.port) for _ in range(2)]
-        while sample("pidctl_http_connections") < 2:
-            await trio.sleep(0.01)
-        answer: list[bytes] = []
-
-        async def third() -> None:
-            answer.append(await _get(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n"))
-
-        nursery.start_soon(third)
-        while sample("pidctl_http_connections_waited_total") == 0:
-            await trio.sleep(0.01)
-        assert answer == []  # in the kernel's backlog: not accepted, no descriptor taken
-        await silent.pop().aclose()
-        while not answer:
-            await trio.sleep(0.01)
-        assert answer[0].startswith(b"HTTP/1.1 200 OK")
+        with trio.fail_after(30):
+            while sample("pidctl_http_connections") < 2:
+                await trio.sleep(0.01)
+            answer = await _get(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        assert sample("pidctl_http_connections_evicted_total", reason="full") == 1
+        # The oldest silent one was closed for it; the other is still open.
+        assert await silent[0].receive_some(10) == b""
+        with trio.move_on_after(0.1):
+            await silent[1].receive_some(10)
+            raise AssertionError("the newer silent connection was closed too")
         assert sample("pidctl_http_connections") <= 2
-        await silent.pop().aclose()
+        for stream in silent:
+            await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_request_head_not_sent_in_time_closes_the_connection() -> None:
+    metrics = Metrics()
+    endpoint = HttpEndpoint(metrics, 4, request_timeout_s=0.2)
+    await endpoint.bind(HostPort("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(endpoint.serve)
+        slow = await trio.open_tcp_stream("127.0.0.1", endpoint.port)
+        await slow.send_all(b"GET /healthz HTTP/1.1\r\n")  # and never the rest
+        with trio.fail_after(30):
+            assert await slow.receive_some(10) == b""  # closed, unanswered
+        assert (
+            metrics.registry.get_sample_value(
+                "pidctl_http_connections_evicted_total", {"reason": "timeout"}
+            )
+            == 1
+        )
+        await slow.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def test_the_request_timeouts_default_is_the_settings() -> None:
+    from pidctl.controller.server.transport.http import DEFAULT_REQUEST_TIMEOUT_S
+    from pidctl.controller.settings import Settings
+
+    assert Settings().metrics_request_timeout_ms == DEFAULT_REQUEST_TIMEOUT_S * 1000
