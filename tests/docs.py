@@ -97,7 +97,8 @@ _NOTES = (
     re.compile(r"\b(?:slow|fast|busy|quiet|slower|faster) hour\b", re.I),
     re.compile(r"\b(?:this|the last|the next) round\b|\bround before\b", re.I),
     re.compile(r"\bhelpers?\b.{0,40}\b(?:ran|running|suites?|valgrind)\b|\bthe lead\b", re.I),
-    re.compile(r"(?<![\w'-])20\d\d-[01]\d-[0-3]\d(?![T\d])"),  # a day, not a timestamp's
+    # A day, not a timestamp's, nor a release's in a changelog heading ("## [1.0.0] - DAY").
+    re.compile(r"(?<![\w'-])(?<!\] - )20\d\d-[01]\d-[0-3]\d(?![T\d])"),
 )
 
 

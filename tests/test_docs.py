@@ -598,6 +598,7 @@ def test_working_notes_are_recognised() -> None:
         "cluster id c0ffee",
         "first_producer_id = 4611686018427387904",
         "[the list](#what-pidctl-answers-api-by-api)",
+        "## [1.0.0] - 2026-12-05",
     ):
         assert docs.working_notes(fine, lambda word: False) == [], fine
 
