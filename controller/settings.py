@@ -54,15 +54,21 @@ from pidctl.controller.log.metalog import (
 )
 from pidctl.controller.log.space import DEFAULT_MIN_FREE_BYTES
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
-from pidctl.controller.server.fleet.etcd import EtcdLocation
-from pidctl.controller.server.security.sasl import MECHANISMS
-from pidctl.controller.server.transport.connection import (
-    DEFAULT_MAX_ENTRIES_PER_ROUND,
-    DEFAULT_MAX_UNWRITTEN_BYTES,
-)
 from pidctl.protocol import addresses
-from pidctl.protocol.addresses import HostPort
+from pidctl.protocol.addresses import EtcdLocation, HostPort
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from pidctl.protocol.sasl_client import MECHANISMS
+
+#: Default of the ``max_entries_per_round`` setting: the work one connection's round may
+#: decide before the other connections run, in entries (a FindCoordinator's keys, a
+#: Metadata's topics; a request without an array counts 1). A key costs ~3 µs to decide and
+#: encode here, so a round holds the event loop ~3 ms at most beyond its last request; the
+#: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
+DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
+#: Default of the ``max_unwritten_bytes_per_connection`` setting: answers of one connection
+#: held for a client that does not read them, before the connection is read no more. A
+#: thousand-key answer is ~30 KB; most answers are tens of bytes.
+DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 ENV_PREFIX = "PIDCTL_"
 

@@ -43,3 +43,47 @@ def parse_listeners(text: str) -> list[tuple[str, HostPort]]:
     if not listeners:
         raise ValueError("no listener given")
     return listeners
+
+
+#: The counter key, under the source's prefix.
+COUNTER_KEY = "next_producer_id"
+#: Under the source's prefix: one key per controller (its node id), the end of the last lease
+#: it took, written in the transaction that took it.
+LEASES_PREFIX = "leases/"
+#: ``--pid-source`` schemes, and the scheme of etcd's JSON gateway each means.
+SCHEMES = {"etcd": "http", "etcds": "https"}
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdLocation:
+    """``etcd://HOST:PORT[,HOST:PORT...]/PREFIX`` (``etcds://`` for TLS), parsed."""
+
+    endpoints: tuple[HostPort, ...]
+    prefix: str
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> EtcdLocation:
+        scheme, sep, rest = text.partition("://")
+        if not sep or scheme not in SCHEMES:
+            raise ValueError(f"expected etcd://HOST:PORT[,HOST:PORT...]/PREFIX, got {text!r}")
+        hosts, slash, prefix = rest.partition("/")
+        prefix = prefix.strip("/")
+        if not slash or not prefix:
+            raise ValueError(f"{text!r} names no key prefix (etcd://HOST:PORT/PREFIX)")
+        endpoints = tuple(HostPort.parse(h.strip()) for h in hosts.split(",") if h.strip())
+        if not endpoints:
+            raise ValueError(f"{text!r} names no etcd endpoint")
+        return cls(endpoints, prefix, scheme == "etcds")
+
+    @property
+    def counter_key(self) -> str:
+        return f"{self.prefix}/{COUNTER_KEY}"
+
+    @property
+    def leases_prefix(self) -> str:
+        return f"{self.prefix}/{LEASES_PREFIX}"
+
+    def __str__(self) -> str:
+        scheme = "etcds" if self.tls else "etcd"
+        return f"{scheme}://{','.join(map(str, self.endpoints))}/{self.prefix}"

@@ -1,12 +1,15 @@
-"""AllocateProducerIds requests read by ``struct``.
+"""AllocateProducerIds requests read by ``struct``, and the one typed value every
+AllocateProducerIds is handed to the controller as (:class:`BlockRequested`), whichever
+reader read it.
 
 Every broker's block request is an AllocateProducerIds v0 (the only version Kafka defines):
 a header with a client id, a broker id and a broker epoch. kio's reader builds a header and
 a body entity for it, field by field; a request in the usual shape (no tagged fields in the
 header or the body) is read here instead into the four values the decision needs, and the
 answer is packed by the codec (``allocate_producer_ids_answer``) without an entity either.
-Anything else, an unusual but valid request included, is left to kio's reader: the tests
-check that both read every request alike.
+Anything else, an unusual but valid request included, is left to kio's reader, whose
+request :func:`block_request_of` turns into the same value: the tests check that both read
+every request alike.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import REQUEST_HEADER_START, client_id_of
 
 #: The API key's low byte (its high byte is 0).
@@ -25,9 +29,9 @@ _API_KEY_LOW_BYTE = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
 _BODY = struct.Struct(">BiqB")
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final, as InitRequested
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class BlockRequested:
-    """An AllocateProducerIds v0 request, read without kio."""
+    """An AllocateProducerIds v0 request, read by ``struct`` or by kio."""
 
     correlation_id: Final[int]
     client_id: Final[str | None]
@@ -61,3 +65,12 @@ def read_block_request(frame: bytes) -> BlockRequested | None:
     if length >= 0:
         client_id = client_id_of(frame[10:start])
     return BlockRequested(correlation_id, client_id, broker_id, broker_epoch)
+
+
+def block_request_of(request: Request) -> BlockRequested:
+    """The AllocateProducerIds kio read (``request``, any shape) as the value
+    :func:`read_block_request` reads the usual shape into."""
+    header, body = request.header, request.body
+    return BlockRequested(
+        header.correlation_id, header.client_id, body.broker_id, body.broker_epoch
+    )

@@ -73,6 +73,15 @@ def client_id_of(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
+def client_id_in(frame: bytes) -> str | None:
+    """The client id of a request ``frame`` whose v1/v2 header a ``struct`` reader has
+    already read (its length is known good): for the runs, which read it only when asked."""
+    length = REQUEST_HEADER_START.unpack_from(frame)[3]
+    if length < 0:
+        return None
+    return client_id_of(frame[REQUEST_HEADER_START.size : REQUEST_HEADER_START.size + length])
+
+
 def parse_request_header(frame: bytes, version: int) -> tuple[RequestHeader, int]:
     """Parse a request header of the given version; return it and the offset of the body.
 

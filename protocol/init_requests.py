@@ -1,23 +1,28 @@
-"""InitProducerId requests read by ``struct``, one at a time.
+"""InitProducerId requests read by ``struct``, one at a time, and the one typed value
+every InitProducerId is handed to the controller as (:class:`InitRequested`), whichever
+reader read it.
 
 Every transactional producer's start (and each of its restarts) is an InitProducerId
 naming its transactional id, and durable: kio's reader builds a header and a body entity
 for it field by field. A request in the usual shape (no tagged fields, a transactional id
 of at most 126 bytes, so that its compact length is one byte) is read here instead into
 the values the decision needs, and the answer is packed by the codec
-(``init_producer_id_answer``). Anything else is left to kio's reader: the tests check that
-both read every request alike. (Idempotent requests that follow one another are read in a
+(``init_producer_id_answer``). Anything else is left to kio's reader, whose request
+:func:`init_request_of` turns into the same value: the tests check that both read every
+request alike. (Idempotent requests that follow one another are read in a
 run: :mod:`protocol.idempotent_inits`.)
 """
 
 from __future__ import annotations
 
+import datetime
 import struct
 from dataclasses import dataclass
 from typing import Final
 
 from pidctl.protocol.apis import ApiKey
-from pidctl.protocol.headers import REQUEST_HEADER_START, utf8_string
+from pidctl.protocol.codec import Request
+from pidctl.protocol.headers import REQUEST_HEADER_START, client_id_of, utf8_string
 
 #: The API key's low byte (its high byte is 0).
 _API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
@@ -34,16 +39,14 @@ VERSIONS = frozenset(_REST)
 _LEGACY_LENGTH = struct.Struct(">h")
 
 
-# A dataclass built by its own __init__, frozen by Final, not a NamedTuple: one is made per
-# request, and compiled, a NamedTuple's __new__ (and a frozen dataclass's __init__) stays
-# interpreted, at 3,000 instructions where this takes 400 (controller/core/records.py).
-@dataclass(slots=True, init=False, unsafe_hash=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class InitRequested:
-    """An InitProducerId request, read without kio (``producer_id`` and ``producer_epoch``
-    -1 before v3, as kio's defaults)."""
+    """An InitProducerId request, read by ``struct`` or by kio (``producer_id`` and
+    ``producer_epoch`` -1 before v3, as kio's defaults)."""
 
     api_version: Final[int]
     correlation_id: Final[int]
+    client_id: Final[str | None]
     transactional_id: Final[str | None]
     timeout_ms: Final[int]
     producer_id: Final[int]
@@ -53,6 +56,7 @@ class InitRequested:
         self,
         api_version: int,
         correlation_id: int,
+        client_id: str | None,
         transactional_id: str | None,
         timeout_ms: int,
         producer_id: int,
@@ -60,6 +64,7 @@ class InitRequested:
     ) -> None:
         self.api_version = api_version
         self.correlation_id = correlation_id
+        self.client_id = client_id
         self.transactional_id = transactional_id
         self.timeout_ms = timeout_ms
         self.producer_id = producer_id
@@ -77,8 +82,10 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
     if rest is None or version not in served or length < -1:
         return None
     at = 10
-    if length > 0:
-        at += length  # (any client id will do: headers.client_id_of)
+    client_id = None
+    if length >= 0:
+        at += length
+        client_id = client_id_of(frame[10:at])  # (any bytes will do, as in Kafka)
     if version >= 2:
         # The header's tagged fields (none), then a compact nullable string: length + 1.
         if len(frame) < at + 2 or frame[at] != 0 or frame[at + 1] >= 0x80:
@@ -106,8 +113,33 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
         if tags:
             return None
         return InitRequested(
-            version, correlation_id, transactional_id, timeout, producer_id, producer_epoch
+            version,
+            correlation_id,
+            client_id,
+            transactional_id,
+            timeout,
+            producer_id,
+            producer_epoch,
         )
     if version == 2 and values[1]:
         return None
-    return InitRequested(version, correlation_id, transactional_id, values[0], -1, -1)
+    return InitRequested(version, correlation_id, client_id, transactional_id, values[0], -1, -1)
+
+
+#: kio's transaction timeout is a timedelta; made once, not per request.
+_ONE_MS = datetime.timedelta(milliseconds=1)
+
+
+def init_request_of(request: Request) -> InitRequested:
+    """The InitProducerId kio read (``request``, any shape of a served version) as the
+    value :func:`read_init_request` reads the usual shapes into."""
+    header, body = request.header, request.body
+    return InitRequested(
+        header.api_version,
+        header.correlation_id,
+        header.client_id,
+        body.transactional_id,
+        int(body.transaction_timeout / _ONE_MS),
+        getattr(body, "producer_id", -1),
+        getattr(body, "producer_epoch", -1),
+    )

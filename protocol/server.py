@@ -22,7 +22,7 @@ from kio.static.protocol import ResponsePayload
 
 from pidctl.protocol.api_versions import unsupported_version_response
 from pidctl.protocol.apis import ApiKey, SupportedApis
-from pidctl.protocol.block_requests import BlockRequested, read_block_request
+from pidctl.protocol.block_requests import BlockRequested, block_request_of, read_block_request
 from pidctl.protocol.codec import (
     ProtocolViolation,
     Request,
@@ -36,7 +36,7 @@ from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Frame
 from pidctl.protocol.headers import RequestHeader
 from pidctl.protocol.idempotent_inits import read_idempotent_init
 from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
-from pidctl.protocol.init_requests import InitRequested, read_init_request
+from pidctl.protocol.init_requests import InitRequested, init_request_of, read_init_request
 
 #: The API keys read by ``struct`` in their usual shape, as plain ints (compared per frame).
 _INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
@@ -69,6 +69,30 @@ class Phase(enum.Enum):
     READY = "ready"
     #: Nothing more is read; answer what came before, then close.
     CLOSED = "closed"
+
+
+class PhaseChange(NamedTuple):
+    """One way a connection's :class:`Phase` changes: from, why, to (None: where it starts)."""
+
+    source: Phase | None
+    why: str
+    target: Phase
+
+
+#: Every change of a connection's phase, the one table the picture of its states
+#: (docs/connection-states.md, drawn by ``ops/connection_states.py``) is drawn from, and
+#: the tests drive a connection through (tests/protocol/test_server.py).
+PHASE_CHANGES = (
+    PhaseChange(None, "a SASL listener's connection", Phase.HANDSHAKE),
+    PhaseChange(None, "a plain or TLS listener's connection", Phase.READY),
+    PhaseChange(Phase.HANDSHAKE, "SaslHandshake names an enabled mechanism", Phase.AUTHENTICATE),
+    PhaseChange(Phase.AUTHENTICATE, "SaslAuthenticate succeeds", Phase.READY),
+    PhaseChange(Phase.AUTHENTICATE, "SaslAuthenticate fails (answered, then closed)", Phase.CLOSED),
+    PhaseChange(Phase.HANDSHAKE, "a request not allowed before authentication", Phase.CLOSED),
+    PhaseChange(Phase.READY, "a protocol error, or a frame over max_frame_bytes", Phase.CLOSED),
+    PhaseChange(Phase.READY, "the client closes (what it sent is answered)", Phase.CLOSED),
+    PhaseChange(Phase.READY, "no request within the idle or frame timeout", Phase.CLOSED),
+)
 
 
 class RequestReceived(NamedTuple):
@@ -112,6 +136,9 @@ class IdempotentInits(NamedTuple):
 
     api_version: int
     correlation_ids: list[int]
+    #: The run's first frame: its client id (``headers.client_id_in``), read only when a
+    #: quota or the request log asks (they ask for runs of one: the others' may differ).
+    frame: bytes
 
 
 Event = (
@@ -202,27 +229,28 @@ class ServerConnection:
         elif frames or not was_in_frame:
             self._frame_started = now  # a new frame has begun
 
-    def next_event(self, run: int = 0) -> Event | None:
+    def next_event(self, run: int = 1) -> Event | None:
         """The next request (or answer, or closure) in arrival order; None when more bytes
         are needed. After a :class:`ConnectionClosed` there are no more events.
 
-        ``run``: once the connection is authenticated, the hottest requests in their usual
-        shape are read by ``struct``: at most this many idempotent InitProducerIds in a row
-        at one version come as one :class:`IdempotentInits`
+        One reader per API and shape: once the connection is authenticated, the hottest
+        requests in their usual shape are read by ``struct``, idempotent InitProducerIds in
+        a row at one version as one :class:`IdempotentInits` of at most ``run`` requests
         (:mod:`protocol.idempotent_inits`), any other InitProducerId as an
         :class:`InitRequested` (:mod:`protocol.init_requests`), an AllocateProducerIds as a
-        :class:`BlockRequested` (:mod:`protocol.block_requests`). 0 (the default): every
-        request comes as a :class:`RequestReceived`. Each frame is read once, either way
-        (but the one after a run: see :meth:`_run_from`)."""
+        :class:`BlockRequested` (:mod:`protocol.block_requests`); kio reads everything else,
+        and hands an InitProducerId or AllocateProducerIds it read as the same
+        :class:`InitRequested` or :class:`BlockRequested`. Each frame is read once (but the
+        one after a run: see :meth:`_run_from`)."""
         frames = self._frames
         while frames:
             frame = frames.popleft()
-            if run and self._authenticated and frame[:1] == b"\0":  # (every API key < 256)
+            if self._authenticated and frame[:1] == b"\0":  # (every API key < 256)
                 key = frame[1]
                 if key == _INIT_PRODUCER_ID:
                     first = read_idempotent_init(frame, self._idempotent_shapes)
                     if first is not None:
-                        return self._run_from(frame, first, run)
+                        return self._run_from(frame, first, max(run, 1))
                     init = read_init_request(frame, self._init_versions)
                     if init is not None:
                         return init
@@ -261,7 +289,7 @@ class ServerConnection:
                     break  # (next_event reads it again: the one frame read twice)
                 correlation_ids.append(read_following[1])
             frames.popleft()
-        return IdempotentInits(version, correlation_ids)
+        return IdempotentInits(version, correlation_ids, frame)
 
     @property
     def has_pending_requests(self) -> bool:
@@ -295,6 +323,11 @@ class ServerConnection:
                 return ConnectionClosed(
                     "unauthenticated_request", "SaslAuthenticate before SaslHandshake"
                 )
+        api_key = request.api_key
+        if api_key == _INIT_PRODUCER_ID:
+            return init_request_of(request)
+        if api_key == _ALLOCATE_PRODUCER_IDS:
+            return block_request_of(request)
         return RequestReceived(request)
 
     # -- output -----------------------------------------------------------------------------

@@ -141,6 +141,15 @@ def test_each_room_of_the_server_holds_modules() -> None:
         assert [p for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"], room
 
 
+def test_the_settings_import_no_server_room() -> None:
+    """Every room may read the settings (``controller/settings.py``); the settings read
+    nothing of the server's rooms back (their defaults and parsers live in the rooms below,
+    or in the settings themselves): no arrow points up."""
+    path = ROOT / "controller/settings.py"
+    up = [m for _, m in _imports(path) if m.startswith("pidctl.controller.server")]
+    assert up == []
+
+
 def test_the_quorum_controller_knows_no_handler() -> None:
     """``api/quorum.py`` (apply and snapshots) lies below the handlers and their responses
     (Kafka's QuorumController below its ControllerApis): it imports neither, so whatever

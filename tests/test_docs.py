@@ -64,6 +64,11 @@ BLOCKS = {
         " Kubernetes would (the format Job, then the StatefulSet's pod and its probes)"
     ),
     ("README.md", "Run", 0): run_by("tests/test_docs.py::test_run_as_written"),
+    ("docs/connection-states.md", "A connection's states", 0): not_run(
+        "a Mermaid diagram, not a command: tests/ops/test_connection_states.py checks it is"
+        " the one ops/connection_states.py draws, and tests/protocol/test_server.py drives a"
+        " connection through each change"
+    ),
     ("README.md", "Quick start", 0): run_by("tests/test_docs.py::test_quick_start_as_written"),
     ("README.md", "Quick start", 1): run_by("tests/test_docs.py::test_quick_start_as_written"),
     ("README.md", "Exactly once you can watch", 0): run_by(

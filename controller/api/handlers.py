@@ -10,7 +10,6 @@ is durable; an idempotent InitProducerId's once its PID's block's grant is
 
 from __future__ import annotations
 
-import datetime
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,8 +63,10 @@ from pidctl.protocol.apis import (
     response_class,
     supported_apis,
 )
+from pidctl.protocol.block_requests import BlockRequested
 from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import RequestHeader
+from pidctl.protocol.init_requests import InitRequested
 
 #: Versions served, per API: what Kafka 4.x serves, as far as kio has the schemas.
 #: InitProducerId stops at v5: v6 is KIP-939's two-phase commit, which pidctl does not do.
@@ -85,8 +86,6 @@ SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: (0, 0),
 }
 
-#: InitProducerId's timeout arrives as a timedelta (kio); made once, not per request.
-_ONE_MS = datetime.timedelta(milliseconds=1)
 #: Error codes compared on every InitProducerId and AllocateProducerIds, looked up once: a
 #: member read through its enum class costs ~120 ns (the metaclass is searched first).
 _NO_ERROR = ErrorCode.none
@@ -117,7 +116,7 @@ def _topic_id(topic: Any) -> uuid.UUID | None:
     return topic_id if topic_id is not None and topic_id.int else None
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class InitAnswer:
     """An InitProducerId's answer: the error, the producer id and epoch (-1, -1 with an
     error), the offset to be durable before it is sent, and the producer ids it created (1
@@ -192,6 +191,14 @@ class RequestLimits:
     max_registration_entries: int = DEFAULT_MAX_REGISTRATION_ENTRIES
 
 
+def _told_nobody(api: str, exhausted: bool) -> None:
+    """No one is told of requests refused for want of a producer id."""
+
+
+def _told_nobody_paused(api: str) -> None:
+    """No one is told of requests refused while grants are paused."""
+
+
 class Controller:
     """Answers requests: per API, authorise, decide (one manager), apply (the quorum
     controller), respond."""
@@ -203,7 +210,13 @@ class Controller:
         node_id: int = 1,
         authorizer: Authorizer | None = None,
         limits: RequestLimits | None = None,
+        on_no_producer_id: Callable[[str, bool], None] | None = None,
+        on_paused: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_no_producer_id``: told of each request refused for want of a producer id:
+        the API's name, and whether the range is used up for good (an operator must widen
+        it) rather than waiting for a lease or a block. ``on_paused``: told of each request
+        refused while grants are paused (:attr:`paused`): the API's name."""
         #: The managers, for their decisions (read and decided here; changed only by apply).
         self.state = quorum.state
         self.node_id = node_id
@@ -215,18 +228,14 @@ class Controller:
         pool = self.state.transactions.pool
         self._pool_grants = PoolGrants(blocks_held=pool.depth + 1)
         quorum.observers.append(self._pool_grants.applied)
-        #: Told of each request refused for want of a producer id: the API's name, and
-        #: whether the range is used up for good (an operator must widen it) rather than
-        #: waiting for a lease or a block.
-        self.on_no_producer_id: Callable[[str, bool], None] = lambda api, exhausted: None
+        self.on_no_producer_id = on_no_producer_id or _told_nobody
         #: Why grants are paused now, or None: the data dir's filesystem is nearly full
         #: (``server/app.py`` watches it), and a grant's record could meet ENOSPC, which
         #: stops the server. Meanwhile InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS
         #: and AllocateProducerIds KAFKA_STORAGE_ERROR (both retried by clients and
         #: brokers), and nothing is written.
         self.paused: str | None = None
-        #: Told of each request refused while grants are paused: the API's name.
-        self.on_paused: Callable[[str], None] = lambda api: None
+        self.on_paused = on_paused or _told_nobody_paused
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self.api_versions = ApiVersionsAnswers(self.supported)
         self._handlers: dict[int, Handler] = {
@@ -234,15 +243,16 @@ class Controller:
             ApiKey.BROKER_REGISTRATION: Controller._broker_registration,
             ApiKey.BROKER_HEARTBEAT: Controller._broker_heartbeat,
             ApiKey.UNREGISTER_BROKER: Controller._unregister_broker,
-            ApiKey.ALLOCATE_PRODUCER_IDS: Controller._allocate_producer_ids,
             ApiKey.METADATA: Controller._metadata,
             ApiKey.FIND_COORDINATOR: Controller._find_coordinator,
-            ApiKey.INIT_PRODUCER_ID: Controller._init_producer_id,
             ApiKey.DESCRIBE_CLUSTER: Controller._describe_cluster,
         }
 
     def handle(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
-        """Decide one request. The caller sends ``reply.body`` once ``durable_offset`` is.
+        """Decide one request of an API kio reads (InitProducerId and AllocateProducerIds
+        come as their own values, whichever reader read them: :meth:`init_producer_id`,
+        :meth:`allocate_producer_ids`). The caller sends ``reply.body`` once
+        ``durable_offset`` is.
 
         A request whose record would be too large for the log to read back is answered
         INVALID_REQUEST, and nothing is written."""
@@ -362,33 +372,17 @@ class Controller:
         )
         return Reply(response_for(request, error_code=error, error_message=message), offset)
 
-    def _allocate_producer_ids(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
-        body = request.body
-        block, offset, created = self.allocate_block(
-            body.broker_id, body.broker_epoch, request.header.client_id, now, conn
-        )
-        # Plain ints, as in _init_producer_id: a broker's every block request answers here.
-        response = response_for(
-            request,
-            error_code=block.error,
-            producer_id_start=block.first,
-            producer_id_len=block.length,
-        )
-        return Reply(response, offset, created)
-
-    def allocate_block(
-        self,
-        broker_id: int,
-        broker_epoch: int,
-        client_id: str | None,
-        now: Now,
-        conn: ConnectionInfo,
+    def allocate_producer_ids(
+        self, request: BlockRequested, now: Now, conn: ConnectionInfo
     ) -> tuple[Block, int, int]:
-        """An AllocateProducerIds' block (or refusal), the offset that must be durable
-        before it is answered, and the producer ids it created for a job (a new job block's
-        1,000, for the quota on new producer ids; 0 for a broker's block, which is the
-        cluster's, and for a job's block answered again): for requests read by kio
-        (:meth:`handle`) and by ``struct`` (``protocol.block_requests``) alike."""
+        """AllocateProducerIds' handler, whichever reader read the request (``struct`` or
+        kio: ``protocol.block_requests``): the block (or refusal), the offset that must be
+        durable before it is answered, and the producer ids it created for a job (a new job
+        block's 1,000, for the quota on new producer ids; 0 for a broker's block, which is
+        the cluster's, and for a job's block answered again). The connection packs the
+        answer."""
+        broker_id, broker_epoch = request.broker_id, request.broker_epoch
+        client_id = request.client_id
         manager = self.state.producer_ids
         # A job (BrokerId -1, BrokerEpoch -1) is a producer that hands PIDs to its own
         # tasks: it needs what InitProducerId needs, not the brokers' ClusterAction: an
@@ -467,42 +461,14 @@ class Controller:
             return _APP_ID_DENIED
         return self.state.jobs.refusal(app_id, conn.principal)
 
-    def _init_producer_id(self, request: Request, now: Now, conn: ConnectionInfo) -> Reply:
-        body = request.body
-        answer = self.init_producer_id(
-            request.api_version,
-            body.transactional_id,
-            int(body.transaction_timeout / _ONE_MS),
-            getattr(body, "producer_id", -1),
-            getattr(body, "producer_epoch", -1),
-            now,
-            conn,
-        )
-        # Plain ints, not i64(pid)/i16(epoch): kio's phantom types cost ~9 us each per
-        # answer to re-check what the state already bounds (and the precompiled encoder's
-        # struct.pack refuses an out-of-range value anyway); at runtime both are ints.
-        cls: Any = response_class(request.api_key, request.api_version)
-        response = cls(
-            throttle_time=NO_THROTTLE,
-            error_code=answer.error,
-            producer_id=answer.producer_id,
-            producer_epoch=answer.producer_epoch,
-        )
-        return Reply(response, answer.durable_offset, answer.created)
-
     def init_producer_id(
-        self,
-        api_version: int,
-        transactional_id: str | None,
-        timeout_ms: int,
-        producer_id: int,
-        producer_epoch: int,
-        now: Now,
-        conn: ConnectionInfo,
+        self, request: InitRequested, now: Now, conn: ConnectionInfo
     ) -> InitAnswer:
-        """An InitProducerId's answer at ``api_version`` (``producer_id`` and
-        ``producer_epoch`` -1 when not given, as before v3): for requests read by kio
-        (:meth:`handle`) and by ``struct`` (``protocol.init_requests``) alike."""
+        """InitProducerId's handler: the answer at the request's version, whichever reader
+        read it (``struct`` or kio: ``protocol.init_requests``); an idempotent one is
+        decided as a run of one (:meth:`init_idempotent_run`, which decides the runs
+        ``protocol.idempotent_inits`` reads). The connection packs the answer."""
+        transactional_id = request.transactional_id
         if transactional_id is not None:
             if not self._may(conn, "Write", "TransactionalId", transactional_id):
                 return _TRANSACTIONAL_ID_DENIED
@@ -511,41 +477,40 @@ class Controller:
         if self.paused is not None:
             self.on_paused("InitProducerId")
             return _PAUSED_INIT
-        expected = parse_expected(producer_id, producer_epoch)
+        expected = parse_expected(request.producer_id, request.producer_epoch)
         if isinstance(expected, ErrorCode):
             return InitAnswer(expected)
-        transactions = self.state.transactions
-        held: int | None = None  # the transactional id's producer id before
-        # (No record of it can be too large: init_transactional refuses a transactional id
-        # over MAX_TRANSACTIONAL_ID_BYTES, INVALID_REQUEST.)
         if transactional_id is None:
             # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
-            result = transactions.init_idempotent()
-        else:
-            held = transactions.transactional_ids.producer_id_of(transactional_id)
-            result = transactions.init_transactional(
-                transactional_id,
-                timeout_ms=timeout_ms,
-                expected=expected,
-                now_ms=now.wall_ms,
-            )
+            pids, error, offset = self._idempotent_run(1, now)
+            if not pids:
+                return InitAnswer(error, durable_offset=offset)
+            return InitAnswer(_NO_ERROR, pids[0], 0, offset, 1)
+        transactions = self.state.transactions
+        held = transactions.transactional_ids.producer_id_of(transactional_id)
+        # (No record of it can be too large: init_transactional refuses a transactional id
+        # over MAX_TRANSACTIONAL_ID_BYTES, INVALID_REQUEST.)
+        result = transactions.init_transactional(
+            transactional_id,
+            timeout_ms=request.timeout_ms,
+            expected=expected,
+            now_ms=now.wall_ms,
+        )
         answer, offset = self._apply(result, now)
         error = answer.error
         if error == _NO_PRODUCER_ID_YET:
             self.on_no_producer_id("InitProducerId", self.state.producer_ids.exhausted())
-        if error == _FENCED and api_version < 4:
+        if error == _FENCED and request.api_version < 4:
             error = ErrorCode.invalid_producer_epoch  # what clients before v4 understand
         if error:
             return InitAnswer(error, durable_offset=offset)
-        if transactional_id is None:
-            offset = self._pool_grants.offset_of(answer.producer_id, offset)
         created = 1 if answer.producer_id != held else 0
         return InitAnswer(error, answer.producer_id, answer.producer_epoch, offset, created)
 
     def init_idempotent_run(self, count: int, now: Now, conn: ConnectionInfo) -> IdempotentRun:
         """``count`` idempotent InitProducerIds in a row, from one connection (read by
-        ``protocol.idempotent_inits``): decided as that many :meth:`_init_producer_id` calls
-        would decide them, without a request or response entity each. The PIDs go to the
+        ``protocol.idempotent_inits``): decided as that many :meth:`init_producer_id` calls
+        would decide them, without a request or response value each. The PIDs go to the
         first requests in order; the rest are answered ``error``."""
         if not self._may_write_idempotently(conn):
             return IdempotentRun([], _DENIED, NO_WAIT)
@@ -553,6 +518,10 @@ class Controller:
             for _ in range(count):
                 self.on_paused("InitProducerId")
             return IdempotentRun([], _NO_PRODUCER_ID_YET, NO_WAIT)
+        return self._idempotent_run(count, now)
+
+    def _idempotent_run(self, count: int, now: Now) -> IdempotentRun:
+        """Every idempotent InitProducerId's decision, authorised: :meth:`init_idempotent_run`."""
         transactions, apply = self.state.transactions, self._apply
         taken, offset = apply(transactions.init_idempotent_run(count), now)
         if len(taken) == count:  # (nearly always: the run fits before the next refill)

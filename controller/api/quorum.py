@@ -35,7 +35,7 @@ class RecordSink(Protocol):
         ...
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class Now:
     """Wall-clock time for records, monotonic time for sessions; both in milliseconds."""
 

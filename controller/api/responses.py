@@ -35,10 +35,6 @@ class Reply(NamedTuple):
 
     body: Any
     durable_offset: int = NO_WAIT
-    #: Producer ids this request created (for the quota on them): 1 for an idempotent
-    #: InitProducerId answered with a PID, and for a transactional id's first use or
-    #: rotation to a new PID; 0 otherwise.
-    new_producer_ids: int = 0
     #: The body's bytes when it was encoded ahead (:class:`ApiVersionsAnswers`), for the
     #: connection to frame as they are unless it changes the body (a throttle); None: the
     #: body is encoded when sent.
@@ -95,8 +91,9 @@ REFUSALS: dict[int, dict[str, Any]] = {
 
 
 #: The error of a request refused by a strict quota (core/quotas.py), per API that takes
-#: one. AllocateProducerIds: THROTTLING_QUOTA_EXCEEDED, as KIP-599's controller mutation
-#: quota refuses (a broker backs off and retries on any error). InitProducerId:
+#: one; the connection's answerer of its kind packs it with the throttle time.
+#: AllocateProducerIds: THROTTLING_QUOTA_EXCEEDED, as KIP-599's controller mutation quota
+#: refuses (a broker backs off and retries on any error). InitProducerId:
 #: COORDINATOR_LOAD_IN_PROGRESS, which every client retries, where Kafka's Java producer
 #: fails for good on any error it does not expect there, THROTTLING_QUOTA_EXCEEDED too
 #: (TransactionManager's InitProducerIdHandler).
@@ -104,12 +101,6 @@ QUOTA_REFUSALS: dict[int, ErrorCode] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: ErrorCode.throttling_quota_exceeded,
     ApiKey.INIT_PRODUCER_ID: ErrorCode.coordinator_load_in_progress,
 }
-
-
-def over_quota(request: Request) -> Reply:
-    """The answer to a request its quota refuses (the caller sets the throttle time)."""
-    error = QUOTA_REFUSALS[request.api_key]
-    return Reply(response_for(request, error_code=error, **REFUSALS[request.api_key]))
 
 
 def too_many_keys(request: Request, asked: int, most: int) -> Any:

@@ -11,7 +11,7 @@ class PidctlError(Exception):
     :attr:`exit_code`. Each subclass says its own status and, if the message alone leaves
     it unsaid, what the line starts with; the command line copies nothing per error."""
 
-    # (Class variables, said so: compiled, an annotated attribute is an instance's.)
+    # (Class variables, said so: compiled rule 2.)
     #: The command's exit status when this error ends it (1: refused or failed).
     exit_code: ClassVar[int] = 1
     #: Put before each line of the message (what the error is about, if it does not say).

@@ -73,7 +73,7 @@ class ProducerIdRange:
             )
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final: records.py says why
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class Block:
     """AllocateProducerIds' answer: ``ProducerIdStart`` and ``ProducerIdLen`` (0, 0 on error)."""
 

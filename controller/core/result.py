@@ -9,8 +9,7 @@ from pidctl.controller.core.records import Record
 T = TypeVar("T")
 
 
-# A plain class built by its own __init__, not a NamedTuple: one is made per request
-# (records.py says why); and not a dataclass, which compiled cannot be generic.
+# A plain class built by its own __init__: made per request, and generic (compiled rule 1).
 class ControllerResult(Generic[T]):
     """Records to make durable, and the response to give once they are.
 

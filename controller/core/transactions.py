@@ -42,14 +42,11 @@ from pidctl.controller.core.records import (
 from pidctl.controller.core.result import ControllerResult, answer
 
 
-@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final, as records.py's
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
 class TransactionalIdState:
     """What pidctl keeps per transactional id (all of it in the log and in snapshots).
 
-    One is made from its packed row on every InitProducerId of a transactional id: a class
-    with ``Final`` fields and an ``__init__`` of its own, as the request path's other values
-    (compiled, a NamedTuple's ``__new__`` and a frozen dataclass's ``__init__`` stay
-    interpreted)."""
+    One is made from its packed row on every InitProducerId of a transactional id."""
 
     producer_id: Final[int]
     producer_epoch: Final[int]

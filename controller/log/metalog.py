@@ -182,6 +182,7 @@ class MetadataLog:
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         listener: CommitListener | None = None,
         reservation: int | None = None,
+        before_commit: Callable[[], object] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.end_offset = end_offset
@@ -200,10 +201,8 @@ class MetadataLog:
         self._snapshot_source = snapshot_source
         self._listener = listener or CommitListener()
         #: Called just before a commit takes the pending records (not while shutting down):
-        #: the server's readable connections are served then, without waiting, so that
-        #: requests already received join this commit rather than wait a whole sync for the
-        #: next (:meth:`Poller.serve_ready`).
-        self.gather: Callable[[], object] | None = None
+        #: the server's decision (``server/app.py``), the log's writer only calls it.
+        self._before_commit = before_commit
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
         self._durable_event = trio.Event()
@@ -347,8 +346,8 @@ class MetadataLog:
         return False
 
     async def _commit_batch(self, snapshots: trio.Nursery | None) -> None:
-        if snapshots is not None and self.gather is not None:
-            self.gather()
+        if snapshots is not None and self._before_commit is not None:
+            self._before_commit()
         await self._raise_reservation()
         batch, self._pending = _at_most_one_commit(self._pending)
         if not self._pending:

@@ -3,7 +3,7 @@
 Kafka's metadata publishers are the model: they only ever see what is persisted. The log
 tells :class:`AfterCommit`, and nothing else, what it has done (:class:`CommitListener`);
 after each commit it writes the audit line of every grant now durable and counts it, then
-has the outboxes send every answer now durable, in that order: an answered grant always
+has the writer send every answer the purgatory now releases, in that order: an answered grant always
 has its line, whatever happens next. A grant lost to a crash before its commit was never
 answered, and is neither in the audit trail nor counted.
 """
@@ -22,7 +22,7 @@ from pidctl.controller.server.telemetry.alarms import ThrottledLine
 from pidctl.controller.server.telemetry.logs import log_each
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.http import HttpEndpoint
-from pidctl.controller.server.transport.outbox import Outboxes
+from pidctl.controller.server.transport.outbox import SocketWriter
 
 log = structlog.get_logger("pidctl.server")
 
@@ -47,8 +47,8 @@ class AfterCommit(CommitListener):
     def __init__(self, metrics: Metrics, http: HttpEndpoint) -> None:
         self.metrics = metrics
         self.http = http
-        #: The connections' outboxes, once there are connections (none during start-up).
-        self.outboxes: Outboxes | None = None
+        #: The plain connections' writer, once there are connections (none during start-up).
+        self.writer: SocketWriter | None = None
         #: The audit trail above log_retention_bytes within log_retention_ms: said at once,
         #: then at most every ten minutes while it lasts.
         self._trail_over = ThrottledLine(600.0)
@@ -76,8 +76,8 @@ class AfterCommit(CommitListener):
                 )
                 grants.append(_grant_values(grant))
             log_each("producer ids granted", GRANT_FIELDS, grants)  # one commit's lines together
-        if self.outboxes is not None:
-            self.outboxes.send_durable(durable_end)
+        if self.writer is not None:
+            self.writer.release(durable_end)
 
     def snapshot_written(self, size: int) -> None:
         self.metrics.snapshot_written(size)

@@ -35,8 +35,8 @@ from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import recover
 from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
 from pidctl.controller.server.after_commit import AfterCommit
-from pidctl.controller.server.allocator import pin_mmap_threshold
 from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
+from pidctl.controller.server.malloc_tuning import pin_mmap_threshold
 from pidctl.controller.server.reload import (
     ReloadReader,
     build_authorizer,
@@ -46,9 +46,11 @@ from pidctl.controller.server.reload import (
 )
 from pidctl.controller.server.telemetry.alarms import Alarm
 from pidctl.controller.server.telemetry.metrics import Metrics, StateView
-from pidctl.controller.server.transport.admission import Admission, bind_listeners
-from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
+from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.server.transport.poller import Poller
+from pidctl.controller.server.transport.poller import available as poller_available
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import ReloadRefused, Settings
 from pidctl.protocol import __version__
@@ -254,6 +256,8 @@ class PidctlServer:
             next_producer_id=state.next_producer_id,
             seconds=round(time.monotonic() - started, 4),
         )
+        #: Reads the idle plain-TCP connections (transport/poller.py); None without epoll.
+        poller = Poller() if poller_available() else None
         metalog = MetadataLog(
             data_dir,
             state.next_offset,
@@ -268,6 +272,10 @@ class PidctlServer:
             preallocate_bytes=settings.log_preallocate_bytes,
             listener=self.after_commit,
             reservation=recovery.reservation,
+            # The server's decision, here: before each commit the poller serves the parked
+            # connections readable now, so that requests already received join this commit
+            # rather than wait a whole sync for the next (Poller.serve_ready).
+            before_commit=None if poller is None else poller.serve_ready,
         )
         self.metrics.snapshot_bytes.set(metalog.snapshot_size)  # the one on disk, if any
         limits = RequestLimits(
@@ -277,11 +285,14 @@ class PidctlServer:
         )
         quorum = QuorumController(state, metalog)
         controller = Controller(
-            quorum, node_id=settings.node_id, authorizer=self.authorizer, limits=limits
+            quorum,
+            node_id=settings.node_id,
+            authorizer=self.authorizer,
+            limits=limits,
+            on_no_producer_id=self._no_producer_id,
+            on_paused=self._refused_while_paused,
         )
         self._controller = controller
-        controller.on_no_producer_id = self._no_producer_id
-        controller.on_paused = self._refused_while_paused
         lease_keeper = self._lease_keeper(quorum, metalog)
         quorum.observers.append(self.after_commit.applied)
         if lease_keeper is not None:
@@ -292,7 +303,7 @@ class PidctlServer:
                 ' set authorizer = "acl" and acls to restrict'
             )
         self.metrics.state_view = _state_view(state)
-        connections = ConnectionServer(
+        connections = ConnectionTasks(
             controller,
             metalog,
             self.quotas,
@@ -308,10 +319,9 @@ class PidctlServer:
                 max_unwritten_bytes=settings.max_unwritten_bytes_per_connection,
             ),
             log_requests=settings.log_level == "debug",
+            poller=poller,
         )
-        self.after_commit.outboxes = connections.outboxes
-        if connections.poller is not None:  # requests already received join each commit
-            metalog.gather = connections.poller.serve_ready
+        self.after_commit.writer = connections.writer
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(quorum)
@@ -345,7 +355,7 @@ class PidctlServer:
         log.info("stopped", next_offset=state.next_offset)
 
     async def _serve(
-        self, connections: ConnectionServer, task_status: trio.TaskStatus[None]
+        self, connections: ConnectionTasks, task_status: trio.TaskStatus[None]
     ) -> None:
         bound = await bind_listeners(self.settings)
         self.ports = [listener.port for listener in bound]
@@ -355,9 +365,21 @@ class PidctlServer:
             listeners=[f"{b.spec.protocol}://{b.spec.host}:{b.spec.port}" for b in bound],
         )
         admission = Admission(self.settings, connections, self.quotas, self.metrics)
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as writing:
             # A write the kernel did not take whole is finished beside the connections.
-            connections.outboxes.start_soon = nursery.start_soon
+            await writing.start(connections.writer.run)
+            await self._serve_connections(connections, admission, bound, writing, task_status)
+            writing.cancel_scope.cancel()  # every connection has ended: nothing to finish
+
+    async def _serve_connections(
+        self,
+        connections: ConnectionTasks,
+        admission: Admission,
+        bound: list[BoundListener],
+        writing: trio.Nursery,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        async with trio.open_nursery() as nursery:
             accepting, accepted_last = trio.CancelScope(), trio.Event()
 
             async def accept() -> None:
@@ -401,6 +423,7 @@ class PidctlServer:
             # client that never reads) is cut off.
             grace = self.settings.shutdown_grace_ms / 1000
             nursery.cancel_scope.deadline = trio.current_time() + grace
+            writing.cancel_scope.deadline = nursery.cancel_scope.deadline
 
     def _no_producer_id(self, api: str, exhausted: bool) -> None:
         """A request refused for want of a producer id: counted; a used-up range also

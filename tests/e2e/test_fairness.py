@@ -110,7 +110,7 @@ def _init(server: ServerProcess, client: SyncClient) -> Callable[[], None]:
 
 def _allocate(server: ServerProcess, client: SyncClient) -> Callable[[], None]:
     """A broker's AllocateProducerIds: answered after its commit, which first serves the
-    connections already readable, the attacker's among them (MetadataLog.gather)."""
+    connections already readable, the attacker's among them (MetadataLog before_commit)."""
     epoch = client.request(requests.registration(1, server.cluster_id())).broker_epoch
 
     def allocate() -> None:

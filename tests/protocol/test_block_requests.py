@@ -14,7 +14,7 @@ from kio.static.primitive import i32, i64
 
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, response_class, supported_apis
-from pidctl.protocol.block_requests import BlockRequested, read_block_request
+from pidctl.protocol.block_requests import BlockRequested, block_request_of, read_block_request
 from pidctl.protocol.codec import (
     ProtocolViolation,
     allocate_producer_ids_answer,
@@ -38,6 +38,7 @@ def block_frames(draw: st.DrawFn) -> bytes:
 def _kio_reads_it_so(frame: bytes, read: BlockRequested) -> None:
     request = decode_request(frame, SUPPORTED)
     assert (request.api_key, request.api_version) == (ApiKey.ALLOCATE_PRODUCER_IDS, 0)
+    assert read == block_request_of(request)
     assert read == BlockRequested(
         request.header.correlation_id,
         request.header.client_id,

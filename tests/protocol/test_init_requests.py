@@ -20,7 +20,12 @@ from pidctl.protocol.codec import (
 )
 from pidctl.protocol.codec import encode_response_generic as kio_encoded
 from pidctl.protocol.headers import RequestHeader
-from pidctl.protocol.init_requests import VERSIONS, InitRequested, read_init_request
+from pidctl.protocol.init_requests import (
+    VERSIONS,
+    InitRequested,
+    init_request_of,
+    read_init_request,
+)
 from tests.protocol.frames import (
     client_ids,
     damaged,
@@ -52,9 +57,11 @@ def init_frames(draw: st.DrawFn) -> bytes:
 def _kio_reads_it_so(frame: bytes, read: InitRequested) -> None:
     request = decode_request(frame, SUPPORTED)
     body = request.body
+    assert read == init_request_of(request)
     assert read == InitRequested(
         request.api_version,
         request.header.correlation_id,
+        request.header.client_id,
         body.transactional_id,
         body.transaction_timeout // datetime.timedelta(milliseconds=1),
         getattr(body, "producer_id", -1),
@@ -85,11 +92,12 @@ def test_a_damaged_frame_is_read_only_as_kio_reads_it(frame: bytes, data: st.Dat
 def test_versions_not_served_other_apis_and_bad_transactional_ids_are_left_alone() -> None:
     frame = encode_request(requests.init_producer_id("tx", version=5), 1, "c")[4:]
     assert read_init_request(frame, range(5)) is None
-    assert read_init_request(frame, VERSIONS) == InitRequested(5, 1, "tx", 60_000, -1, -1)
+    assert read_init_request(frame, VERSIONS) == InitRequested(5, 1, "c", "tx", 60_000, -1, -1)
     other = encode_request(requests.api_versions(), 1, "c")[4:]
     assert read_init_request(other, VERSIONS) is None
     not_utf8_client = frame.replace(b"\x00\x01c", b"\x00\x01\xff")  # any client id (as Kafka)
-    assert read_init_request(not_utf8_client, VERSIONS) == InitRequested(5, 1, "tx", 60_000, -1, -1)
+    read = read_init_request(not_utf8_client, VERSIONS)
+    assert read == InitRequested(5, 1, "\ufffd", "tx", 60_000, -1, -1)
     assert read_init_request(frame.replace(b"\x03tx", b"\x03t\xff"), VERSIONS) is None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kio.schema.api_versions.v0 import ApiVersionsResponse as ApiVersionsResponseV0
@@ -12,15 +13,18 @@ from pidctl.controller.api.handlers import SERVED_APIS
 from pidctl.protocol import requests
 from pidctl.protocol.apis import ApiKey, supported_apis
 from pidctl.protocol.block_requests import BlockRequested
-from pidctl.protocol.codec import encode_request
+from pidctl.protocol.codec import decode_request, encode_request
+from pidctl.protocol.framing import FrameDecoder
 from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import (
+    PHASE_CHANGES,
     AnswerReady,
     ConnectionClosed,
     Event,
     IdempotentInits,
     OversizedRequest,
     Phase,
+    PhaseChange,
     RequestReceived,
     ServerConnection,
 )
@@ -32,7 +36,7 @@ def _connection(**options: object) -> ServerConnection:
     return ServerConnection(SUPPORTED, **options)  # type: ignore[arg-type]
 
 
-def _events(connection: ServerConnection, run: int = 0) -> list[Event]:
+def _events(connection: ServerConnection, run: int = 1) -> list[Event]:
     events = []
     while (event := connection.next_event(run)) is not None:
         events.append(event)
@@ -49,14 +53,14 @@ def _frame(body: object, correlation_id: int = 1) -> bytes:
 
 def test_requests_split_across_reads_and_pipelined_in_one_read() -> None:
     connection = _connection()
-    data = _frame(requests.init_producer_id(None), 1) + _frame(requests.api_versions(), 2)
+    data = _frame(requests.metadata(), 1) + _frame(requests.api_versions(), 2)
     connection.receive_data(data[:7], now=0.0)
     assert _events(connection) == []
     connection.receive_data(data[7:], now=0.1)
     events = _events(connection)
     assert [type(e) for e in events] == [RequestReceived, RequestReceived]
     first, second = (e.request for e in events if isinstance(e, RequestReceived))
-    assert (first.api_key, first.header.correlation_id) == (ApiKey.INIT_PRODUCER_ID, 1)
+    assert (first.api_key, first.header.correlation_id) == (ApiKey.METADATA, 1)
     assert (second.api_key, second.header.correlation_id) == (ApiKey.API_VERSIONS, 2)
 
 
@@ -77,30 +81,37 @@ def test_idempotent_inits_in_a_row_come_as_runs_of_at_most_run_at_one_version() 
     events = _events(connection, run=2)
     version = 5  # requests.init_producer_id's default
     assert events[:2] == [
-        IdempotentInits(version, [1, 2]),
-        IdempotentInits(version, [3]),
+        IdempotentInits(version, [1, 2], frames[0][4:]),
+        IdempotentInits(version, [3], frames[2][4:]),
     ]
-    assert events[2] == InitRequested(version, 4, "tx", 60_000, -1, -1)
-    assert events[3:5] == [IdempotentInits(version, [5]), IdempotentInits(2, [6])]
+    assert events[2] == InitRequested(version, 4, "test", "tx", 60_000, -1, -1)
+    assert events[3:5] == [
+        IdempotentInits(version, [5], frames[4][4:]),
+        IdempotentInits(2, [6], frames[5][4:]),
+    ]
     assert isinstance(events[5], RequestReceived)
     assert events[5].request.api_key == ApiKey.API_VERSIONS
     assert len(events) == 6
 
 
-def test_an_allocate_producer_ids_comes_read_by_struct_with_run_only() -> None:
-    data = _frame(requests.allocate(3, 9), 1) + _frame(requests.metadata(), 2)
+def test_an_allocate_producer_ids_comes_as_one_value_whichever_reader_read_it() -> None:
+    """Read by struct in its usual shape, by kio with a tagged field in its header: the
+    same :class:`BlockRequested` either way."""
+    usual = _frame(requests.allocate(3, 9), 1)
+    # A flexible header's tagged fields: one field (tag 5, one byte) where none was.
+    client_end = 4 + 10 + len("test")
+    tagged = usual[:client_end] + b"\x01\x05\x01\x00" + usual[client_end + 1 :]
+    tagged = struct.pack(">i", len(tagged) - 4) + tagged[4:]
     connection = _connection()
-    connection.receive_data(data * 2, now=0.0)
-    first, second = connection.next_event(run=1), connection.next_event(run=1)
-    third, fourth = _events(connection)
+    connection.receive_data(usual + _frame(requests.metadata(), 2) + tagged, now=0.0)
+    first, second, third = _events(connection)
     assert first == BlockRequested(1, "test", 3, 9)
     assert isinstance(second, RequestReceived) and second.request.api_key == ApiKey.METADATA
-    assert isinstance(third, RequestReceived) and third.request.body.broker_epoch == 9
-    assert isinstance(fourth, RequestReceived)
-    # A connection that does not serve the API does not read it by struct either.
+    assert third == BlockRequested(1, "test", 3, 9)
+    # A connection that does not serve the API refuses it (kio: an unknown API).
     not_served = ServerConnection(supported_apis({ApiKey.API_VERSIONS: (0, 4)}))
-    not_served.receive_data(data, now=0.0)
-    assert not isinstance(not_served.next_event(run=1), BlockRequested)
+    not_served.receive_data(usual, now=0.0)
+    assert isinstance(not_served.next_event(), ConnectionClosed)
 
 
 @given(
@@ -125,24 +136,27 @@ def test_runs_hold_the_idempotent_inits_kio_reads_in_order(
         encode_request(requests.init_producer_id(tid, timeout, version=v), i, client)
         for i, (tid, v, timeout, client) in enumerate(shapes)
     )
-    by_kio, by_runs = _connection(), _connection()
-    by_kio.receive_data(data, now=0.0)
+    by_runs = _connection()
     by_runs.receive_data(data, now=0.0)
+    by_kio = [decode_request(frame, SUPPORTED) for frame in FrameDecoder().feed(data)]
     expected = [
-        (e.request.api_version, e.request.header.correlation_id)
-        for e in _events(by_kio)
-        if isinstance(e, RequestReceived) and e.request.body.transactional_id is None
+        (request.api_version, request.header.correlation_id)
+        for request in by_kio
+        if request.body.transactional_id is None
     ]
     runs = [e for e in _events(by_runs, run) if isinstance(e, IdempotentInits)]
     assert all(1 <= len(r.correlation_ids) <= run for r in runs)
     assert [(r.api_version, c) for r in runs for c in r.correlation_ids] == expected
 
 
-def test_without_run_or_before_authentication_each_idempotent_init_is_a_request() -> None:
+def test_runs_of_one_and_nothing_read_by_struct_before_authentication() -> None:
     data = _frame(requests.init_producer_id(None), 1) + _frame(requests.init_producer_id(None), 2)
     connection = _connection()
     connection.receive_data(data, now=0.0)
-    assert [type(e) for e in _events(connection)] == [RequestReceived, RequestReceived]
+    assert _events(connection, run=1) == [
+        IdempotentInits(5, [1], data[4 : len(data) // 2]),
+        IdempotentInits(5, [2], data[4 + len(data) // 2 :]),
+    ]
     connection = _connection(sasl=True)
     connection.receive_data(data, now=0.0)
     assert _events(connection, run=8) == [
@@ -306,3 +320,43 @@ def test_an_oversized_request_before_authentication_closes() -> None:
     connection.receive_data(_frame(requests.metadata(["a", "b"], version=4)), now=0.0)
     (event,) = _events(connection)
     assert isinstance(event, ConnectionClosed) and event.reason == "unauthenticated_request"
+
+
+def _drive(change: PhaseChange) -> ServerConnection:
+    """A connection taken through ``change`` (from its source phase)."""
+    sasl = change.source in (Phase.HANDSHAKE, Phase.AUTHENTICATE) or change.target in (
+        Phase.HANDSHAKE,
+        Phase.AUTHENTICATE,
+    )
+    connection = _connection(sasl=sasl, max_frame_bytes=1000, idle_timeout_s=10.0)
+    if change.source is None:
+        return connection
+    if change.source is Phase.AUTHENTICATE:
+        connection.handshake_accepted()
+    assert connection.phase is change.source
+    why = change.why
+    if why.startswith("SaslHandshake"):
+        connection.handshake_accepted()
+    elif why.startswith("SaslAuthenticate succeeds"):
+        connection.authenticated()
+    elif why.startswith("SaslAuthenticate fails"):
+        connection.authentication_failed("bad password")
+    elif why.startswith("a request not allowed"):
+        connection.receive_data(_frame(requests.metadata()), now=0.0)
+        _events(connection)
+    elif why.startswith("a protocol error"):
+        connection.receive_data(struct.pack(">i", 1001), now=0.0)
+    elif why.startswith("the client closes"):
+        connection.receive_data(b"", now=0.0)
+    elif why.startswith("no request within"):
+        assert connection.check_deadline(11.0)
+    else:
+        raise AssertionError(f"no way to drive: {why}")
+    return connection
+
+
+@pytest.mark.parametrize("change", PHASE_CHANGES, ids=lambda c: c.why)
+def test_every_phase_change_of_the_table_is_how_a_connection_changes(change: PhaseChange) -> None:
+    """The table the picture is drawn from (docs/connection-states.md) is what a connection
+    does: each row driven on a real ServerConnection."""
+    assert _drive(change).phase is change.target

@@ -23,11 +23,11 @@ from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.server.fleet.etcd import (
     Counter,
     EtcdCounter,
-    EtcdLocation,
     EtcdRefused,
     EtcdUnavailable,
 )
 from pidctl.controller.settings import Settings
+from pidctl.protocol.addresses import EtcdLocation
 
 log = structlog.get_logger("pidctl.leases")
 

@@ -24,7 +24,6 @@ from pidctl.protocol.sasl_client import SCRAM_DIGESTS
 
 #: The SCRAM mechanisms served, each with its hash (the same table as the client's).
 SCRAM_MECHANISMS = SCRAM_DIGESTS
-MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 #: Kafka's minimum (and default) SCRAM iteration count.
 MIN_ITERATIONS = 4096
 

@@ -1,6 +1,6 @@
 """Listeners and admission: bind every listener, accept, refuse what is over the limits,
 complete TLS, delay what is over the connection-creation rate, then hand the connection to
-the :class:`ConnectionServer`."""
+the :class:`ConnectionTasks`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.security.x500 import BadCertificate, principal_from_certificate
 from pidctl.controller.server.telemetry.alarms import ThrottledLine
 from pidctl.controller.server.telemetry.metrics import Metrics
-from pidctl.controller.server.transport.connection import ConnectionServer
+from pidctl.controller.server.transport.connection import ConnectionTasks
 from pidctl.controller.server.transport.listeners import ListenerSpec, server_ssl_context
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
@@ -133,7 +133,7 @@ class Admission:
     """Decides which accepted connections are served, and sets each one up."""
 
     def __init__(
-        self, settings: Settings, server: ConnectionServer, quotas: Quotas, metrics: Metrics
+        self, settings: Settings, server: ConnectionTasks, quotas: Quotas, metrics: Metrics
     ) -> None:
         self.settings = settings
         self.server = server

@@ -30,24 +30,35 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.handlers import ConnectionInfo, Controller, IdempotentRun, InitAnswer
 from pidctl.controller.api.quorum import Now
-from pidctl.controller.api.responses import NO_WAIT, over_quota
+from pidctl.controller.api.responses import NO_WAIT, QUOTA_REFUSALS
+from pidctl.controller.core.producer_ids import Block
 from pidctl.controller.core.quotas import Quotas, quota_subject
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.security.sasl_session import SaslSession
 from pidctl.controller.server.telemetry.metrics import Metrics, api_name
 from pidctl.controller.server.transport.hangups import Hangups
-from pidctl.controller.server.transport.outbox import Durability, Outbox, Outboxes, Timings
-from pidctl.controller.server.transport.poller import Poller, available
+from pidctl.controller.server.transport.outbox import (
+    Durability,
+    Outbox,
+    SocketWriter,
+    StreamWriter,
+    Timings,
+)
+from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
+from pidctl.controller.settings import DEFAULT_MAX_ENTRIES_PER_ROUND, DEFAULT_MAX_UNWRITTEN_BYTES
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.block_requests import BlockRequested
 from pidctl.protocol.codec import (
     Request,
     allocate_producer_ids_answer,
+    encode_response,
+    frame_response,
     init_producer_id_answer,
 )
+from pidctl.protocol.headers import client_id_in
 from pidctl.protocol.idempotent_inits import answer_run
 from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import (
@@ -68,20 +79,17 @@ RECEIVE_BYTES = 64 * 1024
 #: How often the watchdog looks at the connections' deadlines at most; a deadline is met
 #: within this (or a quarter of the shortest timeout, whichever is less).
 WATCHDOG_PERIOD_S = 1.0
-#: Default of the ``max_entries_per_round`` setting: the work one connection's round may
-#: decide before the other connections run, in entries (a FindCoordinator's keys, a
-#: Metadata's topics; a request without an array counts 1). A key costs ~3 µs to decide and
-#: encode here, so a round holds the event loop ~3 ms at most beyond its last request; the
-#: requests of one round are still bounded by ``max_in_flight_per_connection`` too.
-DEFAULT_MAX_ENTRIES_PER_ROUND = 1000
-#: Default of the ``max_unwritten_bytes_per_connection`` setting: answers of one connection
-#: held for a client that does not read them, before the connection is read no more. A
-#: thousand-key answer is ~30 KB; most answers are tens of bytes.
-DEFAULT_MAX_UNWRITTEN_BYTES = 1024 * 1024
 
 _SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 _INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
 _ALLOCATE_PRODUCER_IDS = api_name(ApiKey.ALLOCATE_PRODUCER_IDS)
+_INIT_PRODUCER_ID_KEY = int(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS_KEY = int(ApiKey.ALLOCATE_PRODUCER_IDS)
+#: The answers of requests a strict quota refuses undecided (api/responses.py says why
+#: these errors): an InitProducerId's, alone or a run of one, and an AllocateProducerIds'.
+_OVER_QUOTA_INIT = InitAnswer(QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID])
+_OVER_QUOTA_RUN = IdempotentRun((), QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID], NO_WAIT)
+_OVER_QUOTA_BLOCK = Block(QUOTA_REFUSALS[ApiKey.ALLOCATE_PRODUCER_IDS], 0, 0)
 
 
 def now() -> Now:
@@ -119,8 +127,10 @@ class LiveConnection:
             self.scope.cancel()
 
 
-class ConnectionServer:
-    """Serves connections: one :meth:`serve` task each, one :meth:`watch` task for all."""
+class ConnectionTasks:
+    """Serves connections: one :meth:`serve` task each, one :meth:`watch` task for all.
+    (The trio side; ``protocol.server.ServerConnection`` is one connection's sans-IO
+    protocol state, which each task drives.)"""
 
     def __init__(
         self,
@@ -132,7 +142,11 @@ class ConnectionServer:
         limits: ConnectionLimits,
         *,
         log_requests: bool = False,
+        poller: Poller | None = None,
     ) -> None:
+        """``poller``: runs the rounds of idle plain-TCP connections (see poller.py) once
+        :meth:`poll` runs; None (where there is no epoll, say) and every connection reads in
+        its own task."""
         self.controller = controller
         self.log = log
         self.quotas = quotas
@@ -147,11 +161,11 @@ class ConnectionServer:
         self._answered: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self._created: dict[str, Any] = {}  # pidctl_producer_ids_created_total by principal
-        self.outboxes = Outboxes(log, self._sent)
-        #: Runs the rounds of idle plain-TCP connections (see poller.py), once :meth:`poll`
-        #: runs; None where there is no epoll (every connection then reads in its own task).
-        self.poller = Poller() if available() else None
-        poller = self.poller
+        #: The writers, one per transport: plain TCP's (what the purgatory releases after
+        #: each commit), TLS's (awaited by the connection's task).
+        self.writer = SocketWriter(log, self._sent)
+        self.stream_writer = StreamWriter(log, self._sent)
+        self.poller = poller
         metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
         #: Mutes throttled connections, ending a mute when its client hangs up.
         self.hangups = Hangups()
@@ -203,7 +217,7 @@ class ConnectionServer:
         # Plain TCP on its descriptor, TLS through trio's stream (socket_io.py); the
         # answers, waiting for the log, in an outbox either way (outbox.py).
         io = SocketIO(stream.fileno()) if isinstance(stream, socket.socket) else StreamIO(stream)
-        outbox = Outbox(io)
+        outbox = self.writer.outbox(io)
         live = LiveConnection(connection, descriptor=_descriptor_of(stream))
         if self._stopped:
             live.stop()
@@ -222,7 +236,7 @@ class ConnectionServer:
                 await outbox.wait_empty()  # what was decided is answered before the close
             return reason
         finally:
-            self.outboxes.discard(outbox)
+            self.writer.discard(outbox)
             self.live.discard(live)
 
     async def _loop(self, outbox: Outbox, live: LiveConnection, info: ConnectionInfo) -> str:
@@ -262,8 +276,7 @@ class ConnectionServer:
                     return "broken"
                 finally:
                     live.reading = False
-                # (After the try, not in it: mypyc cannot compile a continue in a finally's
-                # try; see ops/compiled.py.)
+                # (After the try, not in it: compiled rule 4.)
                 if parked and decided is None:
                     continue  # the outbox is full or broke, or the poller stopped
             else:
@@ -282,7 +295,7 @@ class ConnectionServer:
                 # TLS: the task awaits the outbox's write (it holds nothing meanwhile).
                 data = b"".join(answers.data)
                 offset = answers.durable_offset
-                await self.outboxes.write_awaiting(outbox, offset, data, answers.timings)
+                await self.stream_writer.write(outbox, offset, data, answers.timings)
                 if outbox.broken:
                     return "broken"
             closed = decided.closed
@@ -300,6 +313,14 @@ class ConnectionServer:
             # hangs up meanwhile frees its place at once (hangups.py).
             if decided.throttle and await self.hangups.mute(live.descriptor, decided.throttle):
                 return "client"
+
+    @property
+    def _one_at_a_time(self) -> bool:
+        """Whether each request must be accounted for alone (a request or producer-id quota
+        throttles at the one that crosses it; the request log has a line each): then the
+        idempotent runs are one request long. The readers and answerers are the same."""
+        quotas = self.quotas
+        return quotas.limits_requests or quotas.limits_producer_ids or self.log_requests
 
     def _may_park(self, live: LiveConnection) -> bool:
         """Whether the connection's reads may be left to the poller: authenticated (or no
@@ -355,7 +376,7 @@ class ConnectionServer:
         parts = answers.data
         if parts:
             data = parts[0] if len(parts) == 1 else b"".join(parts)
-            self.outboxes.post(outbox, answers.durable_offset, data, answers.timings)
+            self.writer.post(outbox, answers.durable_offset, data, answers.timings)
 
     def _decide(self, connection: ServerConnection, info: ConnectionInfo, room: int) -> _Round:
         """Decide up to ``room`` requests received so far, in order: see :meth:`_go_on`."""
@@ -370,182 +391,298 @@ class ConnectionServer:
         spent the round's budget of entries (``max_entries_per_round``: the rest waits for
         the next round, after the other connections'); stop early at a SASL request (left for
         :meth:`_authenticate_and_go_on`: the exchange awaits), the connection's end, or a
-        throttle."""
+        throttle. Each kind of request has one answerer (:data:`_ANSWERERS`) whatever the
+        settings: a quota or the request log only makes the idempotent runs one long."""
         answers = decided.answers
         budget = self.limits.max_entries_per_round
-        handle = self.controller.handle
-        quotas = self.quotas
-        limited = quotas.limits_requests
+        one_at_a_time = self._one_at_a_time
         # The requests of one round are decided at one time (and received at one).
         decided_at: Now | None = None
         received = 0.0
-        quotas_on = limited or quotas.limits_producer_ids
-        client_id: str | None = None
-        # Idempotent InitProducerIds in a row are decided as one run, other InitProducerIds
-        # and AllocateProducerIds read by struct, unless each request must be throttled or
-        # logged on its own (as next_event says).
-        runs = not (quotas_on or self.log_requests)
         while len(answers.data) < room and decided.work < budget:
             event = connection.next_event(
-                min(room - len(answers.data), budget - decided.work) if runs else 0
+                1 if one_at_a_time else min(room - len(answers.data), budget - decided.work)
             )
-            if type(event) is not RequestReceived:  # (a request is what comes, nearly always)
-                if event is None:
-                    break
-                read_by_struct = _READ_BY_STRUCT.get(type(event))
-                if read_by_struct is not None:
-                    if decided_at is None:
-                        decided_at, received = now(), time.perf_counter()
-                    decided.work += read_by_struct(self, event, decided_at, info, answers, received)
-                    continue
-                if isinstance(event, ConnectionClosed):
-                    decided.closed = event
+            answerer = _ANSWERERS.get(type(event))
+            if answerer is not None:  # (a request is what comes, nearly always)
+                if decided_at is None:
+                    decided_at, received = now(), time.perf_counter()
+                decided.work += answerer(self, event, decided_at, info, decided, received)
+                if decided.throttle or decided.sasl is not None:
+                    # Muted (the rest waits until the throttle time has passed), or a SASL
+                    # request for _authenticate_and_go_on (the exchange awaits).
                     return
-                decided.work += 1
-                if isinstance(event, AnswerReady):
-                    self._count("api_versions", event.header.api_version, event.body)
-                    answers.data.append(connection.send(event.header, event.body))
-                    continue
-                assert isinstance(event, OversizedRequest)
-                header = event.header
-                body = self.controller.refuse_oversized(header, event.entries, event.limit).body
-                self._count(api_name(header.api_key), header.api_version, body)
-                answers.data.append(connection.send(header, body))
                 continue
-            request = event.request
-            decided.work += 1 + request.entries
-            if request.api_key in _SASL_APIS:
-                decided.sasl = request
+            if event is None:
+                break
+            if isinstance(event, ConnectionClosed):
+                decided.closed = event
                 return
-            if decided_at is None:
-                decided_at, received = now(), time.perf_counter()
-            api = api_name(request.api_key)
-            delay = 0.0
-            if quotas_on:
-                # Strict quotas (core/quotas.py): a request that finds its bucket behind is
-                # refused before it is decided, whichever connection or client id it came
-                # by; one decided is counted, and its throttle mutes this connection.
-                client_id, creates = quota_subject(
-                    request.api_key, request.header.client_id, request.body
-                )
-                delay = quotas.refusal(
-                    request.api_key, info.principal, client_id, creates, time.monotonic()
-                )
-            if delay:
-                body, durable_offset, new_producer_ids, encoded = over_quota(request)
-                self.metrics.quota_refusals.labels(api).inc()
-            else:
-                # Unpacked at once: one step, where each field read by name is a lookup.
-                body, durable_offset, new_producer_ids, encoded = handle(request, decided_at, info)
-                if limited:
-                    delay = quotas.request(
-                        request.api_key, info.principal, client_id, time.monotonic()
-                    )
-                if new_producer_ids:
-                    delay = max(delay, self._new_producer_ids(info.principal, new_producer_ids))
-            if delay:
-                millis = datetime.timedelta(milliseconds=round(delay * 1000))
-                body = dataclasses.replace(body, throttle_time=millis)
-                self._throttled(api, delay)
-            self._count(api, request.api_version, body)
-            if self.log_requests:
-                log.debug(
-                    "request",
-                    api=api,
-                    version=request.api_version,
-                    peer=info.peer,
-                    client_id=request.header.client_id,
-                    correlation_id=request.header.correlation_id,
-                    error=getattr(body, "error_code", 0),
-                )
-            if encoded is None or delay:
-                data = connection.send(request.header, body)
-            else:  # (ApiVersions: its body encoded once, by controller/api/responses.py)
-                data = connection.send_encoded(request.header, body, encoded)
-            answers.add(data, durable_offset, api, received)
-            if delay:
-                decided.throttle = delay
-                return  # muted: the rest waits until the throttle time has passed
+            decided.work += 1
+            if isinstance(event, AnswerReady):
+                self._count("api_versions", event.header.api_version, event.body)
+                answers.data.append(connection.send(event.header, event.body))
+                continue
+            assert isinstance(event, OversizedRequest)
+            header = event.header
+            body = self.controller.refuse_oversized(header, event.entries, event.limit).body
+            self._count(api_name(header.api_key), header.api_version, body)
+            answers.data.append(connection.send(header, body))
         if connection.phase is Phase.CLOSED and not connection.has_pending_requests:
             event = connection.next_event()
             decided.closed = event if isinstance(event, ConnectionClosed) else None
 
-    def _answer_run(
+    # -- one answerer per kind of request (what protocol/server.py's readers yield) --------
+
+    def _answer_request(
         self,
-        run: IdempotentInits,
+        event: RequestReceived,
         decided_at: Now,
         info: ConnectionInfo,
-        answers: _Answers,
+        decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer a run of idempotent InitProducerIds (one version, their
-        correlation ids in order), as :meth:`_go_on` does each request of other kinds; how
-        many requests that was."""
-        version, correlation_ids = run
-        count = len(correlation_ids)
-        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
-        data = answer_run(version, correlation_ids, pids, error)
-        granted = len(pids)
-        if granted < count:
-            self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
-        self._tally(_INIT_PRODUCER_ID, version, 0, granted)
-        if granted:
-            self._new_producer_ids(info.principal, granted)  # counted (no quota here)
-        answers.add_run(data, offset, _INIT_PRODUCER_ID, received)
-        return count
+        """Decide and answer a request kio read, of an API without a value of its own (not
+        InitProducerId or AllocateProducerIds): the controller's :meth:`Controller.handle`.
+        The entries it counts for in the round's budget."""
+        request = event.request
+        if request.api_key in _SASL_APIS:
+            decided.sasl = request
+            return 1
+        header = request.header
+        api = api_name(request.api_key)
+        # Unpacked at once: one step, where each field read by name is a lookup.
+        body, durable_offset, encoded = self.controller.handle(request, decided_at, info)
+        # (No API answered here takes a quota: none refuses it.)
+        client_id = header.client_id
+        delay = self._accounted(
+            api,
+            header.api_version,
+            getattr(body, "error_code", 0),
+            0,
+            0.0,
+            request.api_key,
+            client_id,
+            client_id,
+            header.correlation_id,
+            info,
+        )
+        if delay:
+            millis = datetime.timedelta(milliseconds=round(delay * 1000))
+            data = encode_response(header, dataclasses.replace(body, throttle_time=millis))
+        elif encoded is None:
+            data = encode_response(header, body)
+        else:  # (ApiVersions: its body encoded once, by controller/api/responses.py)
+            data = frame_response(header, body, encoded)
+        decided.answers.add(data, durable_offset, api, received)
+        decided.throttle = delay
+        return 1 + request.entries
 
     def _answer_init(
         self,
         request: InitRequested,
         decided_at: Now,
         info: ConnectionInfo,
-        answers: _Answers,
+        decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer an InitProducerId read by ``struct`` (not an idempotent run's),
-        as :meth:`_go_on` does the requests kio reads: one request."""
-        version = request.api_version
-        answer = self.controller.init_producer_id(
+        """Decide and answer an InitProducerId (read by ``struct`` or kio; not an idempotent
+        run's): the controller's :meth:`Controller.init_producer_id`, unless its quota
+        refuses it first."""
+        version, correlation_id = request.api_version, request.correlation_id
+        client_id = request.client_id
+        refused = self._refusal(_INIT_PRODUCER_ID, _INIT_PRODUCER_ID_KEY, client_id, True, info)
+        if refused:
+            answer = _OVER_QUOTA_INIT
+        else:
+            answer = self.controller.init_producer_id(request, decided_at, info)
+        error = answer.error
+        delay = self._accounted(
+            _INIT_PRODUCER_ID,
             version,
-            request.transactional_id,
-            request.timeout_ms,
-            request.producer_id,
-            request.producer_epoch,
-            decided_at,
+            error,
+            answer.created,
+            refused,
+            _INIT_PRODUCER_ID_KEY,
+            client_id,
+            client_id,
+            correlation_id,
             info,
         )
-        error = answer.error
-        self._tally(_INIT_PRODUCER_ID, version, error, 1)
-        if answer.created:
-            self._new_producer_ids(info.principal, answer.created)  # counted (no quota here)
         data = init_producer_id_answer(
-            version, request.correlation_id, error, answer.producer_id, answer.producer_epoch
+            version,
+            correlation_id,
+            error,
+            answer.producer_id,
+            answer.producer_epoch,
+            round(delay * 1000) if delay else 0,
         )
-        answers.add(data, answer.durable_offset, _INIT_PRODUCER_ID, received)
+        decided.answers.add(data, answer.durable_offset, _INIT_PRODUCER_ID, received)
+        decided.throttle = delay
         return 1
+
+    def _answer_run(
+        self,
+        run: IdempotentInits,
+        decided_at: Now,
+        info: ConnectionInfo,
+        decided: _Round,
+        received: float,
+    ) -> int:
+        """Decide and answer a run of idempotent InitProducerIds (one version, their
+        correlation ids in order): the controller's :meth:`Controller.init_idempotent_run`.
+        A run of one (every run while a quota or the request log needs each request alone)
+        is refused and accounted for as :meth:`_answer_init` does one; how many requests."""
+        version, correlation_ids, frame = run
+        count = len(correlation_ids)
+        if count == 1:
+            correlation_id = correlation_ids[0]
+            # Read only for what asks for it (a quota, the request log).
+            client_id = client_id_in(frame) if self._one_at_a_time else None
+            refused = self._refusal(_INIT_PRODUCER_ID, _INIT_PRODUCER_ID_KEY, client_id, True, info)
+            if refused:
+                pids, error, offset = _OVER_QUOTA_RUN
+            else:
+                pids, error, offset = self.controller.init_idempotent_run(1, decided_at, info)
+            granted = len(pids)
+            delay = self._accounted(
+                _INIT_PRODUCER_ID,
+                version,
+                0 if granted else error,
+                granted,
+                refused,
+                _INIT_PRODUCER_ID_KEY,
+                client_id,
+                client_id,
+                correlation_id,
+                info,
+            )
+            throttle_ms = round(delay * 1000) if delay else 0
+            if granted:
+                data = init_producer_id_answer(version, correlation_id, 0, pids[0], 0, throttle_ms)
+            else:
+                data = init_producer_id_answer(version, correlation_id, error, -1, -1, throttle_ms)
+            decided.answers.add(data, offset, _INIT_PRODUCER_ID, received)
+            decided.throttle = delay
+            return 1
+        # (Longer runs only without a quota or the request log: counted, never throttled.)
+        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
+        granted = len(pids)
+        if granted < count:
+            self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
+        self._tally(_INIT_PRODUCER_ID, version, 0, granted)
+        if granted:
+            self._new_producer_ids(info.principal, granted)
+        decided.answers.add_run(
+            answer_run(version, correlation_ids, pids, error), offset, _INIT_PRODUCER_ID, received
+        )
+        return count
 
     def _answer_block(
         self,
         request: BlockRequested,
         decided_at: Now,
         info: ConnectionInfo,
-        answers: _Answers,
+        decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer an AllocateProducerIds read by ``struct``, as :meth:`_go_on`
-        does the requests kio reads: one request."""
-        block, offset, created = self.controller.allocate_block(
-            request.broker_id, request.broker_epoch, request.client_id, decided_at, info
+        """Decide and answer an AllocateProducerIds (read by ``struct`` or kio): the
+        controller's :meth:`Controller.allocate_producer_ids`, unless its quota refuses it
+        first."""
+        client_id, correlation_id = request.client_id, request.correlation_id
+        subject, creates = quota_subject(_ALLOCATE_PRODUCER_IDS_KEY, client_id, request)
+        refused = self._refusal(
+            _ALLOCATE_PRODUCER_IDS, _ALLOCATE_PRODUCER_IDS_KEY, subject, creates, info
         )
+        if refused:
+            block, offset, created = _OVER_QUOTA_BLOCK, NO_WAIT, 0
+        else:
+            block, offset, created = self.controller.allocate_producer_ids(
+                request, decided_at, info
+            )
         error = block.error
-        self._tally(_ALLOCATE_PRODUCER_IDS, 0, error, 1)
-        if created:
-            self._new_producer_ids(info.principal, created)  # counted (no quota here)
-        data = allocate_producer_ids_answer(
-            request.correlation_id, error, block.first, block.length
+        delay = self._accounted(
+            _ALLOCATE_PRODUCER_IDS,
+            0,
+            error,
+            created,
+            refused,
+            _ALLOCATE_PRODUCER_IDS_KEY,
+            subject,
+            client_id,
+            correlation_id,
+            info,
         )
-        answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
+        throttle_ms = round(delay * 1000) if delay else 0
+        data = allocate_producer_ids_answer(
+            correlation_id, error, block.first, block.length, throttle_ms
+        )
+        decided.answers.add(data, offset, _ALLOCATE_PRODUCER_IDS, received)
+        decided.throttle = delay
         return 1
+
+    def _refusal(
+        self,
+        api: str,
+        api_key: int,
+        subject: str | None,
+        creates_producer_ids: bool,
+        info: ConnectionInfo,
+    ) -> float:
+        """Before a request of an API that takes a quota is decided: 0 if it may be; else
+        the throttle of its refusal (strict quotas, ``core/quotas.py``: its bucket is
+        behind, whichever connection or client id it came by), counted. ``subject``: the
+        client id its request quota counts it under (``quota_subject``)."""
+        quotas = self.quotas
+        if not (quotas.limits_requests or quotas.limits_producer_ids):
+            return 0.0
+        refused = quotas.refusal(
+            api_key, info.principal, subject, creates_producer_ids, time.monotonic()
+        )
+        if refused:
+            self.metrics.quota_refusals.labels(api).inc()
+        return refused
+
+    def _accounted(
+        self,
+        api: str,
+        version: int,
+        error: int,
+        created: int,
+        refused: float,
+        api_key: int,
+        subject: str | None,
+        client_id: str | None,
+        correlation_id: int,
+        info: ConnectionInfo,
+    ) -> float:
+        """What follows the decision of one request, whichever its API: the throttle its
+        quotas ask for (KIP-219; 0 for none), counted; the answer counted; the request log's
+        line. ``created``: the producer ids it created (for their quota); ``refused``: the
+        throttle of a quota's refusal (:meth:`_refusal`: nothing was decided, nothing more
+        is counted against the quotas); ``subject``: the client id its request quota counts
+        it under (``quota_subject``), ``client_id`` the one it sent."""
+        delay = refused
+        if not refused:
+            quotas = self.quotas
+            if quotas.limits_requests:
+                delay = quotas.request(api_key, info.principal, subject, time.monotonic())
+            if created:
+                delay = max(delay, self._new_producer_ids(info.principal, created))
+        if delay:
+            self._throttled(api, delay)
+        self._tally(api, version, error, 1)
+        if self.log_requests:
+            log.debug(
+                "request",
+                api=api,
+                version=version,
+                peer=info.peer,
+                client_id=client_id,
+                correlation_id=correlation_id,
+                error=error,
+            )
+        return delay
 
     async def _authenticate_and_go_on(
         self,
@@ -650,9 +787,7 @@ def _descriptor_of(stream: socket.socket | trio.abc.Stream) -> int:
     return sock.fileno() if sock is not None else -1
 
 
-# _Round and _Answers are plain classes, not dataclasses: one of each is made per round, and
-# compiled, a dataclass keeps the dataclasses module's __init__, interpreted (2,000
-# instructions each, where this one compiled takes a few hundred; records.py says more).
+# _Round and _Answers: plain classes, one of each made per round (compiled rule 1).
 class _Round:
     """What deciding the requests received so far gave, and why it stopped early."""
 
@@ -691,9 +826,11 @@ class _Answers:
         self.timings += [(api, received)] * len(data)
 
 
-#: The requests ``protocol/server.py`` reads by ``struct``, and who answers each kind.
-_READ_BY_STRUCT: dict[type, Callable[..., int]] = {
-    IdempotentInits: ConnectionServer._answer_run,
-    InitRequested: ConnectionServer._answer_init,
-    BlockRequested: ConnectionServer._answer_block,
+#: The requests ``protocol/server.py``'s readers yield, and the one answerer of each kind
+#: (whichever reader read it, whatever the settings).
+_ANSWERERS: dict[type, Callable[..., int]] = {
+    RequestReceived: ConnectionTasks._answer_request,
+    IdempotentInits: ConnectionTasks._answer_run,
+    InitRequested: ConnectionTasks._answer_init,
+    BlockRequested: ConnectionTasks._answer_block,
 }

@@ -1,37 +1,41 @@
-"""Answers that wait for the log, written by the commit that makes them durable.
+"""The writers: every answer leaves through one, once the log has made it durable.
 
 A connection task used to park until its round's answers were durable, wake, write them and
 park again for the next request: two passes through the scheduler per durable request. Now
-it posts the answers here and goes straight back to reading; the commit that makes them
-durable writes them to the socket itself (:meth:`Outboxes.send_durable`, called by
-``server/after_commit.py`` after each commit), and the kernel takes them at once. Nothing
-is ever written before it is durable, and a connection's answers leave in the order they
-were decided. Only when the kernel does not take all of it (a client that does not read)
-does a task of its own finish the write, waiting for room.
+it posts the answers and goes straight back to reading. On plain TCP the
+:class:`SocketWriter` writes an answer at once if what it decided is durable already, and
+else holds it in the controller's :class:`~pidctl.controller.api.purgatory.Purgatory`
+(which knows no sockets); after each commit ``server/after_commit.py`` has it write what
+the purgatory releases (:meth:`SocketWriter.release`), and the kernel takes it at once.
+Nothing is ever written before it is durable, and a connection's answers leave in the order
+they were decided. Only when the kernel does not take all of it (a client that does not
+read) does a task of the writer's own finish the write, waiting for room.
 
-Every answer leaves through here, TLS included. A TLS connection cannot write a byte without
-awaiting (:class:`StreamIO`), so there is nothing for a commit to write at once: its task,
-which would have nothing else to do, awaits :meth:`Outboxes.write_awaiting` (the write a
-stalled plain outbox's task makes) after each round, before it reads again.
+A TLS connection cannot write a byte without awaiting (:class:`StreamIO`), so there is
+nothing for a commit to write at once: its task, which would have nothing else to do,
+awaits the :class:`StreamWriter`'s write (the log, then room) after each round, before it
+reads again.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
-from pidctl.controller.api.responses import NO_WAIT
+from pidctl.controller.api.purgatory import Purgatory, Timings
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 
-#: Each request's API name and when it was received (for the latency histogram).
-Timings = Sequence[tuple[str, float]]
+__all__ = ["Durability", "Outbox", "SocketWriter", "StreamWriter", "Timings"]
+
+#: Told of every write: its bytes, and the timings of the answers it finished.
+OnSent = Callable[[int, Timings], None]
 
 
 class Durability(Protocol):
-    """What the outboxes need of the metadata log."""
+    """What the writers need of the metadata log."""
 
     durable_end: int
 
@@ -41,112 +45,122 @@ class Durability(Protocol):
 
 
 class Outbox:
-    """One connection's answers not yet written, oldest first."""
+    """One connection's answers not yet written: held in the purgatory for the log, or
+    durable and waiting for room in the kernel (``unsent``, a stalled write's rest and
+    what came behind it), oldest first."""
 
-    __slots__ = ("_emptied", "broken", "held", "io", "stalled")
+    __slots__ = ("_emptied", "_purgatory", "broken", "io", "stalled", "unsent")
 
-    def __init__(self, io: SocketIO | StreamIO) -> None:
+    def __init__(self, io: SocketIO | StreamIO, purgatory: Purgatory[Outbox]) -> None:
         self.io = io
-        #: (log offset to wait for, answers, their timings); the rest of a partly written
-        #: entry waits for nothing (NO_WAIT).
-        self.held: collections.deque[tuple[int, bytes, Timings]] = collections.deque()
+        self._purgatory = purgatory
+        self.unsent: collections.deque[tuple[bytes, Timings]] = collections.deque()
         self.broken = False
         self.stalled = False  # a task is finishing a write the kernel did not take whole
         self._emptied: trio.Event | None = None
 
     @property
+    def empty(self) -> bool:
+        """Whether every answer posted has been written (or the connection broke)."""
+        return not self.stalled and not self.unsent and not self._purgatory.holds(self)
+
+    @property
     def requests(self) -> int:
-        """Requests whose answers are held: the connection reads no more past its limit."""
-        held = self.held
-        if not held:
+        """Requests whose answers are not yet written: past its limit the connection reads
+        no more."""
+        if self.empty:
             return 0  # (the usual case, asked on every round)
-        return sum(len(timings) for _, _, timings in held)
+        unsent = sum(len(timings) for _, timings in self.unsent)
+        return unsent + self._purgatory.requests(self)
 
     @property
     def unwritten_bytes(self) -> int:
-        """Bytes of the answers held: the connection reads no more past its limit either."""
-        return sum(len(data) for _, data, _ in self.held)
+        """Bytes of the answers not yet written: the connection reads no more past its
+        limit either."""
+        return sum(len(data) for data, _ in self.unsent) + self._purgatory.held_bytes(self)
 
     def full(self, max_requests: int, max_bytes: int) -> bool:
         """Whether the connection must read no more until its answers are written: as many
         requests wait for their answers as it may have in flight, or their answers hold
         ``max_bytes`` (a client that does not read its answers is muted, as Kafka mutes a
         channel whose response is not yet sent)."""
-        held = self.held
-        if not held:
+        if self.empty:
             return False
         return self.requests >= max_requests or self.unwritten_bytes >= max_bytes
 
     async def wait_empty(self) -> None:
-        """Until every answer held has been written (or the connection broke)."""
-        while self.held:
+        """Until every answer posted has been written (or the connection broke)."""
+        while not self.empty:
             if self._emptied is None:
                 self._emptied = trio.Event()
             await self._emptied.wait()
 
-    def clear(self) -> None:
-        """Forget every held answer; whoever waits for the outbox to empty goes on."""
-        self.held.clear()
-        if self._emptied is not None:
+    def forget(self) -> None:
+        """Forget every answer not yet written (the connection broke or ended)."""
+        self._purgatory.drop(self)
+        self.unsent.clear()
+        self.woken()
+
+    def woken(self) -> None:
+        """Wake whoever waits for the outbox to empty, if it has."""
+        if self._emptied is not None and self.empty:
             self._emptied.set()
             self._emptied = None
 
 
-class Outboxes:
-    """Writes the answers of every connection's :class:`Outbox` once they are durable."""
+class SocketWriter:
+    """Writes plain TCP connections' answers on their descriptors: at once when durable,
+    else what the purgatory releases after each commit; a write the kernel does not take
+    whole is finished by a task of its own (:meth:`run` starts them)."""
 
-    def __init__(self, log: Durability, on_sent: Callable[[int, Timings], None]) -> None:
+    def __init__(self, log: Durability, on_sent: OnSent) -> None:
         self._log = log
         self._on_sent = on_sent
-        #: Outboxes holding answers for the log (insertion-ordered, as a set).
-        self._waiting: dict[Outbox, None] = {}
-        #: Starts a task finishing a stalled write: the connections' nursery (set by the
-        #: server before it accepts), so shutdown's grace period bounds it as it bounds them.
-        self.start_soon: Callable[..., Any] | None = None
+        #: The answers that wait for the log, every plain connection's.
+        self.purgatory: Purgatory[Outbox] = Purgatory()
+        self._nursery: trio.Nursery | None = None
+
+    def outbox(self, io: SocketIO | StreamIO) -> Outbox:
+        """A new connection's outbox."""
+        return Outbox(io, self.purgatory)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Finish stalled writes until cancelled: a task each, in a nursery of the
+        writer's own (run it beside the connections: shutdown's grace period bounds both)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
 
     def post(self, outbox: Outbox, offset: int, data: bytes, timings: Timings) -> None:
         """Write ``data`` once the log is durable past ``offset``, after what the outbox
         holds already: at once if nothing is held and it is durable."""
         if outbox.broken:
             return
-        if not outbox.held and not outbox.stalled and offset < self._log.durable_end:
-            self._write(outbox, data, timings)
+        durable = offset < self._log.durable_end
+        if durable and not self.purgatory.holds(outbox):
+            if outbox.stalled:
+                outbox.unsent.append((data, timings))  # behind the stalled write, in order
+            else:
+                self._write(outbox, data, timings)
             return
-        if outbox.held:
-            offset = max(offset, outbox.held[-1][0])
-        self._log.awaited(offset)
-        outbox.held.append((offset, data, timings))
-        if not outbox.stalled:
-            self._waiting[outbox] = None
+        self._log.awaited(self.purgatory.hold(outbox, offset, data, timings))
 
-    def send_durable(self, durable_end: int) -> None:
-        """After a commit: write every held answer that is now durable."""
-        done = []
-        for outbox in self._waiting:
-            held = outbox.held
-            if held[0][0] >= durable_end:
-                continue
-            parts: list[bytes] = []
-            timings: list[tuple[str, float]] = []
-            while held and held[0][0] < durable_end:
-                _, data, times = held.popleft()
-                parts.append(data)
-                timings.extend(times)
-            self._write(outbox, parts[0] if len(parts) == 1 else b"".join(parts), timings)
-            if not held or outbox.stalled or outbox.broken:
-                done.append(outbox)
-        for outbox in done:
-            del self._waiting[outbox]
-            if not outbox.held:
-                outbox.clear()
+    def release(self, durable_end: int) -> None:
+        """After a commit: write every answer the purgatory releases."""
+        for outbox, data, timings in self.purgatory.release(durable_end):
+            if outbox.stalled:
+                outbox.unsent.append((data, timings))  # the finishing task writes it
+            else:
+                self._write(outbox, data, timings)
+                outbox.woken()
 
     def discard(self, outbox: Outbox) -> None:
         """The connection ends: nothing more is written for it (its descriptor is about to
         be closed, and its number may then be another connection's)."""
         outbox.broken = True
         outbox.io.close()  # a task finishing a write, already woken, must not write now
-        self._waiting.pop(outbox, None)
-        outbox.clear()
+        outbox.forget()
 
     def _write(self, outbox: Outbox, data: bytes, timings: Timings) -> None:
         try:
@@ -154,24 +168,49 @@ class Outboxes:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The connection task sees it on its next read and ends; until then, nothing.
             outbox.broken = True
-            outbox.clear()
+            outbox.forget()
             return
         self._on_sent(sent, timings if sent == len(data) else ())
         if sent < len(data):
             # The kernel's buffer is full: a task waits for room and writes the rest (and
-            # whatever is held behind it) in order.
-            outbox.held.appendleft((NO_WAIT, data[sent:], timings))
+            # whatever comes behind it) in order.
+            outbox.unsent.appendleft((data[sent:], timings))
             outbox.stalled = True
-            assert self.start_soon is not None, "Outboxes.start_soon is not set"
-            self.start_soon(self._finish, outbox)
+            assert self._nursery is not None, "SocketWriter.run is not running"
+            self._nursery.start_soon(self._finish, outbox)
 
-    async def write_awaiting(
-        self, outbox: Outbox, offset: int, data: bytes, timings: Timings
-    ) -> None:
-        """Write ``data`` once the log is durable past ``offset``, awaiting the log and then
-        room for all of it: a TLS connection's answers (its task awaits this after each
-        round, and holds nothing), and a stalled outbox's (:meth:`_finish`). A connection
-        that broke or ended is marked broken, and nothing more is written for it."""
+    async def _finish(self, outbox: Outbox) -> None:
+        """Write a stalled outbox's durable answers, waiting for room, until none is left;
+        the commits then write for it again."""
+        unsent = outbox.unsent
+        try:
+            while unsent and not outbox.broken:
+                data, timings = unsent[0]
+                try:
+                    await outbox.io.send_all(data)  # refuses once the connection has ended
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    outbox.broken = True
+                    break
+                unsent.popleft()
+                self._on_sent(len(data), timings)
+        finally:
+            outbox.stalled = False
+        if outbox.broken:
+            outbox.forget()
+        outbox.woken()
+
+
+class StreamWriter:
+    """Writes TLS connections' answers: each round's, awaited by the connection's task
+    (the log, then room for all of it); nothing is held."""
+
+    def __init__(self, log: Durability, on_sent: OnSent) -> None:
+        self._log = log
+        self._on_sent = on_sent
+
+    async def write(self, outbox: Outbox, offset: int, data: bytes, timings: Timings) -> None:
+        """Write ``data`` once the log is durable past ``offset``. A connection that broke
+        or ended is marked broken, and nothing more is written for it."""
         if outbox.broken:
             return
         try:
@@ -184,18 +223,3 @@ class Outboxes:
             outbox.broken = True
             return
         self._on_sent(len(data), timings)
-
-    async def _finish(self, outbox: Outbox) -> None:
-        """Write a stalled outbox's answers, waiting for room and for the log, until it is
-        empty; the commits then write for it again."""
-        held = outbox.held
-        try:
-            while held and not outbox.broken:
-                offset, data, timings = held[0]
-                await self.write_awaiting(outbox, offset, data, timings)
-                if outbox.broken:  # (ended meanwhile: what it held is gone)
-                    break
-                held.popleft()  # only now: post() writes directly only when nothing is held
-        finally:
-            outbox.stalled = False
-        outbox.clear()

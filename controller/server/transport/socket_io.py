@@ -117,7 +117,7 @@ class StreamIO:
     once: no call of ours between a request and its stream), with :class:`SocketIO`'s
     :meth:`close` and :meth:`send_now`. TLS cannot write a byte without awaiting (the record
     is encrypted, then sent by trio), so an outbox writes through ``send_all``
-    (``Outboxes.write_awaiting``)."""
+    (``StreamWriter.write``)."""
 
     __slots__ = ("receive_some", "send_all")
 

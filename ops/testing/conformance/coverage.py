@@ -25,9 +25,9 @@ from pidctl.protocol.apis import ApiKey
 #: Per API, the functions (``module:qualified.name``) that decide its answers.
 DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ApiKey.INIT_PRODUCER_ID: (
-        "pidctl.controller.api.handlers:Controller._init_producer_id",
         "pidctl.controller.api.handlers:Controller.init_producer_id",
         "pidctl.controller.api.handlers:Controller.init_idempotent_run",
+        "pidctl.controller.api.handlers:Controller._idempotent_run",
         "pidctl.controller.core.transactions:parse_expected",
         "pidctl.controller.core.transactions:TransactionControlManager.init_idempotent",
         "pidctl.controller.core.transactions:TransactionControlManager.init_transactional",
@@ -63,8 +63,7 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
         "pidctl.controller.core.cluster:ClusterControlManager.unregister",
     ),
     ApiKey.ALLOCATE_PRODUCER_IDS: (
-        "pidctl.controller.api.handlers:Controller._allocate_producer_ids",
-        "pidctl.controller.api.handlers:Controller.allocate_block",
+        "pidctl.controller.api.handlers:Controller.allocate_producer_ids",
         "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
         "pidctl.controller.core.producer_ids:ProducerIdControlManager._grant",
         "pidctl.controller.core.jobs:JobAllocationManager.allocate",
@@ -98,6 +97,11 @@ UNREACHABLE: dict[tuple[ApiKey, int], str] = {
     (ApiKey.UNREGISTER_BROKER, ErrorCode.invalid_request.value): (
         "the RecordTooLarge refusal: its record holds a broker id and an epoch, never too "
         "large for the log"
+    ),
+    (ApiKey.ALLOCATE_PRODUCER_IDS, ErrorCode.kafka_storage_error.value): (
+        "grants paused for a nearly full data dir (data_dir_min_free_bytes): a filesystem "
+        "brings it about, not a request (tests/controller/api/test_handlers.py, "
+        "tests/e2e/test_log_operations.py)"
     ),
 }
 

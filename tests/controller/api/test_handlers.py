@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,8 +21,11 @@ from pidctl.controller.core.acl import Acl, Authorizer
 from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.state import ControllerState
 from pidctl.protocol import requests
+from pidctl.protocol.apis import ApiKey
+from pidctl.protocol.block_requests import BlockRequested, block_request_of
 from pidctl.protocol.codec import Request, TooManyEntries, decode_request, encode_request
 from pidctl.protocol.headers import client_id_of
+from pidctl.protocol.init_requests import InitRequested, init_request_of
 
 NOW = Now(1_000, 1_000)
 
@@ -47,8 +51,32 @@ def _controller(
 
 
 def _handle(controller: Controller, body: Any, principal: str = "User:ANONYMOUS") -> Any:
+    """The answer's fields, from the API's one handler (as the connection calls it)."""
     request: Request = decode_request(encode_request(body, 7, "t")[4:], controller.supported)
-    return controller.handle(request, NOW, ConnectionInfo(principal=principal)).body
+    conn = ConnectionInfo(principal=principal)
+    if request.api_key == ApiKey.INIT_PRODUCER_ID:
+        init = controller.init_producer_id(init_request_of(request), NOW, conn)
+        return SimpleNamespace(
+            error_code=init.error, producer_id=init.producer_id, producer_epoch=init.producer_epoch
+        )
+    if request.api_key == ApiKey.ALLOCATE_PRODUCER_IDS:
+        block, _, _ = controller.allocate_producer_ids(block_request_of(request), NOW, conn)
+        return SimpleNamespace(
+            error_code=block.error, producer_id_start=block.first, producer_id_len=block.length
+        )
+    return controller.handle(request, NOW, conn).body
+
+
+def _allocate(
+    controller: Controller,
+    client_id: str | None,
+    principal: str = "User:ANONYMOUS",
+    broker_id: int = -1,
+) -> Any:
+    """A job's block (broker id and epoch -1) asked with ``client_id``, through the handler
+    (or a broker's, given its ``broker_id``): the block, its offset, the PIDs it created."""
+    request = BlockRequested(7, client_id, broker_id, -1)
+    return controller.allocate_producer_ids(request, NOW, ConnectionInfo(principal=principal))
 
 
 def test_allocation_needs_cluster_action_and_a_job_needs_idempotent_write() -> None:
@@ -253,11 +281,9 @@ def test_an_idempotent_answer_waits_for_its_blocks_grant_not_for_the_prefetch() 
     over = controller.init_idempotent_run(100, NOW, conn)
     assert list(over.producer_ids) == list(range(901, 1001))
     assert over.durable_offset == prefetch  # PID 1000 is the prefetched block's
-    request = decode_request(
-        encode_request(requests.init_producer_id(None), 7, "t")[4:], controller.supported
-    )
-    alone = controller.handle(request, NOW, conn)
-    assert (alone.body.producer_id, alone.durable_offset) == (1001, prefetch)
+    request = InitRequested(5, 7, "t", None, 60_000, -1, -1)
+    alone = controller.init_producer_id(request, NOW, conn)
+    assert (alone.producer_id, alone.durable_offset) == (1001, prefetch)
 
 
 @settings(max_examples=60, deadline=None)
@@ -269,7 +295,8 @@ def test_an_idempotent_answer_waits_for_its_blocks_grant_not_for_the_prefetch() 
 def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
     runs: list[int], blocks: int, denied: bool
 ) -> None:
-    """``init_idempotent_run`` against the same requests one by one through ``handle``:
+    """``init_idempotent_run`` against the same requests one by one through
+    ``init_producer_id`` (as a request kio read comes):
     the same PIDs, the same refusals (a range of ``blocks`` blocks runs dry, so 14 comes;
     without IdempotentWrite, 31), the same records in the log, the same offsets to wait for
     and the same calls of ``on_no_producer_id``."""
@@ -284,12 +311,14 @@ def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
         controller.on_no_producer_id = partial(_told, calls)
     conn = ConnectionInfo(principal=principal)
     for count in runs:
-        request = decode_request(
-            encode_request(requests.init_producer_id(None), 7, "t")[4:], one.supported
+        request = init_request_of(
+            decode_request(
+                encode_request(requests.init_producer_id(None), 7, "t")[4:], one.supported
+            )
         )
-        alone = [one.handle(request, NOW, conn) for _ in range(count)]
+        alone = [one.init_producer_id(request, NOW, conn) for _ in range(count)]
         run = many.init_idempotent_run(count, NOW, conn)
-        answers = [(r.body.error_code, r.body.producer_id, r.body.producer_epoch) for r in alone]
+        answers = [(r.error, r.producer_id, r.producer_epoch) for r in alone]
         refused = count - len(run.producer_ids)
         assert answers == [(0, pid, 0) for pid in run.producer_ids] + [(run.error, -1, -1)] * (
             refused
@@ -305,9 +334,7 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
     written."""
     controller = _controller()
     written = controller.state.next_offset
-    block, _, created = controller.allocate_block(
-        -1, -1, client_id_of(b"pidctl-job/1/0/app-\xff"), NOW, ConnectionInfo()
-    )
+    block, _, created = _allocate(controller, client_id_of(b"pidctl-job/1/0/app-\xff"))
     assert (block.error, block.first, block.length, created) == (
         ErrorCode.invalid_request,
         0,
@@ -315,14 +342,10 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
         0,
     )
     assert controller.state.next_offset == written
-    named, _, created = controller.allocate_block(
-        -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
-    )
+    named, _, created = _allocate(controller, "pidctl-job/1/0/app-x")
     assert (named.error, created) == (ErrorCode.none, 1000)
     # The same block asked again (a re-run) is answered as recorded: no new producer ids.
-    again, _, created = controller.allocate_block(
-        -1, -1, "pidctl-job/1/0/app-x", NOW, ConnectionInfo()
-    )
+    again, _, created = _allocate(controller, "pidctl-job/1/0/app-x")
     assert (again.first, created) == (named.first, 0)
 
 
@@ -335,25 +358,26 @@ def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_wr
     controller.paused = "1.0 MiB free on the data dir's filesystem"
     written = controller.state.next_offset
     conn = ConnectionInfo()
-    init = controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn)
+    idempotent = InitRequested(5, 7, "t", None, 60_000, -1, -1)
+    init = controller.init_producer_id(idempotent, NOW, conn)
     assert init.error == ErrorCode.coordinator_load_in_progress
-    tx = controller.init_producer_id(5, "tx", 60_000, -1, -1, NOW, conn)
+    tx = controller.init_producer_id(InitRequested(5, 7, "t", "tx", 60_000, -1, -1), NOW, conn)
     assert tx.error == ErrorCode.coordinator_load_in_progress
     run = controller.init_idempotent_run(3, NOW, conn)
     assert (list(run.producer_ids), run.error) == ([], ErrorCode.coordinator_load_in_progress)
     for broker_id in (-1, 1):
-        block, _, created = controller.allocate_block(broker_id, -1, None, NOW, conn)
+        block, _, created = _allocate(controller, None, broker_id=broker_id)
         assert (block.error, block.length, created) == (ErrorCode.kafka_storage_error, 0, 0)
     assert controller.state.next_offset == written
     assert refused == ["InitProducerId"] * 5 + ["AllocateProducerIds"] * 2
     controller.paused = None  # room again: granted
-    assert controller.init_producer_id(5, None, 60_000, -1, -1, NOW, conn).error == 0
+    assert controller.init_producer_id(idempotent, NOW, conn).error == 0
 
 
 def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
     """A named job's block, through the handler, as ``principal``."""
     key = f"pidctl-job/{version}/{block}/{app}"
-    answer, _, _ = controller.allocate_block(-1, -1, key, NOW, ConnectionInfo(principal=principal))
+    answer, _, _ = _allocate(controller, key, principal)
     return answer
 
 
@@ -380,9 +404,7 @@ def test_a_named_job_needs_write_on_its_app_id_as_a_transactional_id_does() -> N
     assert _named(controller, "etl-a", 1, 0, "User:etl").error == 0
     assert _named(controller, "anything", 1, 0, "User:any").error == 0
     # Without a name, a job still needs only IdempotentWrite.
-    unnamed, _, _ = controller.allocate_block(
-        -1, -1, "x", NOW, ConnectionInfo(principal="User:adhoc")
-    )
+    unnamed, _, _ = _allocate(controller, "x", "User:adhoc")
     assert unnamed.error == 0
 
 
@@ -417,6 +439,6 @@ def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
     log = MemoryLog()
     controller = _controller(log=log)
     huge = "c" * 32_000
-    block, _, _ = controller.allocate_block(-1, -1, huge, NOW, ConnectionInfo())
+    block, _, _ = _allocate(controller, huge)
     assert block.error == 0
     assert max(len(entry) for entry in log.entries) < 600

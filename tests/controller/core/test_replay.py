@@ -29,6 +29,7 @@ from pidctl.protocol import requests
 from pidctl.protocol.codec import decode_request, encode_request
 from tests import wire
 from tests.controller.core.snapshots import through_snapshot
+from tests.controller.decide import decide
 
 CLUSTER = "replay-cluster"
 INCARNATIONS = [uuid.UUID(int=i) for i in range(4)]
@@ -96,7 +97,7 @@ def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
             version, block = cast(tuple[int, int], b)
             key = JobKey(f"app-{a}", version, block).client_id()
             request = _request(wire.allocate(-1, -1), controller.supported, key)
-            controller.handle(request, now, conn)  # type: ignore[arg-type]
+            decide(controller, request, now, conn)  # type: ignore[arg-type]
             continue
         producer_ids, leases = controller.state.producer_ids, controller.state.leases
         if kind == "lease":
@@ -122,7 +123,7 @@ def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
             body = wire.allocate(a, registration.epoch if registration else -1)
         else:
             body = wire.unregister(a)
-        controller.handle(_request(body, controller.supported), now, conn)  # type: ignore[arg-type]
+        decide(controller, _request(body, controller.supported), now, conn)  # type: ignore[arg-type]
 
 
 def _init_transactional(controller: Controller, transactional_id: str, mode: int) -> object:

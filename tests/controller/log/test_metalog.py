@@ -249,12 +249,11 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
 
 
 async def test_what_gather_appends_joins_the_commit_about_to_be_made(tmp_path: Path) -> None:
-    """The server's readable connections are served just before a commit (``gather``): the
+    """The server's readable connections are served just before a commit (``before_commit``): the
     records their requests append are written by that commit, not by one sync later."""
     batches: list[int] = []
     state = ControllerState()
     listener = Listener(batch=lambda n, *_: batches.append(n))
-    metalog = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=listener)
     records = iter(history(5))  # seven records
     gathered: list[int] = []
 
@@ -264,7 +263,14 @@ async def test_what_gather_appends_joins_the_commit_about_to_be_made(tmp_path: P
             state.replay(offset, record)
             gathered.append(offset)
 
-    metalog.gather = gather
+    metalog = MetadataLog(
+        tmp_path,
+        0,
+        0,
+        lambda: state.copy().snapshot_records,
+        listener=listener,
+        before_commit=gather,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(metalog.run)
         for _ in range(3):

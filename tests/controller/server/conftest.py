@@ -25,7 +25,8 @@ from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.admission import standard_socket
-from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionServer, now
+from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
+from pidctl.controller.server.transport.poller import Poller, available
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
 
@@ -124,12 +125,12 @@ class Peer:
 
 @dataclass
 class Served:
-    """A real :class:`ConnectionServer` in this process, as ``pidctl serve`` wires it: a real
+    """A real :class:`ConnectionTasks` in this process, as ``pidctl serve`` wires it: a real
     controller over a real metadata log in a temporary dir, the watchdog and the poller
     running. Connections come over memory streams (the path TLS takes: the task waits for
     the log and writes itself) or loopback TCP (outboxes and the poller)."""
 
-    server: ConnectionServer
+    server: ConnectionTasks
     controller: Controller
     log: MetadataLog
     metrics: Metrics
@@ -137,7 +138,7 @@ class Served:
     listener: trio.SocketListener
     #: Every record applied, in order (the controller's observers see each).
     records: list[Record] = field(default_factory=list)
-    #: Why each connection ended (what :meth:`ConnectionServer.serve` returned), in order.
+    #: Why each connection ended (what :meth:`ConnectionTasks.serve` returned), in order.
     reasons: list[str] = field(default_factory=list)
 
     async def start_log(self) -> None:
@@ -197,11 +198,11 @@ async def serving(
 ) -> AsyncIterator[Served]:
     """See :class:`Served`."""
     state = ControllerState()
-    servers: list[ConnectionServer] = []
+    servers: list[ConnectionTasks] = []
 
     class Committed(CommitListener):
         def committed(self, durable_end: int) -> None:
-            servers[0].outboxes.send_durable(durable_end)
+            servers[0].writer.release(durable_end)
 
     quorum: QuorumController
     # Under trio's mock clock every commit stays on the loop: the clock would jump while the
@@ -220,20 +221,21 @@ async def serving(
     quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
     metrics = Metrics()
     store = credentials or CredentialStore()
-    server = ConnectionServer(
+    server = ConnectionTasks(
         controller,
         log,
         quotas or Quotas({}),
         metrics,
         lambda: store,
         connection_limits or limits(),
+        poller=Poller() if available() else None,
     )
     servers.append(server)
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
         served = Served(server, controller, log, metrics, nursery, listener)
         quorum.observers.append(lambda offset, record: served.records.append(record))
-        server.outboxes.start_soon = nursery.start_soon
+        await nursery.start(server.writer.run)
         nursery.start_soon(server.watch)
         nursery.start_soon(server.poll)
         if start_log:

@@ -19,7 +19,7 @@ from pidctl.controller.server.after_commit import AfterCommit
 from pidctl.controller.server.telemetry import logs
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.http import HttpEndpoint
-from pidctl.controller.server.transport.outbox import Outbox, Outboxes, Timings
+from pidctl.controller.server.transport.outbox import SocketWriter, Timings
 from pidctl.controller.server.transport.socket_io import SocketIO
 
 
@@ -77,12 +77,12 @@ def test_the_audit_lines_come_before_the_answers_are_sent(audit: io.StringIO) ->
     def sent(size: int, timings: Timings) -> None:
         seen.append(("sent", len(lines(audit))))
 
-    after.outboxes = Outboxes(NoLog(), sent)  # type: ignore[arg-type]
+    after.writer = SocketWriter(NoLog(), sent)  # type: ignore[arg-type]
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.setblocking(False)
-        outbox = Outbox(SocketIO(ours.fileno()))
-        after.outboxes.post(outbox, 0, b"answer", [("allocate_producer_ids", 0.0)])
+        outbox = after.writer.outbox(SocketIO(ours.fileno()))
+        after.writer.post(outbox, 0, b"answer", [("allocate_producer_ids", 0.0)])
         assert seen == []  # held for offset 0
         after.applied(0, grant(0))
         after.committed(1)

@@ -14,11 +14,10 @@ from ops.testing.coordination import EtcdProcess, free_port
 from pidctl.controller.server.fleet.etcd import (
     Counter,
     EtcdCounter,
-    EtcdLocation,
     EtcdRefused,
     EtcdUnavailable,
 )
-from pidctl.protocol.addresses import HostPort
+from pidctl.protocol.addresses import EtcdLocation, HostPort
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from pidctl.controller.core.kafka import INT64_MAX
 from pidctl.controller.core.producer_ids import LEASE_EXHAUSTED, Block, ProducerIdRange
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import MetadataLog
-from pidctl.controller.server.fleet.etcd import EtcdCounter, EtcdLocation
+from pidctl.controller.server.fleet.etcd import EtcdCounter
 from pidctl.controller.server.fleet.lease_keeper import (
     RETRY_MAX_S,
     RETRY_MIN_S,
@@ -37,6 +37,7 @@ from pidctl.controller.server.fleet.lease_keeper import (
     LeaseKeeper,
 )
 from pidctl.controller.server.transport.connection import now
+from pidctl.protocol.addresses import EtcdLocation
 from tests.controller.server.conftest import ANSWER_BOUND_S, until
 
 _prefixes = itertools.count()

@@ -3,7 +3,7 @@ metadata log: framing across reads, answers in order and only once durable, dead
 throttles, the mute of a client that does not read, closes, shutdown and SASL.
 
 Each behaviour runs over both paths a connection can take: memory streams (the path of a
-TLS connection: its task awaits the outboxes' write of its answers) and loopback TCP (answers
+TLS connection: its task awaits the StreamWriter's write of its answers) and loopback TCP (answers
 posted to an outbox that the commit writes, reads left to the shared poller). Deadlines and
 throttles run on memory streams under trio's autojumping mock clock, as trio tests its own
 ``serve_listeners``: minutes pass in no wall time, and exactly. Real sockets stay on the real

@@ -1,4 +1,4 @@
-"""Outboxes: answers leave once the real metadata log has made them durable, in the order they
+"""The writers: answers leave once the real metadata log has made them durable, in the order they
 were posted; a write the kernel does not take whole is finished by a task; nothing is written
 for a connection that has ended; a TLS connection's answers go the same way. Over real
 loopback TCP and a real log in a temporary dir."""
@@ -23,7 +23,7 @@ from pidctl.controller.core.logformat import encode_entry
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.metalog import CommitListener, MetadataLog
-from pidctl.controller.server.transport.outbox import Outbox, Outboxes, Timings
+from pidctl.controller.server.transport.outbox import Outbox, SocketWriter, StreamWriter, Timings
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 from tests.controller.server.conftest import TcpPair
 
@@ -31,13 +31,13 @@ from tests.controller.server.conftest import TcpPair
 @dataclass
 class Setup:
     log: MetadataLog
-    outboxes: Outboxes
+    writer: SocketWriter
     server: trio.SocketStream
     client: trio.SocketStream
     sent: list[tuple[int, Timings]] = field(default_factory=list)
 
     def outbox(self) -> Outbox:
-        return Outbox(SocketIO(self.server.socket.fileno()))
+        return self.writer.outbox(SocketIO(self.server.socket.fileno()))
 
     def append(self) -> int:
         """A record for the next commit; its offset."""
@@ -63,34 +63,34 @@ class Setup:
 async def setup(tmp_path: Path, tcp_pair: TcpPair) -> AsyncIterator[Setup]:
     server, client = tcp_pair
     state = ControllerState()
-    outboxes: Outboxes | None = None
+    writer: SocketWriter | None = None
 
     class Committed(CommitListener):
         def committed(self, durable_end: int) -> None:
-            assert outboxes is not None
-            outboxes.send_durable(durable_end)
+            assert writer is not None
+            writer.release(durable_end)
 
     log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=Committed())
     sent: list[tuple[int, Timings]] = []
-    outboxes = Outboxes(log, lambda size, timings: sent.append((size, timings)))
+    writer = SocketWriter(log, lambda size, timings: sent.append((size, timings)))
     async with trio.open_nursery() as nursery:
-        outboxes.start_soon = nursery.start_soon
+        await nursery.start(writer.run)
         await nursery.start(log.run)
-        yield Setup(log, outboxes, server, client, sent)
+        yield Setup(log, writer, server, client, sent)
         nursery.cancel_scope.cancel()
 
 
 async def test_answers_wait_for_the_log_and_leave_in_order(setup: Setup) -> None:
     outbox = setup.outbox()
     offset = setup.append()
-    setup.outboxes.post(outbox, offset, b"first", [("allocate_producer_ids", 0.0)])
+    setup.writer.post(outbox, offset, b"first", [("allocate_producer_ids", 0.0)])
     # Needs nothing from the log, but was decided after the first: it waits behind it.
-    setup.outboxes.post(outbox, NO_WAIT, b"second", [("api_versions", 0.0)])
+    setup.writer.post(outbox, NO_WAIT, b"second", [("api_versions", 0.0)])
     assert setup.client_has_nothing()
     assert outbox.requests == 2
     await setup.log.flush()
     assert await setup.receive(11) == b"firstsecond"
-    assert outbox.requests == 0 and not outbox.held
+    assert outbox.requests == 0 and outbox.empty
     assert setup.sent == [(11, [("allocate_producer_ids", 0.0), ("api_versions", 0.0)])]
 
 
@@ -98,19 +98,19 @@ async def test_an_answer_already_durable_is_written_at_once(setup: Setup) -> Non
     outbox = setup.outbox()
     offset = setup.append()
     await setup.log.flush()
-    setup.outboxes.post(outbox, offset, b"now", [])
-    assert not outbox.held
+    setup.writer.post(outbox, offset, b"now", [])
+    assert outbox.empty
     assert await setup.receive(3) == b"now"
 
 
 async def test_a_write_the_kernel_does_not_take_whole_is_finished_in_order(setup: Setup) -> None:
     outbox = setup.outbox()
     big = bytes(range(256)) * (32 * 1024)  # 8 MiB: more than the kernel buffers take
-    setup.outboxes.post(outbox, setup.append(), big, [("metadata", 0.0)])
+    setup.writer.post(outbox, setup.append(), big, [("metadata", 0.0)])
     await setup.log.flush()
     assert outbox.stalled  # the rest waits for room, in a task of its own
-    setup.outboxes.post(outbox, NO_WAIT, b"after", [])  # behind the rest, never into it
-    setup.outboxes.post(outbox, setup.append(), b"durable", [])
+    setup.writer.post(outbox, NO_WAIT, b"after", [])  # behind the rest, never into it
+    setup.writer.post(outbox, setup.append(), b"durable", [])
     assert await setup.receive(len(big) + 12) == big + b"afterdurable"
     await outbox.wait_empty()
     assert not outbox.stalled and outbox.requests == 0
@@ -119,12 +119,12 @@ async def test_a_write_the_kernel_does_not_take_whole_is_finished_in_order(setup
 
 async def test_nothing_is_written_for_a_connection_that_ended(setup: Setup) -> None:
     outbox = setup.outbox()
-    setup.outboxes.post(outbox, setup.append(), b"late", [])
-    setup.outboxes.discard(outbox)
+    setup.writer.post(outbox, setup.append(), b"late", [])
+    setup.writer.discard(outbox)
     await outbox.wait_empty()  # does not wait for the log any more
     await setup.log.flush()
     assert setup.client_has_nothing()
-    setup.outboxes.post(outbox, NO_WAIT, b"later", [])
+    setup.writer.post(outbox, NO_WAIT, b"later", [])
     assert setup.client_has_nothing()
 
 
@@ -135,11 +135,11 @@ async def test_a_stalled_write_stops_when_its_connection_ends(setup: Setup) -> N
     big = b"x" * (64 * 1024 * 1024)  # far more than the kernel's buffers ever hold
     offset = setup.append()
     await setup.log.flush()
-    setup.outboxes.post(outbox, offset, big, [])  # durable already: written at once, in part
+    setup.writer.post(outbox, offset, big, [])  # durable already: written at once, in part
     assert outbox.stalled
     [(written, _)] = setup.sent  # what the kernel took before its buffer filled
     await trio.testing.wait_all_tasks_blocked()  # the finishing task now waits for room
-    setup.outboxes.discard(outbox)
+    setup.writer.discard(outbox)
     received = 0
     with trio.fail_after(10):
         while True:  # room now: the task wakes, and must not write
@@ -160,13 +160,13 @@ async def test_a_connection_reset_by_the_client_is_broken(setup: Setup) -> None:
     setup.client.socket.close()
     with trio.fail_after(10):
         while not outbox.broken:  # the first writes may land before the reset is seen
-            setup.outboxes.post(outbox, setup.append(), b"x" * 65536, [])
+            setup.writer.post(outbox, setup.append(), b"x" * 65536, [])
             await setup.log.flush()
     await outbox.wait_empty()
 
 
-async def test_a_tls_connections_answers_leave_by_the_outboxes_too(setup: Setup) -> None:
-    """TLS cannot write without awaiting: its task awaits write_awaiting, which writes an
+async def test_a_tls_connections_answers_leave_by_its_own_writer(setup: Setup) -> None:
+    """TLS cannot write without awaiting: its task awaits the StreamWriter's write, which writes an
     answer only once it is durable, encrypted (a real TLS session over the loopback pair),
     and nothing for a connection that ended."""
     ca = trustme.CA()
@@ -179,20 +179,20 @@ async def test_a_tls_connections_answers_leave_by_the_outboxes_too(setup: Setup)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(server.do_handshake)
         nursery.start_soon(client.do_handshake)
-    outbox = Outbox(StreamIO(server))
+    outbox = setup.writer.outbox(StreamIO(server))
     # Each write with the log's durable end at the time.
     written: list[tuple[int, Timings, int]] = []
-    outboxes = Outboxes(setup.log, lambda n, t: written.append((n, t, setup.log.durable_end)))
+    tls = StreamWriter(setup.log, lambda n, t: written.append((n, t, setup.log.durable_end)))
     offset = setup.append()
     with trio.fail_after(10):
-        await outboxes.write_awaiting(outbox, offset, b"first", [])
-        await outboxes.write_awaiting(outbox, NO_WAIT, b"second", [("api_versions", 0.0)])
+        await tls.write(outbox, offset, b"first", [])
+        await tls.write(outbox, NO_WAIT, b"second", [("api_versions", 0.0)])
         data = b""
         while len(data) < 11:
             data += await client.receive_some(11 - len(data))
     assert data == b"firstsecond"
     assert [(n, t) for n, t, _ in written] == [(5, []), (6, [("api_versions", 0.0)])]
     assert written[0][2] > offset  # written once durable, not before
-    outboxes.discard(outbox)
-    await outboxes.write_awaiting(outbox, NO_WAIT, b"after the end", [])
+    setup.writer.discard(outbox)
+    await tls.write(outbox, NO_WAIT, b"after the end", [])
     assert len(written) == 2 and outbox.broken

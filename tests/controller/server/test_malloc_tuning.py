@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pidctl.controller.server.allocator import OPERATOR_SETTING
+from pidctl.controller.server.malloc_tuning import OPERATOR_SETTING
 
 #: What a snapshot does to the C heap, in miniature: a copy of the table (one block, larger
 #: each time), the table packed into a buffer that grows, and small allocations that outlive
@@ -17,7 +17,7 @@ from pidctl.controller.server.allocator import OPERATOR_SETTING
 SNAPSHOTS = """
 import sys
 from pathlib import Path
-from pidctl.controller.server.allocator import pin_mmap_threshold
+from pidctl.controller.server.malloc_tuning import pin_mmap_threshold
 
 def rss_kib():
     for line in Path("/proc/self/status").read_text().splitlines():
