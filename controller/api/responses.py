@@ -118,6 +118,20 @@ def too_many_keys(request: Request, asked: int, most: int) -> Any:
     return build_entity(cls, throttle_time=NO_THROTTLE, coordinators=(refusal,))
 
 
+def _metadata_refused(cls: Any, topics: tuple[Any, ...], error: ErrorCode) -> Any:
+    """A Metadata answer that refuses: no brokers, no cluster, ``topics`` as given, and
+    ``error`` at the top level (v13+ only)."""
+    return build_entity(
+        cls,
+        throttle_time=NO_THROTTLE,
+        brokers=(),
+        cluster_id=None,
+        controller_id=i32(-1),
+        topics=topics,
+        error_code=error,
+    )
+
+
 def too_many_topics(request: Request, asked: int, most: int) -> Any:
     """Metadata naming more topics than allowed: INVALID_REQUEST, top-level from v13
     (KIP-1102), before that as the one topic listed; no brokers, nothing else."""
@@ -135,15 +149,7 @@ def too_many_topics(request: Request, asked: int, most: int) -> Any:
                 partitions=(),
             ),
         )
-    return build_entity(
-        cls,
-        throttle_time=NO_THROTTLE,
-        brokers=(),
-        cluster_id=None,
-        controller_id=i32(-1),
-        topics=topics,
-        error_code=ErrorCode.invalid_request,  # v13+ only
-    )
+    return _metadata_refused(cls, topics, ErrorCode.invalid_request)
 
 
 def metadata_refusal(request: Request, error: ErrorCode) -> Any:
@@ -163,15 +169,7 @@ def metadata_refusal(request: Request, error: ErrorCode) -> Any:
         )
         for topic in request.body.topics or ()
     )
-    return build_entity(
-        cls,
-        throttle_time=NO_THROTTLE,
-        brokers=(),
-        cluster_id=None,
-        controller_id=i32(-1),
-        topics=topics,
-        error_code=error,  # v13+ only
-    )
+    return _metadata_refused(cls, topics, error)
 
 
 def response_for(request: Request, **fields: Any) -> Any:
