@@ -61,6 +61,15 @@ def _metric(server: ServerProcess, line_start: str) -> float:
     ["", 'log_level = "info"\n'],
     ids=["empty", "cut-before-authorizer"],
 )
+def _served_at_once(client: SyncClient, seconds: float) -> None:
+    """For ``seconds``, InitProducerId after InitProducerId, each answered within 0.5 s."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        sent = time.monotonic()
+        assert client.request(requests.init_producer_id()).error_code == 0
+        assert time.monotonic() - sent < 0.5
+
+
 def test_a_reload_that_would_switch_authorization_off_is_refused(
     tmp_path: Path, written: str
 ) -> None:
@@ -296,12 +305,7 @@ def test_a_credentials_file_on_a_hung_mount_holds_up_no_client(tmp_path: Path) -
         os.mkfifo(credentials)  # open() for reading now blocks until a writer comes
         before = len(server.events)
         _sighup(server)
-        # Clients are served meanwhile, each at once.
-        started = time.monotonic()
-        while time.monotonic() - started < 2.0:
-            sent = time.monotonic()
-            assert client.request(requests.init_producer_id()).error_code == 0
-            assert time.monotonic() - sent < 0.5
+        _served_at_once(client, 2.0)  # clients are served meanwhile
         outcome = _reload_outcome(server, before)
         assert outcome["event"] == "reload failed; the previous configuration stays"
         assert "reload_timeout_ms" in str(outcome["error"])
@@ -337,11 +341,7 @@ def test_a_config_file_on_a_hung_mount_holds_up_no_client(tmp_path: Path) -> Non
         os.mkfifo(config)
         before = len(server.events)
         _sighup(server)
-        started = time.monotonic()
-        while time.monotonic() - started < 1.5:
-            sent = time.monotonic()
-            assert client.request(requests.init_producer_id()).error_code == 0
-            assert time.monotonic() - sent < 0.5
+        _served_at_once(client, 1.5)
         outcome = _reload_outcome(server, before)
         assert outcome["event"] == "reload failed; the previous configuration stays"
         assert "reload_timeout_ms" in str(outcome["error"])
