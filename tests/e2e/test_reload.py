@@ -56,11 +56,6 @@ def _metric(server: ServerProcess, line_start: str) -> float:
     return sum(values)
 
 
-@pytest.mark.parametrize(
-    "written",
-    ["", 'log_level = "info"\n'],
-    ids=["empty", "cut-before-authorizer"],
-)
 def _served_at_once(client: SyncClient, seconds: float) -> None:
     """For ``seconds``, InitProducerId after InitProducerId, each answered within 0.5 s."""
     started = time.monotonic()
@@ -70,6 +65,11 @@ def _served_at_once(client: SyncClient, seconds: float) -> None:
         assert time.monotonic() - sent < 0.5
 
 
+@pytest.mark.parametrize(
+    "written",
+    ["", 'log_level = "info"\n'],
+    ids=["empty", "cut-before-authorizer"],
+)
 def test_a_reload_that_would_switch_authorization_off_is_refused(
     tmp_path: Path, written: str
 ) -> None:
