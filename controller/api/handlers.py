@@ -207,6 +207,7 @@ class Controller:
         self,
         quorum: QuorumController,
         *,
+        pool_grants: PoolGrants,
         node_id: int = 1,
         authorizer: Authorizer | None = None,
         limits: RequestLimits | None = None,
@@ -224,10 +225,9 @@ class Controller:
         self.authorizer = authorizer or Authorizer()
         # Bound once: every request that writes calls it.
         self._apply = quorum.apply
-        #: What an idempotent InitProducerId's answer waits for (its block's grant).
-        pool = self.state.transactions.pool
-        self._pool_grants = PoolGrants(blocks_held=pool.depth + 1)
-        quorum.observers.append(self._pool_grants.applied)
+        #: What an idempotent InitProducerId's answer waits for (its block's grant): one of
+        #: the quorum controller's observers (``pool_grants.for_pool``).
+        self._pool_grants = pool_grants
         self.on_no_producer_id = on_no_producer_id or _told_nobody
         #: Why grants are paused now, or None: the data dir's filesystem is nearly full
         #: (``server/app.py`` watches it), and a grant's record could meet ENOSPC, which

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from pidctl.controller.core.records import ProducerIdsGranted, Record
+from pidctl.controller.core.state import ControllerState
 
 #: The holder of a block of the controller's own pool (``ProducerIdsGranted.holder``).
 _CONTROLLER = "controller"
@@ -47,3 +48,10 @@ class PoolGrants:
         if not grants or producer_id < grants[0][0]:
             return otherwise
         return grants[0][2]
+
+
+def for_pool(state: ControllerState) -> PoolGrants:
+    """The grants of ``state``'s pool: as many as it holds blocks, and the one it asks for
+    next. Hand its ``applied`` to the quorum controller as an observer, and it to the
+    :class:`~pidctl.controller.api.handlers.Controller`."""
+    return PoolGrants(blocks_held=state.transactions.pool.depth + 1)

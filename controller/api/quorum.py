@@ -13,7 +13,7 @@ loop, so nothing needs a lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
@@ -50,12 +50,18 @@ class Now:
 class QuorumController:
     """Applies results to one :class:`ControllerState` and its log, and snapshots them."""
 
-    def __init__(self, state: ControllerState, sink: RecordSink) -> None:
+    def __init__(
+        self,
+        state: ControllerState,
+        sink: RecordSink,
+        observers: Iterable[Callable[[int, Record], None]] = (),
+    ) -> None:
+        """``observers``: told of every record applied, in their order, with its offset,
+        before it is durable (the pool's grants, the after-commit owner's pending audit
+        lines, the lease keeper's wake-up)."""
         self.state = state
         self.sink = sink
-        #: Told of every record applied, with its offset, before it is durable (the
-        #: after-commit owner's pending audit lines, the lease keeper's wake-up).
-        self.observers: list[Callable[[int, Record], None]] = []
+        self.observers: Final[tuple[Callable[[int, Record], None], ...]] = tuple(observers)
 
     def apply(self, result: ControllerResult[T], now: Now) -> tuple[T, int]:
         """Replay a result's records and append them; return its response and the offset

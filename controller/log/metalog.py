@@ -47,6 +47,7 @@ from pidctl.controller.log.datadir import (
     write_snapshot_file,
 )
 from pidctl.controller.log.disk_thread import DiskThread
+from pidctl.controller.log.durable import DurableOffsets
 from pidctl.controller.log.sync_place import (
     DEFAULT_INLINE_SYNC_MAX_S,
     SyncPlace,
@@ -183,10 +184,13 @@ class MetadataLog:
         listener: CommitListener | None = None,
         reservation: int | None = None,
         before_commit: Callable[[], object] | None = None,
+        durable: DurableOffsets | None = None,
     ) -> None:
+        """``durable``: where the log says which offsets are on disk (built by whoever
+        hands it to the log's readers before the log exists), else the log's own."""
         self.data_dir = data_dir
         self.end_offset = end_offset
-        self.durable_end = end_offset  # every offset below this is on disk
+        self.durable = DurableOffsets(end_offset) if durable is None else durable
         self.snapshot_offset = snapshot_offset
         self.segment_max_bytes = segment_max_bytes
         self.snapshot_interval_records = snapshot_interval_records
@@ -205,9 +209,6 @@ class MetadataLog:
         self._before_commit = before_commit
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()
-        self._durable_event = trio.Event()
-        #: One past the highest offset someone waits for (:meth:`awaited`).
-        self._awaited_end = end_offset
         self._closed = False
         self._snapshot_running = False
         #: The reservation file's value on disk, and the one the records appended ask for
@@ -278,20 +279,14 @@ class MetadataLog:
         self.end_offset = offset + 1
         return offset
 
-    def awaited(self, offset: int) -> None:
-        """Someone waits for the record at ``offset`` to be durable (an answer held for it).
-
-        A commit nobody waits for (a prefetched block's grant) runs in the log's thread
-        (:meth:`SyncPlace.in_thread_for`)."""
-        if offset >= self._awaited_end:
-            self._awaited_end = offset + 1
+    @property
+    def durable_end(self) -> int:
+        """Every offset below this is on disk."""
+        return self.durable.durable_end
 
     async def wait_durable(self, offset: int) -> None:
-        """Return once the record at ``offset`` (and every one before it) is on disk; after
-        a storage failure, never (the process is going down)."""
-        self.awaited(offset)
-        while self.durable_end <= offset:
-            await self._durable_event.wait()
+        """See :meth:`DurableOffsets.wait_durable`."""
+        await self.durable.wait_durable(offset)
 
     async def flush(self) -> None:
         """Wait until everything appended so far is durable."""
@@ -367,7 +362,7 @@ class MetadataLog:
             # append); the source returns a cheap copy, turned into the snapshot in a thread.
             snapshot = self._snapshot_source()
         # (Nobody waits for this batch when nobody waits past what is durable already.)
-        in_thread = self._sync_place.in_thread_for(awaited=self._awaited_end > self.durable_end)
+        in_thread = self._sync_place.in_thread_for(awaited=self.durable.waited_on())
         if self._size + len(data) > self._allocated and self._preallocating is not None:
             with trio.CancelScope(shield=True):  # the batch is taken: it must be written
                 await self._preallocating.wait()
@@ -533,9 +528,7 @@ class MetadataLog:
     ) -> None:
         listener = self._listener
         listener.batch_written(records, size, took, in_thread)
-        self.durable_end = batch_end
-        done, self._durable_event = self._durable_event, trio.Event()
-        done.set()
+        self.durable.advance(batch_end)
         listener.committed(batch_end)
 
     async def _write_snapshot(

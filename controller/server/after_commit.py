@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import operator
+from typing import Final
 
 import structlog
 
@@ -44,11 +45,12 @@ class AfterCommit(CommitListener):
     """The audit lines, the answers and the log's metrics, after each commit; and the
     storage failure that ends them (``/readyz`` fails at once, one event says what)."""
 
-    def __init__(self, metrics: Metrics, http: HttpEndpoint) -> None:
+    def __init__(self, metrics: Metrics, http: HttpEndpoint, writer: SocketWriter) -> None:
+        """``writer``: the plain connections' writer, which writes what the purgatory
+        releases after each commit."""
         self.metrics = metrics
         self.http = http
-        #: The plain connections' writer, once there are connections (none during start-up).
-        self.writer: SocketWriter | None = None
+        self.writer: Final[SocketWriter] = writer
         #: The audit trail above log_retention_bytes within log_retention_ms: said at once,
         #: then at most every ten minutes while it lasts.
         self._trail_over = ThrottledLine(600.0)
@@ -76,8 +78,7 @@ class AfterCommit(CommitListener):
                 )
                 grants.append(_grant_values(grant))
             log_each("producer ids granted", GRANT_FIELDS, grants)  # one commit's lines together
-        if self.writer is not None:
-            self.writer.release(durable_end)
+        self.writer.release(durable_end)
 
     def snapshot_written(self, size: int) -> None:
         self.metrics.snapshot_written(size)
@@ -101,13 +102,18 @@ class AfterCommit(CommitListener):
             )
 
     def storage_failed(self, error: StorageFailed) -> None:
-        """Fail-stop: not ready any more, one event saying what failed; the error then ends
-        the process (exit status ``StorageFailed.exit_code``, 74)."""
-        self.http.ready = False
-        log.error(
-            "storage_failed",
-            file=str(error.path),
-            operation=error.operation,
-            errno=error.errno,
-            error=error.errno_name,
-        )
+        storage_failed(self.http, error)
+
+
+def storage_failed(http: HttpEndpoint, error: StorageFailed) -> None:
+    """Fail-stop: not ready any more, one event saying what failed; the error then ends
+    the process (exit status ``StorageFailed.exit_code``, 74). (Start-up's recovery says
+    so the same way, before there is a log to tell :class:`AfterCommit`.)"""
+    http.ready = False
+    log.error(
+        "storage_failed",
+        file=str(error.path),
+        operation=error.operation,
+        errno=error.errno,
+        error=error.errno_name,
+    )

@@ -21,6 +21,7 @@ import structlog
 import trio
 
 from pidctl.controller.api.handlers import Controller, RequestLimits
+from pidctl.controller.api.pool_grants import for_pool
 from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
@@ -30,12 +31,18 @@ from pidctl.controller.log.datadir import (
     lock_data_dir,
     remove_damaged_tail_file,
 )
+from pidctl.controller.log.durable import DurableOffsets
 from pidctl.controller.log.formatting import NotFormatted, check_formatted, state_written_at
 from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import recover
 from pidctl.controller.log.space import SpaceVerdict, check_room, free_bytes
-from pidctl.controller.server.after_commit import AfterCommit
-from pidctl.controller.server.fleet.lease_keeper import CounterWentBack, LeaseKeeper, etcd_counter
+from pidctl.controller.server.after_commit import AfterCommit, storage_failed
+from pidctl.controller.server.fleet.lease_keeper import (
+    CounterWentBack,
+    GrantBell,
+    LeaseKeeper,
+    etcd_counter,
+)
 from pidctl.controller.server.malloc_tuning import pin_mmap_threshold
 from pidctl.controller.server.reload import (
     ReloadReader,
@@ -49,8 +56,10 @@ from pidctl.controller.server.telemetry.metrics import Metrics, StateView
 from pidctl.controller.server.transport.admission import Admission, BoundListener, bind_listeners
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.server.transport.outbox import SocketWriter, StreamWriter
 from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.poller import available as poller_available
+from pidctl.controller.server.transport.sent import AnswersSent
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import ReloadRefused, Settings
 from pidctl.protocol import __version__
@@ -131,7 +140,6 @@ class PidctlServer:
         self._low_space = Alarm("disk_space", "data dir nearly full", self.http.faults)
         self._stopping = trio.Event()
         self._controller: Controller | None = None
-        self.after_commit = AfterCommit(self.metrics, self.http)
 
     async def reload(self, load: Callable[[], Settings], reader: ReloadReader) -> str:
         """SIGHUP: take new ACLs, super users, the authorizer's switch and SASL credentials
@@ -226,7 +234,7 @@ class PidctlServer:
         try:
             recovery = await trio.to_thread.run_sync(recover, data_dir)
         except StorageFailed as e:  # e.g. truncating a torn tail: named like any other
-            self.after_commit.storage_failed(e)
+            storage_failed(self.http, e)
             raise
         state = recovery.state.configure(
             pid_range=settings.pid_range,
@@ -258,6 +266,12 @@ class PidctlServer:
         )
         #: Reads the idle plain-TCP connections (transport/poller.py); None without epoll.
         poller = Poller() if poller_available() else None
+        # Built before the log, which tells the after-commit listener, which has the writer
+        # write what each commit releases: the writers read the log's durable end here.
+        durable = DurableOffsets(state.next_offset)
+        sent = AnswersSent(self.metrics)
+        writer = SocketWriter(durable, sent.sent)
+        after_commit = AfterCommit(self.metrics, self.http, writer)
         metalog = MetadataLog(
             data_dir,
             state.next_offset,
@@ -270,7 +284,8 @@ class PidctlServer:
             retention_ms=settings.log_retention_ms,
             inline_sync_max_s=settings.log_inline_sync_max_ms / 1000,
             preallocate_bytes=settings.log_preallocate_bytes,
-            listener=self.after_commit,
+            listener=after_commit,
+            durable=durable,
             reservation=recovery.reservation,
             # The server's decision, here: before each commit the poller serves the parked
             # connections readable now, so that requests already received join this commit
@@ -283,9 +298,15 @@ class PidctlServer:
             max_metadata_topics=settings.max_metadata_topics,
             max_registration_entries=settings.max_registration_entries,
         )
-        quorum = QuorumController(state, metalog)
+        pool_grants = for_pool(state)
+        # Rung by each grant while a lease keeper (pid_source) waits for it.
+        bell = GrantBell() if settings.pid_source else None
+        leases = () if bell is None else (bell.applied,)
+        observers = (pool_grants.applied, after_commit.applied, *leases)
+        quorum = QuorumController(state, metalog, observers)
         controller = Controller(
             quorum,
+            pool_grants=pool_grants,
             node_id=settings.node_id,
             authorizer=self.authorizer,
             limits=limits,
@@ -293,10 +314,7 @@ class PidctlServer:
             on_paused=self._refused_while_paused,
         )
         self._controller = controller
-        lease_keeper = self._lease_keeper(quorum, metalog)
-        quorum.observers.append(self.after_commit.applied)
-        if lease_keeper is not None:
-            quorum.observers.append(lease_keeper.applied)
+        lease_keeper = self._lease_keeper(quorum, metalog, bell)
         if not self.authorizer.enabled:
             log.warning(
                 "no authorizer: every client may do everything, as Kafka without an authorizer;"
@@ -305,7 +323,8 @@ class PidctlServer:
         self.metrics.state_view = _state_view(state)
         connections = ConnectionTasks(
             controller,
-            metalog,
+            writer,
+            StreamWriter(durable, sent.sent),
             self.quotas,
             self.metrics,
             lambda: self.credentials,
@@ -321,7 +340,6 @@ class PidctlServer:
             log_requests=settings.log_level == "debug",
             poller=poller,
         )
-        self.after_commit.writer = connections.writer
         async with trio.open_nursery() as background:
             await background.start(metalog.run)
             self._initialise_cluster(quorum)
@@ -476,11 +494,14 @@ class PidctlServer:
             task_status = trio.TASK_STATUS_IGNORED
             await trio.sleep(FREE_SPACE_CHECK_S)
 
-    def _lease_keeper(self, quorum: QuorumController, metalog: MetadataLog) -> LeaseKeeper | None:
-        """With ``pid_source``: the task that leases from etcd. Without: refuse a data dir that
-        leased before, whose PIDs above its last lease other controllers may hold."""
+    def _lease_keeper(
+        self, quorum: QuorumController, metalog: MetadataLog, bell: GrantBell | None
+    ) -> LeaseKeeper | None:
+        """With ``pid_source`` (and ``bell``, which the quorum controller rings): the task
+        that leases from etcd. Without: refuse a data dir that leased before, whose PIDs
+        above its last lease other controllers may hold."""
         settings = self.settings
-        if not settings.pid_source:
+        if bell is None:
             if quorum.state.leases.lease_mode:
                 raise PidSourceMismatch(
                     "this data dir took its producer ids from etcd leases; without pid_source "
@@ -497,6 +518,7 @@ class PidctlServer:
             prefetch_ratio=settings.pid_lease_prefetch_ratio,
             on_lease=lambda size: self.metrics.leases.inc(),
             on_counter_went_back=self._counter_went_back,
+            bell=bell,
         )
 
     def _counter_went_back(self, error: CounterWentBack | None) -> None:

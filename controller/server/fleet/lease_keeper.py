@@ -85,9 +85,34 @@ def etcd_counter(
     )
 
 
+class GrantBell:
+    """Rung by each grant the quorum controller applies (:meth:`applied`, one of its
+    observers); the lease keeper waits for it. Built before both, so that each is handed it
+    at construction."""
+
+    def __init__(self) -> None:
+        self._rung = trio.Event()
+
+    def applied(self, offset: int, record: Record) -> None:
+        """An observer of the quorum controller: each grant rings."""
+        if isinstance(record, ProducerIdsGranted):
+            self.ring()
+
+    def ring(self) -> None:
+        self._rung.set()
+
+    def rearm(self) -> None:
+        """Forget the rings so far: :meth:`wait` waits for the next."""
+        self._rung = trio.Event()
+
+    async def wait(self) -> None:
+        await self._rung.wait()
+
+
 class LeaseKeeper:
-    """Takes leases for one controller; it observes the records its quorum controller
-    applies (:meth:`applied`), and each grant pokes it."""
+    """Takes leases for one controller; each grant its quorum controller applies rings its
+    :class:`GrantBell` (``bell``: the one the quorum controller rings, else its own,
+    rung by :meth:`poke` alone)."""
 
     def __init__(
         self,
@@ -100,6 +125,7 @@ class LeaseKeeper:
         prefetch_ratio: float,
         on_lease: Callable[[int], None] = lambda size: None,
         on_counter_went_back: Callable[[CounterWentBack | None], None] = lambda error: None,
+        bell: GrantBell | None = None,
     ) -> None:
         self.counter = counter
         self.quorum = quorum
@@ -109,7 +135,7 @@ class LeaseKeeper:
         self.prefetch_ratio = prefetch_ratio
         self._on_lease = on_lease
         self._on_counter_went_back = on_counter_went_back
-        self._wake = trio.Event()
+        self.bell = GrantBell() if bell is None else bell
         self._last_seen: Counter | None = None
         #: The highest counter value seen from etcd in this process.
         self._highest_seen = 0
@@ -125,12 +151,7 @@ class LeaseKeeper:
 
     def poke(self) -> None:
         """A grant happened: look again whether a lease is wanted."""
-        self._wake.set()
-
-    def applied(self, offset: int, record: Record) -> None:
-        """An observer of the quorum controller: each grant pokes (:meth:`poke`)."""
-        if isinstance(record, ProducerIdsGranted):
-            self.poke()
+        self.bell.ring()
 
     def wanted(self) -> bool:
         return self.quorum.state.leases.wants_lease(self.lease_size, self.prefetch_ratio)
@@ -141,9 +162,9 @@ class LeaseKeeper:
         out_since: float | None = None
         while True:
             if not self.wanted():
-                self._wake = trio.Event()
+                self.bell.rearm()
                 if not self.wanted():
-                    await self._wake.wait()
+                    await self.bell.wait()
                 continue
             try:
                 await self.take_lease()

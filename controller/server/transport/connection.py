@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import trio
@@ -40,11 +40,9 @@ from pidctl.controller.server.security.sasl_session import SaslSession
 from pidctl.controller.server.telemetry.metrics import Metrics, api_name
 from pidctl.controller.server.transport.hangups import Hangups
 from pidctl.controller.server.transport.outbox import (
-    Durability,
     Outbox,
     SocketWriter,
     StreamWriter,
-    Timings,
 )
 from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
@@ -135,7 +133,8 @@ class ConnectionTasks:
     def __init__(
         self,
         controller: Controller,
-        log: Durability,
+        writer: SocketWriter,
+        stream_writer: StreamWriter,
         quotas: Quotas,
         metrics: Metrics,
         credentials: Callable[[], CredentialStore],
@@ -146,9 +145,10 @@ class ConnectionTasks:
     ) -> None:
         """``poller``: runs the rounds of idle plain-TCP connections (see poller.py) once
         :meth:`poll` runs; None (where there is no epoll, say) and every connection reads in
-        its own task."""
+        its own task. ``writer`` and ``stream_writer``: the writers, one per transport:
+        plain TCP's (what the purgatory releases after each commit), TLS's (awaited by the
+        connection's task)."""
         self.controller = controller
-        self.log = log
         self.quotas = quotas
         self.metrics = metrics
         self.credentials = credentials
@@ -159,12 +159,9 @@ class ConnectionTasks:
         self._stopped = False
         # Metric children, resolved once: labels() costs a lock and a dict lookup per call.
         self._answered: dict[tuple[str, int], Any] = {}
-        self._latency: dict[str, Any] = {}
         self._created: dict[str, Any] = {}  # pidctl_producer_ids_created_total by principal
-        #: The writers, one per transport: plain TCP's (what the purgatory releases after
-        #: each commit), TLS's (awaited by the connection's task).
-        self.writer = SocketWriter(log, self._sent)
-        self.stream_writer = StreamWriter(log, self._sent)
+        self.writer: Final[SocketWriter] = writer
+        self.stream_writer: Final[StreamWriter] = stream_writer
         self.poller = poller
         metrics.connections_polled.set_function(lambda: 0 if poller is None else len(poller))
         #: Mutes throttled connections, ending a mute when its client hangs up.
@@ -723,21 +720,6 @@ class ConnectionTasks:
             self._go_on(connection, info, room, decided)
         return info
 
-    def _sent(self, size: int, timings: Timings) -> None:
-        self.metrics.bytes_sent.inc(size)
-        if timings:
-            sent = time.perf_counter()
-            # The answers of one round share their API and receipt (a run's, one timing):
-            # each such stretch is observed at once.
-            count, last = 0, timings[0]
-            for timing in timings:
-                if timing is last or timing == last:
-                    count += 1
-                    continue
-                self._latency_of(last[0]).observe(sent - last[1], count)
-                count, last = 1, timing
-            self._latency_of(last[0]).observe(sent - last[1], count)
-
     def _new_producer_ids(self, principal: str, count: int) -> float:
         """Count producer ids created for ``principal``; the throttle their quota asks for
         (``producer_ids_rate``), or 0."""
@@ -756,12 +738,6 @@ class ConnectionTasks:
     def _throttled(self, api: str, seconds: float) -> None:
         self.metrics.throttled.labels(api).inc()
         self.metrics.throttle_seconds.labels(api).inc(seconds)
-
-    def _latency_of(self, api: str) -> Any:
-        child = self._latency.get(api)
-        if child is None:
-            child = self._latency[api] = self.metrics.latency.labels(api)
-        return child
 
     def _count(self, api: str, version: int, body: object) -> None:
         self._tally(api, version, getattr(body, "error_code", 0), 1)

@@ -28,7 +28,7 @@ import trio
 from pidctl.controller.api.purgatory import Purgatory, Timings
 from pidctl.controller.server.transport.socket_io import SocketIO, StreamIO
 
-__all__ = ["Durability", "Outbox", "SocketWriter", "StreamWriter", "Timings"]
+__all__ = ["Durability", "OnSent", "Outbox", "SocketWriter", "StreamWriter", "Timings"]
 
 #: Told of every write: its bytes, and the timings of the answers it finished.
 OnSent = Callable[[int, Timings], None]

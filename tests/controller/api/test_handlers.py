@@ -16,6 +16,7 @@ from kio.schema.find_coordinator.v4 import FindCoordinatorRequest
 from kio.static.primitive import i8
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.api.pool_grants import for_pool
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.acl import Acl, Authorizer
 from pidctl.controller.core.producer_ids import ProducerIdRange
@@ -44,8 +45,12 @@ class MemoryLog:
 def _controller(
     authorizer: Authorizer | None = None, log: MemoryLog | None = None, **limits: int
 ) -> Controller:
-    quorum = QuorumController(ControllerState(), MemoryLog() if log is None else log)
-    controller = Controller(quorum, authorizer=authorizer, limits=RequestLimits(**limits))
+    state = ControllerState()
+    pool_grants = for_pool(state)
+    quorum = QuorumController(state, MemoryLog() if log is None else log, (pool_grants.applied,))
+    controller = Controller(
+        quorum, pool_grants=pool_grants, authorizer=authorizer, limits=RequestLimits(**limits)
+    )
     quorum.apply(quorum.state.cluster.create_cluster("c", 1), NOW)
     return controller
 

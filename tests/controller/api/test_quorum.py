@@ -3,6 +3,8 @@ them; what it answers with; snapshots taken at an instant. Against an in-memory 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from pidctl.controller.api.quorum import Now, QuorumController
@@ -32,9 +34,13 @@ class MemoryLog:
         return decoded.offset
 
 
-def _quorum() -> tuple[QuorumController, MemoryLog]:
+def _quorum(
+    *observers: Callable[[int, Record], None],
+) -> tuple[QuorumController, MemoryLog]:
+    """A quorum controller over a log in memory, with records up to offset 1 (the
+    ``observers`` see them too)."""
     log = MemoryLog()
-    quorum = QuorumController(ControllerState(), log)
+    quorum = QuorumController(ControllerState(), log, observers)
     quorum.apply(quorum.state.cluster.create_cluster("c", 1), NOW)
     # Producer ids 0-999, for the transactional ids below (a record may use only those).
     quorum.apply(ControllerResult((ProducerIdsGranted(1, -1, 0, 1000, holder="test"),), None), NOW)
@@ -46,9 +52,9 @@ def _updated(transactional_id: str, producer_id: int) -> TransactionalIdUpdated:
 
 
 def test_records_are_replayed_appended_and_observed_in_order() -> None:
-    quorum, log = _quorum()
     seen: list[tuple[int, Record]] = []
-    quorum.observers.append(lambda offset, record: seen.append((offset, record)))
+    quorum, log = _quorum(lambda offset, record: seen.append((offset, record)))
+    del seen[:2]  # the records up to offset 1
     records = (_updated("a", 1), _updated("b", 2))
     response, offset = quorum.apply(ControllerResult(records, "answer"), NOW)
     assert (response, offset) == ("answer", 3)
@@ -66,13 +72,13 @@ def test_a_result_without_records_waits_for_everything_decided_before() -> None:
 
 
 def test_a_record_too_large_to_read_back_changes_nothing() -> None:
-    quorum, log = _quorum()
+    seen: list[int] = []
+    quorum, log = _quorum(lambda offset, record: seen.append(offset))
     transactions = quorum.state.transactions
     quorum.apply(transactions.init_idempotent(), NOW)  # the pool gets a block
     assert transactions.pool.remaining > 0
     before, written = quorum.state.copy(), list(log.entries)
-    seen: list[int] = []
-    quorum.observers.append(lambda offset, record: seen.append(offset))
+    seen.clear()
     records = (_updated("fits", 5), _updated("x" * (MAX_RECORD_BYTES + 1), 6))
     with pytest.raises(RecordTooLarge):
         quorum.apply(ControllerResult(records, None), NOW)

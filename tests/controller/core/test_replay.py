@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.pool_grants import PoolGrants, for_pool
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.jobs import JobKey
 from pidctl.controller.core.logformat import scan_segment
@@ -75,8 +76,10 @@ def _request(body: object, supported: object, client_id: str = "prop") -> object
     return decode_request(encoded[4:], supported)  # type: ignore[arg-type]
 
 
-def drive(quorum: QuorumController, ops: list[tuple[str, int, object]]) -> None:
-    controller = Controller(quorum)
+def drive(
+    quorum: QuorumController, pool_grants: PoolGrants, ops: list[tuple[str, int, object]]
+) -> None:
+    controller = Controller(quorum, pool_grants=pool_grants)
     clock = 0
     conn = ConnectionInfo()
     for kind, a, b in ops:
@@ -138,15 +141,16 @@ def _init_transactional(controller: Controller, transactional_id: str, mode: int
     )
 
 
-def _fresh_quorum(sink: object) -> QuorumController:
+def _fresh_quorum(sink: object) -> tuple[QuorumController, PoolGrants]:
     state = ControllerState().configure(
         transactional_id_expiration_ms=10_000,
         job_allocation_reuse_ms=10_000,
         job_allocation_expiration_ms=20_000,
     )
-    quorum = QuorumController(state, sink)  # type: ignore[arg-type]
+    pool_grants = for_pool(state)
+    quorum = QuorumController(state, sink, (pool_grants.applied,))  # type: ignore[arg-type]
     quorum.apply(state.cluster.create_cluster(CLUSTER, 1), Now(0, 0))
-    return quorum
+    return quorum, pool_grants
 
 
 @given(ops=st.lists(operation, max_size=60), cut=st.integers(0, 200))
@@ -154,8 +158,8 @@ def test_replay_from_scratch_and_from_any_snapshot(
     ops: list[tuple[str, int, object]], cut: int
 ) -> None:
     sink = ListSink()
-    quorum = _fresh_quorum(sink)
-    drive(quorum, ops)
+    quorum, pool_grants = _fresh_quorum(sink)
+    drive(quorum, pool_grants, ops)
 
     replayed = ControllerState()
     for offset, record in sink.entries:
@@ -185,11 +189,11 @@ def test_replay_through_real_files_with_snapshots(
             metalog = MetadataLog(
                 data_dir, 0, 0, lambda: quorum.snapshot(), snapshot_interval_records=interval
             )
-            quorum = _fresh_quorum(metalog)
+            quorum, pool_grants = _fresh_quorum(metalog)
             async with trio.open_nursery() as nursery:
                 await nursery.start(metalog.run)
                 for index, op in enumerate(ops):
-                    drive(quorum, [op])
+                    drive(quorum, pool_grants, [op])
                     # Vary the group-commit batches: sometimes wait for the disk, sometimes not.
                     if index % 3 == 0:
                         await metalog.flush()

@@ -171,7 +171,7 @@ async def test_a_commit_nobody_waits_for_runs_in_the_thread_however_quick_the_di
         with trio.fail_after(10):
             while metalog.durable_end <= unawaited:  # nobody waits: the thread
                 await trio.sleep(0.001)
-        metalog.awaited(next_record())  # an answer held for it: on the loop
+        metalog.durable.awaited(next_record())  # an answer held for it: on the loop
         await metalog.wait_durable(metalog.end_offset - 1)
         nursery.cancel_scope.cancel()
     assert where == [False, True, False]

@@ -16,17 +16,21 @@ import trio.testing
 from kio.static.protocol import RequestPayload
 
 from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.api.pool_grants import for_pool
 from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import Record
 from pidctl.controller.core.state import ControllerState
+from pidctl.controller.log.durable import DurableOffsets
 from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.admission import standard_socket
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
+from pidctl.controller.server.transport.outbox import SocketWriter, StreamWriter
 from pidctl.controller.server.transport.poller import Poller, available
+from pidctl.controller.server.transport.sent import AnswersSent
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
 
@@ -198,11 +202,15 @@ async def serving(
 ) -> AsyncIterator[Served]:
     """See :class:`Served`."""
     state = ControllerState()
-    servers: list[ConnectionTasks] = []
+    metrics = Metrics()
+    # Wired as server/app.py wires them: what the log tells is built before the log.
+    durable = DurableOffsets(0)
+    sent = AnswersSent(metrics)
+    writer = SocketWriter(durable, sent.sent)
 
     class Committed(CommitListener):
         def committed(self, durable_end: int) -> None:
-            servers[0].writer.release(durable_end)
+            writer.release(durable_end)
 
     quorum: QuorumController
     # Under trio's mock clock every commit stays on the loop: the clock would jump while the
@@ -215,26 +223,30 @@ async def serving(
         lambda: quorum.snapshot(),
         listener=Committed(),
         inline_sync_max_s=math.inf if mock_clock else DEFAULT_INLINE_SYNC_MAX_S,
+        durable=durable,
     )
-    quorum = QuorumController(state, log)
-    controller = Controller(quorum, limits=request_limits)
+    records: list[Record] = []
+    pool_grants = for_pool(state)
+    quorum = QuorumController(
+        state, log, (pool_grants.applied, lambda offset, record: records.append(record))
+    )
+    controller = Controller(quorum, pool_grants=pool_grants, limits=request_limits)
     quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
-    metrics = Metrics()
+    records.clear()  # (those the test makes)
     store = credentials or CredentialStore()
     server = ConnectionTasks(
         controller,
-        log,
+        writer,
+        StreamWriter(durable, sent.sent),
         quotas or Quotas({}),
         metrics,
         lambda: store,
         connection_limits or limits(),
         poller=Poller() if available() else None,
     )
-    servers.append(server)
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
-        served = Served(server, controller, log, metrics, nursery, listener)
-        quorum.observers.append(lambda offset, record: served.records.append(record))
+        served = Served(server, controller, log, metrics, nursery, listener, records)
         await nursery.start(server.writer.run)
         nursery.start_soon(server.watch)
         nursery.start_soon(server.poll)

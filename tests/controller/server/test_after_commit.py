@@ -15,11 +15,12 @@ import structlog
 
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.log.datadir import StorageFailed
+from pidctl.controller.log.durable import DurableOffsets
 from pidctl.controller.server.after_commit import AfterCommit
 from pidctl.controller.server.telemetry import logs
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.http import HttpEndpoint
-from pidctl.controller.server.transport.outbox import SocketWriter, Timings
+from pidctl.controller.server.transport.outbox import OnSent, SocketWriter, Timings
 from pidctl.controller.server.transport.socket_io import SocketIO
 
 
@@ -41,13 +42,21 @@ def granted(metrics: Metrics) -> float:
     return value or 0.0
 
 
+def after_commit(
+    metrics: Metrics, http: HttpEndpoint | None = None, sent: OnSent = lambda size, timings: None
+) -> AfterCommit:
+    """An after-commit listener whose writer writes for a log durable up to nothing yet."""
+    writer = SocketWriter(DurableOffsets(0), sent)
+    return AfterCommit(metrics, HttpEndpoint(metrics, 1) if http is None else http, writer)
+
+
 def lines(out: io.StringIO) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
 def test_a_grant_has_its_line_and_count_once_its_commit_is_durable(audit: io.StringIO) -> None:
     metrics = Metrics()
-    after = AfterCommit(metrics, HttpEndpoint(metrics, 1))
+    after = after_commit(metrics)
     after.applied(5, grant(0))
     after.applied(6, grant(1000))
     assert granted(metrics) == 0 and lines(audit) == []
@@ -65,19 +74,12 @@ def test_the_audit_lines_come_before_the_answers_are_sent(audit: io.StringIO) ->
     """An answer held for the grant's commit, written to a real socket: when it is sent,
     the grant's audit line is written already."""
     metrics = Metrics()
-    after = AfterCommit(metrics, HttpEndpoint(metrics, 1))
     seen: list[tuple[str, int]] = []
-
-    class NoLog:
-        durable_end = 0
-
-        def awaited(self, offset: int) -> None:
-            pass
 
     def sent(size: int, timings: Timings) -> None:
         seen.append(("sent", len(lines(audit))))
 
-    after.writer = SocketWriter(NoLog(), sent)  # type: ignore[arg-type]
+    after = after_commit(metrics, sent=sent)
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.setblocking(False)
@@ -94,7 +96,7 @@ def test_a_storage_failure_makes_the_server_not_ready(tmp_path: Path) -> None:
     metrics = Metrics()
     http = HttpEndpoint(metrics, 1)
     http.ready = True
-    after = AfterCommit(metrics, http)
+    after = after_commit(metrics, http)
     after.applied(0, grant(0))
     after.storage_failed(StorageFailed(tmp_path / "0.log", "fdatasync", OSError(5, "EIO")))
     assert not http.ready and granted(metrics) == 0
@@ -107,7 +109,7 @@ def test_an_audit_trail_floor_above_its_bytes_is_shown_and_said_not_failed(
     is a gauge and an error line (once, not per snapshot), and /readyz stays up."""
     metrics = Metrics()
     http = HttpEndpoint(metrics, 1)
-    after = AfterCommit(metrics, http)
+    after = after_commit(metrics, http)
     after.audit_trail_kept(500, 1000)
     assert lines(audit) == []
     after.audit_trail_kept(5000, 1000)

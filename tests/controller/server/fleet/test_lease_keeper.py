@@ -34,6 +34,7 @@ from pidctl.controller.server.fleet.lease_keeper import (
     RETRY_MAX_S,
     RETRY_MIN_S,
     CounterWentBack,
+    GrantBell,
     LeaseKeeper,
 )
 from pidctl.controller.server.transport.connection import now
@@ -331,3 +332,31 @@ def _failures(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, 
 
 def _events(logs: list[MutableMapping[str, Any]], start: str) -> list[MutableMapping[str, Any]]:
     return [e for e in logs if str(e["event"]).startswith(start)]
+
+
+async def test_the_bell_rings_for_a_grant_the_quorum_controller_applies() -> None:
+    """The keeper's bell is an observer of the quorum controller: a grant rings it, another
+    record does not; rearmed, it waits for the next grant."""
+    bell = GrantBell()
+    state = ControllerState()
+    quorum = QuorumController(state, _MemoryLog(), (bell.applied,))
+    quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
+    with trio.move_on_after(0.05) as waited:
+        await bell.wait()
+    assert waited.cancelled_caught  # no grant yet
+    quorum.apply(state.producer_ids.allocate_for_job(principal="User:a", client_id=None), now())
+    with trio.fail_after(ANSWER_BOUND_S):
+        await bell.wait()
+    bell.rearm()
+    with trio.move_on_after(0.05) as waited:
+        await bell.wait()
+    assert waited.cancelled_caught
+
+
+class _MemoryLog:
+    def __init__(self) -> None:
+        self.entries: list[bytes] = []
+
+    def append_entry(self, entry: bytes) -> int:
+        self.entries.append(entry)
+        return len(self.entries) - 1

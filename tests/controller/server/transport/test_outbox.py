@@ -72,7 +72,7 @@ async def setup(tmp_path: Path, tcp_pair: TcpPair) -> AsyncIterator[Setup]:
 
     log = MetadataLog(tmp_path, 0, 0, lambda: state.copy().snapshot_records, listener=Committed())
     sent: list[tuple[int, Timings]] = []
-    writer = SocketWriter(log, lambda size, timings: sent.append((size, timings)))
+    writer = SocketWriter(log.durable, lambda size, timings: sent.append((size, timings)))
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await nursery.start(log.run)
@@ -182,7 +182,8 @@ async def test_a_tls_connections_answers_leave_by_its_own_writer(setup: Setup) -
     outbox = setup.writer.outbox(StreamIO(server))
     # Each write with the log's durable end at the time.
     written: list[tuple[int, Timings, int]] = []
-    tls = StreamWriter(setup.log, lambda n, t: written.append((n, t, setup.log.durable_end)))
+    durable = setup.log.durable
+    tls = StreamWriter(durable, lambda n, t: written.append((n, t, durable.durable_end)))
     offset = setup.append()
     with trio.fail_after(10):
         await tls.write(outbox, offset, b"first", [])
