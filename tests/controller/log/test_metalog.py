@@ -324,7 +324,7 @@ async def test_snapshots_are_spaced_by_the_minimum_interval_however_fast_records
                 state.replay(append(metalog, record), record)
             await metalog.flush()
             with trio.fail_after(30):  # (a snapshot due is written before the next one)
-                while metalog._snapshot_running:
+                while metalog.snapshots.running:
                     await trio.sleep(0.001)
         nursery.cancel_scope.cancel()
     assert len(sizes) == expected
