@@ -230,8 +230,8 @@ class Controller:
         self._pool_grants = pool_grants
         self.on_no_producer_id = on_no_producer_id or _told_nobody
         #: Why grants are paused now, or None: the data dir's filesystem is nearly full
-        #: (``server/app.py`` watches it), and a grant's record could meet ENOSPC, which
-        #: stops the server. Meanwhile InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS
+        #: (``server/free_space.py`` watches it), and a grant's record could meet ENOSPC,
+        #: which stops the server. Meanwhile InitProducerId is answered COORDINATOR_LOAD_IN_PROGRESS
         #: and AllocateProducerIds KAFKA_STORAGE_ERROR (both retried by clients and
         #: brokers), and nothing is written.
         self.paused: str | None = None

@@ -5,10 +5,10 @@ A manager decides and returns a :class:`~pidctl.controller.core.result.Controlle
 :meth:`QuorumController.apply` replays its records onto the managers (which checks every
 invariant first, so a record that would corrupt the log fails before it is appended) and
 appends them to the log's buffer, which never waits. Whoever writes records goes through
-here: the API handlers (``handlers.py``), start-up's bootstrap records and the periodic
-expiries (``server/app.py``), the lease keeper, ``pidctl import-zk``. Snapshots are taken
-here too, at an instant between two decisions. Decisions run one at a time on the event
-loop, so nothing needs a lock.
+here: the API handlers (``handlers.py``), start-up's bootstrap records
+(``server/startup.py``) and the periodic expiries (``server/expiry.py``), the lease keeper,
+``pidctl import-zk``. Snapshots are taken here too, at an instant between two decisions.
+Decisions run one at a time on the event loop, so nothing needs a lock.
 """
 
 from __future__ import annotations
@@ -99,9 +99,8 @@ class QuorumController:
         return result.response, state.next_offset - 1
 
     def snapshot(self) -> Callable[[], Iterator[tuple[int, Record]]]:
-        """What the log needs for a snapshot at this instant: a copy taken at once, its
-        records (every manager's, ``ControllerState.snapshot_records``) made later."""
-        return self.state.copy().snapshot_records
+        """What the log needs for a snapshot at this instant (:func:`snapshot_of`)."""
+        return snapshot_of(self.state)
 
     def expire_transactional_ids(
         self, now: Now, limit: int = DEFAULT_EXPIRY_BATCH
@@ -119,3 +118,9 @@ class QuorumController:
         then); return how many, and the offset to wait for (fewer than ``limit``: none is
         left to expire)."""
         return self.apply(self.state.jobs.expire(now.wall_ms, now.mono_ms, limit), now)
+
+
+def snapshot_of(state: ControllerState) -> Callable[[], Iterator[tuple[int, Record]]]:
+    """What the log needs for a snapshot of ``state`` at this instant: a copy taken at once,
+    its records (every manager's, ``ControllerState.snapshot_records``) made later."""
+    return state.copy().snapshot_records

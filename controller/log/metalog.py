@@ -167,7 +167,7 @@ class MetadataLog:
         self._listener = listener or CommitListener()
         self._fail_stop = FailStop(self._listener.storage_failed)
         #: Called just before a commit takes the pending records (not while shutting down):
-        #: the server's decision (``server/app.py``), the log's writer only calls it.
+        #: the server's decision (``server/rooms.py``), the log's writer only calls it.
         self._before_commit = before_commit
         self._pending: list[bytes] = []
         self._pending_event = trio.Event()

@@ -101,7 +101,7 @@ class Poller:
         """One pass, without waiting: call the round of every parked connection readable
         now (at most ``events_per_pass``); how many were. Also called by the log's writer
         just before a commit, so that requests already received join it
-        (``MetadataLog``'s ``before_commit``, as ``server/app.py`` decides)."""
+        (``MetadataLog``'s ``before_commit``, as ``server/rooms.py`` decides)."""
         if self._closed:
             return 0
         ready = self._epoll.poll(0, self._events_per_pass)
