@@ -1,0 +1,61 @@
+"""The rooms built over a real recovered data dir, as ``pidctl serve`` builds them: a grant
+the controller decides reaches the after-commit listener once its commit is durable (the
+quorum controller's observers and the log's listener handed in at construction); a data
+dir that leased from etcd is refused without pid_source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from pidctl.controller.core.acl import Authorizer
+from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.log.formatting import format_data_dir
+from pidctl.controller.server.rooms import PidSourceMismatch, build_rooms
+from pidctl.controller.server.security.sasl import CredentialStore
+from pidctl.controller.server.startup import recover_state
+from pidctl.controller.server.telemetry.metrics import Metrics
+from pidctl.controller.server.transport.connection import now
+from pidctl.controller.server.transport.http import HttpEndpoint
+from pidctl.controller.settings import Settings
+
+
+async def test_a_grant_is_told_after_its_commit(tmp_path: Path) -> None:
+    format_data_dir(tmp_path, "cluster-a", 1, 0)
+    settings = Settings(data_dir=tmp_path)
+    metrics = Metrics()
+    http = HttpEndpoint(metrics, 1)
+    state, recovery = await recover_state(tmp_path, settings, metrics, http)
+    store = CredentialStore()
+    rooms = build_rooms(
+        settings, state, recovery, metrics, http, Quotas({}), Authorizer(), lambda: store
+    )
+    assert rooms.lease_keeper is None  # no pid_source
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rooms.metalog.run)
+        manager = state.producer_ids
+        _, offset = rooms.quorum.apply(
+            manager.allocate_for_job(principal="User:a", client_id=None), now()
+        )
+        granted = "pidctl_producer_id_blocks_granted_total"
+        labels = {"holder": "job", "broker": "-1"}
+        assert metrics.registry.get_sample_value(granted, labels) is None  # not durable yet
+        await rooms.metalog.wait_durable(offset)
+        assert metrics.registry.get_sample_value(granted, labels) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_data_dir_that_leased_is_refused_without_pid_source(tmp_path: Path) -> None:
+    format_data_dir(tmp_path, "cluster-a", 1, 0)
+    settings = Settings(data_dir=tmp_path)
+    metrics = Metrics()
+    http = HttpEndpoint(metrics, 1)
+    state, recovery = await recover_state(tmp_path, settings, metrics, http)
+    state.leases.lease_mode = True  # (as a lease record leaves it)
+    store = CredentialStore()
+    with pytest.raises(PidSourceMismatch):
+        build_rooms(
+            settings, state, recovery, metrics, http, Quotas({}), Authorizer(), lambda: store
+        )
