@@ -309,7 +309,7 @@ class MetadataLog:
         # (Nobody waits for this batch when nobody waits past what is durable already.)
         in_thread = self._sync_place.in_thread_for(awaited=self.durable.waited_on())
         preallocation = self._preallocation
-        if self._size + len(data) > preallocation.allocated:
+        if self._size + len(data) > preallocation.allocated and preallocation.running is not None:
             await preallocation.wait()  # (the batch is taken: it must be written)
         started = trio.current_time()
         # Not cancellable: a sync in progress must finish before anyone is told the outcome.
@@ -322,7 +322,8 @@ class MetadataLog:
             preallocation.allocated = max(preallocation.allocated, size)
             self._sync_place.after(took)
             self._after_batch(len(batch), len(data), took, in_thread, batch_end)
-            await self._reservations.lower(disk)
+            if self._reservations.lowered():
+                await self._reservations.lower(disk)
             if snapshot is not None and snapshots is not None:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
                 # (Rolls are rare: a worker thread of trio's, as the snapshots.)

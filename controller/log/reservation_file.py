@@ -89,12 +89,17 @@ class ReservationFile:
             await trio.sleep(delay)
             delay = min(delay * 2, RESERVATION_RETRY_MAX_S)
 
+    def lowered(self) -> bool:
+        """Whether the records ask for less than the file holds (everything granted is
+        durable: a clean shutdown)."""
+        wanted, reserved = self.wanted, self.reserved
+        return wanted is not None and reserved is not None and wanted < reserved
+
     async def lower(self, disk: DiskThread) -> None:
-        """After a commit: a lower reservation asked for (everything granted is durable) is
-        written, in the log's thread."""
-        lowered = self.wanted
-        if lowered is not None and self.reserved is not None and lowered < self.reserved:
-            await self._reserve(lowered, disk, in_thread=True)
+        """After a commit: the lower reservation asked for (:meth:`lowered`) is written, in
+        the log's thread."""
+        if self.wanted is not None:
+            await self._reserve(self.wanted, disk, in_thread=True)
 
     async def _reserve(self, value: int, disk: DiskThread, in_thread: bool) -> bool:
         """Write ``value`` to the reservation file (see :meth:`_write`); False if

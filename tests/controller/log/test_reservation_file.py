@@ -26,13 +26,14 @@ async def test_a_raise_is_written_before_and_a_lowering_after(tmp_path: Path, ma
         await reservations.raise_to_wanted(disk, sync_place)  # nothing asked: nothing written
         assert read_reservation(tmp_path) is None and reservations.reserved is None
         reservations.ask(5000)
-        await reservations.lower(disk)  # (a raise is not the lowering's)
+        assert not reservations.lowered()  # (a raise is not a lowering)
         assert read_reservation(tmp_path) is None
         await reservations.raise_to_wanted(disk, sync_place)
         assert read_reservation(tmp_path) == reservations.reserved == 5000
         reservations.ask(3000)
         await reservations.raise_to_wanted(disk, sync_place)  # (lower: not before)
         assert read_reservation(tmp_path) == 5000
+        assert reservations.lowered()
         await reservations.lower(disk)
         assert read_reservation(tmp_path) == reservations.reserved == 3000
         assert told == []
