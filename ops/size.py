@@ -30,7 +30,6 @@ MAX_REQUEST_PATH_CLASS_LINES = 300
 #: is split (lowered as they shrink, never raised).
 OVER_THE_GOAL: dict[str, int] = {
     "controller/server/transport/connection.py:ConnectionTasks": 648,
-    "controller/api/handlers.py:Controller": 608,
     "controller/log/metalog.py:MetadataLog": 494,
     "controller/server/app.py:PidctlServer": 491,
 }

@@ -30,7 +30,9 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller, IdempotentRun, InitAnswer
+from pidctl.controller.api.access import ConnectionInfo
+from pidctl.controller.api.handlers import Controller
+from pidctl.controller.api.init_producer_id import IdempotentRun, InitAnswer
 from pidctl.controller.api.quorum import Now
 from pidctl.controller.api.responses import NO_WAIT, QUOTA_REFUSALS
 from pidctl.controller.core.producer_ids import Block
@@ -487,15 +489,15 @@ class ConnectionTasks:
         received: float,
     ) -> int:
         """Decide and answer an InitProducerId (read by ``struct`` or kio; not an idempotent
-        run's): the controller's :meth:`Controller.init_producer_id`, unless its quota
-        refuses it first."""
+        run's): :meth:`InitProducerIdHandler.init_producer_id`, unless its quota refuses it
+        first."""
         version, correlation_id = request.api_version, request.correlation_id
         client_id = request.client_id
         refused = self._refusal(_INIT_PRODUCER_ID, _INIT_PRODUCER_ID_KEY, client_id, True, info)
         if refused:
             answer = _OVER_QUOTA_INIT
         else:
-            answer = self.controller.init_producer_id(request, decided_at, info)
+            answer = self.controller.inits.init_producer_id(request, decided_at, info)
         error = answer.error
         delay = self._accounted(
             _INIT_PRODUCER_ID,
@@ -530,8 +532,8 @@ class ConnectionTasks:
         received: float,
     ) -> int:
         """Decide and answer a run of idempotent InitProducerIds (one version, their
-        correlation ids in order): the controller's :meth:`Controller.init_idempotent_run`.
-        A run of one (every run while a quota or the request log needs each request alone)
+        correlation ids in order): :meth:`InitProducerIdHandler.init_idempotent_run`. A run
+        of one (every run while a quota or the request log needs each request alone)
         is refused and accounted for as :meth:`_answer_init` does one; how many requests."""
         version, correlation_ids, frame = run
         count = len(correlation_ids)
@@ -543,7 +545,7 @@ class ConnectionTasks:
             if refused:
                 pids, error, offset = _OVER_QUOTA_RUN
             else:
-                pids, error, offset = self.controller.init_idempotent_run(1, decided_at, info)
+                pids, error, offset = self.controller.inits.init_idempotent_run(1, decided_at, info)
             granted = len(pids)
             delay = self._accounted(
                 _INIT_PRODUCER_ID,
@@ -566,7 +568,7 @@ class ConnectionTasks:
             decided.throttle = delay
             return 1
         # (Longer runs only without a quota or the request log: counted, never throttled.)
-        pids, error, offset = self.controller.init_idempotent_run(count, decided_at, info)
+        pids, error, offset = self.controller.inits.init_idempotent_run(count, decided_at, info)
         granted = len(pids)
         if granted < count:
             self._tally(_INIT_PRODUCER_ID, version, error, count - granted)
@@ -586,9 +588,9 @@ class ConnectionTasks:
         decided: _Round,
         received: float,
     ) -> int:
-        """Decide and answer an AllocateProducerIds (read by ``struct`` or kio): the
-        controller's :meth:`Controller.allocate_producer_ids`, unless its quota refuses it
-        first."""
+        """Decide and answer an AllocateProducerIds (read by ``struct`` or kio):
+        :meth:`AllocateProducerIdsHandler.allocate_producer_ids`, unless its quota refuses
+        it first."""
         client_id, correlation_id = request.client_id, request.correlation_id
         subject, creates = quota_subject(_ALLOCATE_PRODUCER_IDS_KEY, client_id, request)
         refused = self._refusal(
@@ -597,7 +599,7 @@ class ConnectionTasks:
         if refused:
             block, offset, created = _OVER_QUOTA_BLOCK, NO_WAIT, 0
         else:
-            block, offset, created = self.controller.allocate_producer_ids(
+            block, offset, created = self.controller.allocations.allocate_producer_ids(
                 request, decided_at, info
             )
         error = block.error
