@@ -195,6 +195,7 @@ async def serving(
     credentials: CredentialStore | None = None,
     request_limits: RequestLimits | None = None,
     start_log: bool = True,
+    log_requests: bool = False,
 ) -> AsyncIterator[Served]:
     """See :class:`Served`."""
     state = ControllerState()
@@ -228,6 +229,7 @@ async def serving(
         metrics,
         lambda: store,
         connection_limits or limits(),
+        log_requests=log_requests,
         poller=Poller() if available() else None,
     )
     servers.append(server)
