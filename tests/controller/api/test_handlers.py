@@ -466,3 +466,25 @@ def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
     block, _, _ = _allocate(controller, huge)
     assert block.error == 0
     assert max(len(entry) for entry in log.entries) < 600
+
+
+def test_the_authorizer_and_the_pause_set_on_the_controller_reach_every_handler() -> None:
+    """A reload sets ``Controller.authorizer`` and the disk watch ``Controller.paused``
+    (server/app.py): each handler, whichever module it is in, asks the new one."""
+    controller = _controller()
+    conn = ConnectionInfo(principal="User:p")
+    idempotent = InitRequested(5, 7, "t", None, 60_000, -1, -1)
+    assert controller.inits.init_producer_id(idempotent, NOW, conn).error == 0
+    controller.authorizer = Authorizer([], enabled=True)  # no ACL: nothing allowed
+    assert controller.access.authorizer is controller.authorizer
+    denied = ErrorCode.cluster_authorization_failed
+    assert controller.inits.init_producer_id(idempotent, NOW, conn).error == denied
+    assert controller.inits.init_idempotent_run(2, NOW, conn).error == denied
+    block, _, _ = _allocate(controller, None, "User:p", broker_id=1)
+    assert block.error == denied
+    assert _handle(controller, requests.describe_cluster(), "User:p").error_code == denied
+    controller.authorizer = Authorizer()
+    controller.paused = "1.0 MiB free"
+    assert controller.access.paused == "1.0 MiB free"
+    paused = controller.inits.init_producer_id(idempotent, NOW, conn)
+    assert paused.error == ErrorCode.coordinator_load_in_progress
