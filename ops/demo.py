@@ -14,7 +14,7 @@ Starts everything it needs on loopback, on free ports, and stops it all at the e
 then, for each sink, creates a fresh topic and submits the same job
 (``ops/spark/examples/kafka_write.py``: ``--rows`` rows, each its unique id, in 4 Spark
 partitions into 4 Kafka partitions), SIGKILLs the executor JVMs once a tenth of the rows are
-in Kafka (every task then running is mid-write; Spark retries them on the executors its
+in Kafka and a task is mid-write (Spark retries the killed tasks on the executors its
 workers start again), and counts the topic's rows by id with a consumer. Prints the two
 counts side by side. A few minutes on a laptop; more on a busy machine.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from ops.testing.kafka import KafkaNode
 from ops.testing.serverproc import ServerProcess
 from ops.testing.spark_cluster import SparkCluster
-from ops.testing.spark_kafka_faults import FaultRun, KafkaFaults
+from ops.testing.spark_kafka_faults import MIN_ROWS, FaultRun, KafkaFaults
 
 #: The first PID of the demo's pidctl: docs/spark-kafka.md's range for a pidctl serving jobs.
 SAFE_FIRST_PRODUCER_ID = 2**62
@@ -80,8 +80,15 @@ def main(argv: list[str] | None = None) -> list[FaultRun]:
     parser = argparse.ArgumentParser(
         prog="ops/dev.sh demo", description=__doc__.splitlines()[0], epilog=__doc__
     )
-    parser.add_argument("--rows", type=int, default=20_000, help="rows per job (default 20000)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=20_000,
+        help=f"rows per job (default 20000, at least {MIN_ROWS})",
+    )
     args = parser.parse_args(argv)
+    if args.rows < MIN_ROWS:
+        parser.error(f"--rows {args.rows}: at least {MIN_ROWS}, so each task writes two batches")
     with tempfile.TemporaryDirectory(prefix="pidctl-demo-") as tmp:
         say("starting Apache Kafka (one KRaft node) ...")
         with KafkaNode() as kafka:

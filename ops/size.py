@@ -28,10 +28,7 @@ from ops.compiled import COMPILED, PACKAGES, ROOT
 MAX_REQUEST_PATH_CLASS_LINES = 300
 #: Request-path classes still above the goal, and the most lines each may have until it
 #: is split (lowered as they shrink, never raised).
-OVER_THE_GOAL: dict[str, int] = {
-    "controller/server/transport/connection.py:ConnectionTasks": 648,
-    "controller/api/handlers.py:Controller": 608,
-}
+OVER_THE_GOAL: dict[str, int] = {}
 
 
 @dataclass(frozen=True, slots=True)

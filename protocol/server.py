@@ -299,7 +299,7 @@ class ServerConnection:
     def _decode(self, frame: bytes) -> Event:
         try:
             request = decode_request(frame, self.supported, self.max_entries)
-        # (A name per clause: compiled, each name has one type in the whole function.)
+        # (A name per clause: compiled rule 3.)
         except UnsupportedApiVersionsVersion as unsupported:
             return AnswerReady(unsupported.header, unsupported_version_response(self.supported))
         except TooManyEntries as too_many:

@@ -16,7 +16,7 @@ and recorded beside the grant. Per app id only the latest version is kept.
 An app id is owned, as a resource: the principal that records its first version owns it
 (the record names it), and only it is answered the app id's blocks or may record a newer
 version; anyone else is refused TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as a principal
-without an ACL for it is (``api/handlers.py`` checks the ACL: Write on the ``AppId``
+without an ACL for it is (``api/allocate_producer_ids.py`` checks the ACL: Write on the ``AppId``
 resource). :meth:`JobAllocationManager.refusal` is that check, for any request naming an
 app id. An app id no longer than ``max_app_id_bytes``, and at most
 ``max_app_ids_per_principal`` of them per owner (POLICY_VIOLATION, nothing recorded).

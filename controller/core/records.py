@@ -351,8 +351,7 @@ Record = (
 )
 
 #: Each record type's stable numeric id (the frame's type byte): a record's class is its
-#: type, and this table its number (not a class attribute: compiled, a dataclass's class
-#: variables would become fields).
+#: type, and this table its number (not a class attribute: compiled rule 2).
 RECORD_TYPES: dict[int, type[Record]] = {
     1: ClusterCreated,
     2: BrokerRegistered,

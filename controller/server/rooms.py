@@ -37,12 +37,12 @@ from pidctl.controller.server.refusals import Refusals
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.alarms import Alarm
 from pidctl.controller.server.telemetry.metrics import Metrics, StateView
+from pidctl.controller.server.transport.accounting import Accounting
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.server.transport.outbox import SocketWriter, StreamWriter
 from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.poller import available as poller_available
-from pidctl.controller.server.transport.sent import AnswersSent
 from pidctl.controller.settings import Settings
 
 log = structlog.get_logger("pidctl.server")
@@ -94,8 +94,8 @@ def build_rooms(
     # Built before the log, which tells the after-commit listener, which has the writer
     # write what each commit releases: the writers read the log's durable end here.
     durable = DurableOffsets(state.next_offset)
-    sent = AnswersSent(metrics)
-    writer = SocketWriter(durable, sent.sent)
+    accounting = Accounting(quotas, metrics, log_requests=settings.log_level == "debug")
+    writer = SocketWriter(durable, accounting.sent)
     after_commit = AfterCommit(metrics, http, writer)
     metalog = _metadata_log(settings, state, recovery, after_commit, durable, poller)
     metrics.snapshot_bytes.set(metalog.snapshot_size)  # the one on disk, if any
@@ -127,13 +127,12 @@ def build_rooms(
     metrics.state_view = _state_view(state)
     connections = ConnectionTasks(
         controller,
+        accounting,
         writer,
-        StreamWriter(durable, sent.sent),
-        quotas,
+        StreamWriter(durable, accounting.sent),
         metrics,
         credentials,
         _connection_limits(settings),
-        log_requests=settings.log_level == "debug",
         poller=poller,
     )
     free_space = FreeSpaceWatch(

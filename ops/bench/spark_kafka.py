@@ -328,17 +328,31 @@ def started(server: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the cluster job")
     parser.add_argument("--partitions", type=int, default=8, help="its Spark partitions")
     parser.add_argument("--topic-partitions", type=int, default=6, help="its Kafka partitions")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of both sinks")
-    parser.add_argument("--wide-partitions", type=int, default=1000)
-    parser.add_argument("--wide-topic-partitions", type=int, default=4)
+    parser.add_argument(
+        "--wide-partitions",
+        type=int,
+        default=1000,
+        help="Spark partitions of the broker-state job (0: skip it)",
+    )
+    parser.add_argument(
+        "--wide-topic-partitions", type=int, default=4, help="Kafka partitions of that job"
+    )
     parser.add_argument("--faults", action="store_true", help="also the fault comparison")
-    parser.add_argument("--fault-list", default=",".join(FAULTS), help="faults to run")
-    parser.add_argument("--fault-sinks", default=",".join(SINKS), help="sinks under faults")
-    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument(
+        "--fault-list", default=",".join(FAULTS), help="faults to run, comma-separated"
+    )
+    parser.add_argument(
+        "--fault-sinks", default=",".join(SINKS), help="sinks under faults, comma-separated"
+    )
+    parser.add_argument("--skip-throughput", action="store_true", help="skip the throughput rounds")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"value_bytes": VALUE_BYTES}
     with (

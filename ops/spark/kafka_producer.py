@@ -323,8 +323,12 @@ class TaskProducer:
         return placed
 
     def partition_count(self, topic: str) -> int:
-        """The topic's partitions: as the job saw them first, and still so."""
-        now = self.cluster.layout(topic).partitions
+        """The topic's partitions: as the job saw them first, and still so (a task's first
+        Metadata waits out an unreachable cluster within the delivery timeout, as its later
+        questions do)."""
+        known = self.cluster.topics.get(topic)
+        layout = known if known else self._retrying(lambda: self.cluster.layout(topic))
+        now = layout.partitions
         pinned = self.topic_partitions.setdefault(topic, now)
         if now != pinned:
             raise RowsDiffer(

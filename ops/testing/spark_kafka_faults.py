@@ -51,6 +51,12 @@ BROKER_DOWN_S = 5.0
 #: Rows per Arrow batch of the faults' jobs: ``--slow-ms`` sleeps per batch, so that a
 #: partition's rows arrive over a few seconds and a fault lands mid-write.
 BATCH_ROWS = 500
+#: ``spark.buffer.size`` of the faults' jobs: less than one batch, so each batch leaves the
+#: Python worker as it is made.
+PYTHON_BUFFER_BYTES = 1024
+#: The fewest rows a faulted job may write: a task of two batches, so a fault can land
+#: between them (4 partitions).
+MIN_ROWS = 2 * BATCH_ROWS * 4
 
 
 @dataclass(frozen=True)
@@ -75,17 +81,30 @@ class FaultRun:
     executors_killed: int = 0
 
 
-def executor_pids(groups: list[int]) -> list[int]:
-    """Executor JVMs (CoarseGrainedExecutorBackend) in the given process groups."""
+def executor_pids(groups: list[int], host: str | None = None) -> list[int]:
+    """Executor JVMs (CoarseGrainedExecutorBackend) in the given process groups (those
+    on ``host`` only, if given)."""
     found = []
     for pid in live_processes(groups):
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"CoarseGrainedExecutorBackend" in command:
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" not in command:
+            continue
+        if host is None or command[command.index(b"--hostname") + 1].decode() == host:
             found.append(pid)
     return found
+
+
+def _progress(attempt: Path) -> tuple[int, str]:
+    """The batches an attempt's sink has taken and its executor's host (0 and "" while its
+    file is being written)."""
+    try:
+        taken, _, host = attempt.read_text().partition(" ")
+        return int(taken or 0), host
+    except (OSError, ValueError):
+        return 0, ""
 
 
 class KafkaFaults:
@@ -119,6 +138,11 @@ class KafkaFaults:
             "spark.log.level": "WARN",
             "spark.pyspark.python": sys.executable,
             "spark.task.maxFailures": "8",
+            # The Python worker's output buffer (64 KiB by default) would hold a task's small
+            # batches (4 KB each) until the task ends, and a fault mid-task would land before
+            # any of its rows reached the sink: flushed a batch at a time, they reach it as
+            # a larger job's do.
+            "spark.buffer.size": str(PYTHON_BUFFER_BYTES),
         }
         if speculation:
             conf |= {
@@ -164,17 +188,41 @@ class KafkaFaults:
             sys.stderr.write(self._said())
         return proc.returncode
 
-    def _mid_write(self, topic: str, proc: subprocess.Popen[str]) -> None:
-        """Wait until a tenth of the rows are in Kafka (the job still running)."""
+    def _mid_write(
+        self, topic: str, proc: subprocess.Popen[str], attempts: Path, host: str | None = None
+    ) -> str:
+        """Wait until a tenth of the rows are in Kafka and a task (on ``host``, if given) is
+        mid-write: its sink has taken a fifth of its batches (at least one) and has as many
+        more to take (the attempt files say so; a count of the topic alone can come back
+        after every running task has finished, on a busy machine, and a fault then lands
+        between tasks). The host of that task's executor."""
+        batches = -(-self.rows // self.partitions // BATCH_ROWS)
+        if batches < 2:
+            raise ValueError(f"{self.rows} rows make no task of two batches: {MIN_ROWS} at least")
+        margin = max(1, batches // 5)
+        found: list[str] = []
 
-        def started() -> bool:
+        def mid_write() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"the job ended before the fault ({proc.returncode}):\n{self._said()}"
                 )
-            return written_rows(self.kafka.bootstrap, topic) >= self.rows // 10
+            progress = [_progress(path) for path in attempts.iterdir()]
+            found[:] = [
+                on
+                for taken, on in progress
+                if margin <= taken <= batches - margin and host in (None, on)
+            ]
+            return bool(found)
 
-        wait_until(started, "part of the rows written", timeout=SUBMIT_TIMEOUT_S, poll=0.2)
+        wait_until(
+            lambda: written_rows(self.kafka.bootstrap, topic) >= self.rows // 10,
+            "a tenth of the rows written",
+            timeout=SUBMIT_TIMEOUT_S,
+            poll=0.2,
+        )
+        wait_until(mid_write, f"a task mid-write on {host or 'any host'}", SUBMIT_TIMEOUT_S, 0.02)
+        return found[0]
 
     def run(self, fault: str, sink: str) -> FaultRun:
         """The job under ``fault`` with ``sink``; the counts of its topic."""
@@ -189,24 +237,24 @@ class KafkaFaults:
         killed: list[int] = []
         kills = set(fault.split("+")) - {"speculation", "none"}
         if kills & {"executor", "executors"}:
-            self._mid_write(topic, proc)
-            victims = executor_pids(self.cluster.process_groups())
-            if not victims:  # a fault that did not happen must not read as no duplicates
+            host = self._mid_write(topic, proc, attempts)
+            every = kills == {"executors"}
+            killed = executor_pids(self.cluster.process_groups(), None if every else host)
+            if not killed:  # a fault that did not happen must not read as no duplicates
                 raise RuntimeError(f"no executor JVM to kill mid-write:\n{self._said()}")
-            killed = victims if kills == {"executors"} else victims[:1]
             for victim in killed:
                 os.kill(victim, signal.SIGKILL)
         elif kills == {"worker"}:
-            self._mid_write(topic, proc)
+            self._mid_write(topic, proc, attempts, SECOND_HOST)
             os.killpg(self.second_worker.pid, signal.SIGKILL)
             self.second_worker.wait(30)
         elif kills == {"broker"}:
-            self._mid_write(topic, proc)
+            self._mid_write(topic, proc, attempts)
             self.kafka.kill()
             time.sleep(BROKER_DOWN_S)
             self.kafka.restart()
         elif kills == {"driver"}:
-            self._mid_write(topic, proc)
+            self._mid_write(topic, proc, attempts)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
             codes.append(proc.returncode)

@@ -16,7 +16,7 @@ def decide(controller: Controller, request: Request, now: Now, conn: ConnectionI
     """What the API's handler answers ``request`` with (InitProducerId's ``InitAnswer``,
     AllocateProducerIds' block, offset and the PIDs it created, the others' ``Reply``)."""
     if request.api_key == ApiKey.INIT_PRODUCER_ID:
-        return controller.init_producer_id(init_request_of(request), now, conn)
+        return controller.inits.init_producer_id(init_request_of(request), now, conn)
     if request.api_key == ApiKey.ALLOCATE_PRODUCER_IDS:
-        return controller.allocate_producer_ids(block_request_of(request), now, conn)
+        return controller.allocations.allocate_producer_ids(block_request_of(request), now, conn)
     return controller.handle(request, now, conn)

@@ -8,8 +8,9 @@
 Each row's value is ``<id>:<padding>`` and its key the id: a consumer counts duplicates and
 missing rows by the id. ``--slow-ms`` sleeps that long per ``--batch-rows`` rows (so a test
 can kill something mid-write); ``--straggler P`` makes partition P's first attempt 5x
-slower (so speculation copies it); ``--attempts-dir`` records each task attempt. Prints one
-JSON line: the format, the rows and the seconds the write took.
+slower (so speculation copies it); ``--attempts-dir`` records each task attempt and how many
+batches it has passed on to the sink so far. Prints one JSON line: the format, the rows and
+the seconds the write took.
 """
 
 from __future__ import annotations
@@ -26,23 +27,31 @@ from pyspark.sql import SparkSession
 def slowed(slow_ms: int, straggler: int, attempts_dir: str | None) -> Any:
     """A pass-through over Arrow batches that sleeps ``slow_ms`` per batch (5x as long in the
     straggler partition's first attempt), and leaves a file ``<partition>-<attempt>`` in
-    ``attempts_dir`` for every task attempt (the cluster is one machine: what retried)."""
+    ``attempts_dir`` for every task attempt (the cluster is one machine: what retried),
+    holding the number of batches the sink has taken from it so far and the host of its
+    executor (so a fault can be timed, and aimed, to land mid-write)."""
 
     def passthrough(batches: Iterator[Any]) -> Iterator[Any]:
+        import os
         from pathlib import Path
 
         from pyspark import TaskContext
 
         context = TaskContext.get()
         assert context is not None
+        marker = None
         if attempts_dir:
-            Path(attempts_dir, f"{context.partitionId()}-{context.attemptNumber()}").touch()
+            marker = Path(attempts_dir, f"{context.partitionId()}-{context.attemptNumber()}")
+            marker.write_text("0")
+        host = os.environ.get("SPARK_LOCAL_IP", "")  # a worker's own, inherited
         pause = slow_ms / 1000
         if context.partitionId() == straggler and context.attemptNumber() == 0:
             pause *= 5
-        for batch in batches:
+        for taken, batch in enumerate(batches, start=1):
             time.sleep(pause)
             yield batch
+            if marker:  # the sink asked for the next batch: it has this one
+                marker.write_text(f"{taken} {host}")
 
     return passthrough
 

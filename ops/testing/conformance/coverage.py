@@ -25,9 +25,9 @@ from pidctl.protocol.apis import ApiKey
 #: Per API, the functions (``module:qualified.name``) that decide its answers.
 DECIDERS: dict[ApiKey, tuple[str, ...]] = {
     ApiKey.INIT_PRODUCER_ID: (
-        "pidctl.controller.api.handlers:Controller.init_producer_id",
-        "pidctl.controller.api.handlers:Controller.init_idempotent_run",
-        "pidctl.controller.api.handlers:Controller._idempotent_run",
+        "pidctl.controller.api.init_producer_id:InitProducerIdHandler.init_producer_id",
+        "pidctl.controller.api.init_producer_id:InitProducerIdHandler.init_idempotent_run",
+        "pidctl.controller.api.init_producer_id:InitProducerIdHandler._idempotent_run",
         "pidctl.controller.core.transactions:parse_expected",
         "pidctl.controller.core.transactions:TransactionControlManager.init_idempotent",
         "pidctl.controller.core.transactions:TransactionControlManager.init_transactional",
@@ -40,34 +40,34 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
         "pidctl.protocol.api_versions:invalid_request_response",
     ),
     ApiKey.FIND_COORDINATOR: (
-        "pidctl.controller.api.handlers:Controller._find_coordinator",
+        "pidctl.controller.api.metadata_apis:MetadataApis.find_coordinator",
         "pidctl.controller.api.responses:too_many_keys",
     ),
     ApiKey.METADATA: (
-        "pidctl.controller.api.handlers:Controller._metadata",
-        "pidctl.controller.api.handlers:Controller._unknown_topics",
+        "pidctl.controller.api.metadata_apis:MetadataApis.metadata",
+        "pidctl.controller.api.metadata_apis:MetadataApis._unknown_topics",
         "pidctl.controller.api.responses:too_many_topics",
         "pidctl.controller.api.responses:metadata_refusal",
     ),
     ApiKey.BROKER_REGISTRATION: (
-        "pidctl.controller.api.handlers:Controller._broker_registration",
+        "pidctl.controller.api.cluster_apis:ClusterApis.broker_registration",
         "pidctl.controller.core.cluster:ClusterControlManager.register",
     ),
     ApiKey.BROKER_HEARTBEAT: (
-        "pidctl.controller.api.handlers:Controller._broker_heartbeat",
+        "pidctl.controller.api.cluster_apis:ClusterApis.broker_heartbeat",
         "pidctl.controller.core.cluster:ClusterControlManager.heartbeat",
         "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
     ),
     ApiKey.UNREGISTER_BROKER: (
-        "pidctl.controller.api.handlers:Controller._unregister_broker",
+        "pidctl.controller.api.cluster_apis:ClusterApis.unregister_broker",
         "pidctl.controller.core.cluster:ClusterControlManager.unregister",
     ),
     ApiKey.ALLOCATE_PRODUCER_IDS: (
-        "pidctl.controller.api.handlers:Controller.allocate_producer_ids",
+        "pidctl.controller.api.allocate_producer_ids:AllocateProducerIdsHandler.allocate_producer_ids",
         "pidctl.controller.core.cluster:ClusterControlManager.check_broker_epoch",
         "pidctl.controller.core.producer_ids:ProducerIdControlManager._grant",
         "pidctl.controller.core.jobs:JobAllocationManager.allocate",
-        "pidctl.controller.api.handlers:Controller.app_id_refusal",
+        "pidctl.controller.api.allocate_producer_ids:AllocateProducerIdsHandler.app_id_refusal",
         "pidctl.controller.core.jobs:JobAllocationManager.refusal",
     ),
 }
@@ -75,6 +75,10 @@ DECIDERS: dict[ApiKey, tuple[str, ...]] = {
 #: The modules whose functions decide answers (searched by :func:`unlisted_deciders`).
 DECIDING_MODULES = (
     "pidctl.controller.api.handlers",
+    "pidctl.controller.api.init_producer_id",
+    "pidctl.controller.api.allocate_producer_ids",
+    "pidctl.controller.api.cluster_apis",
+    "pidctl.controller.api.metadata_apis",
     "pidctl.controller.api.responses",
     "pidctl.controller.core.cluster",
     "pidctl.controller.core.producer_ids",
@@ -85,7 +89,7 @@ DECIDING_MODULES = (
 
 #: Functions of those modules that name an error code but decide none of the APIs above.
 NOT_THESE_APIS: dict[str, str] = {
-    "pidctl.controller.api.handlers:Controller._describe_cluster": "DescribeCluster",
+    "pidctl.controller.api.cluster_apis:ClusterApis.describe_cluster": "DescribeCluster",
     "pidctl.controller.api.handlers:Controller.handle": (
         "the RecordTooLarge refusal: INVALID_REQUEST for each API of responses.REFUSALS, "
         "added by error_codes_by_api"

@@ -4,6 +4,7 @@ nothing), decided against an in-memory log: no server process needed."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -43,13 +44,23 @@ class MemoryLog:
 
 
 def _controller(
-    authorizer: Authorizer | None = None, log: MemoryLog | None = None, **limits: int
+    authorizer: Authorizer | None = None,
+    log: MemoryLog | None = None,
+    *,
+    on_no_producer_id: Callable[[str, bool], None] | None = None,
+    on_paused: Callable[[str], None] | None = None,
+    **limits: int,
 ) -> Controller:
     state = ControllerState()
     pool_grants = for_pool(state)
     quorum = QuorumController(state, MemoryLog() if log is None else log, (pool_grants.applied,))
     controller = Controller(
-        quorum, pool_grants=pool_grants, authorizer=authorizer, limits=RequestLimits(**limits)
+        quorum,
+        pool_grants=pool_grants,
+        authorizer=authorizer,
+        limits=RequestLimits(**limits),
+        on_no_producer_id=on_no_producer_id,
+        on_paused=on_paused,
     )
     quorum.apply(quorum.state.cluster.create_cluster("c", 1), NOW)
     return controller
@@ -60,12 +71,14 @@ def _handle(controller: Controller, body: Any, principal: str = "User:ANONYMOUS"
     request: Request = decode_request(encode_request(body, 7, "t")[4:], controller.supported)
     conn = ConnectionInfo(principal=principal)
     if request.api_key == ApiKey.INIT_PRODUCER_ID:
-        init = controller.init_producer_id(init_request_of(request), NOW, conn)
+        init = controller.inits.init_producer_id(init_request_of(request), NOW, conn)
         return SimpleNamespace(
             error_code=init.error, producer_id=init.producer_id, producer_epoch=init.producer_epoch
         )
     if request.api_key == ApiKey.ALLOCATE_PRODUCER_IDS:
-        block, _, _ = controller.allocate_producer_ids(block_request_of(request), NOW, conn)
+        block, _, _ = controller.allocations.allocate_producer_ids(
+            block_request_of(request), NOW, conn
+        )
         return SimpleNamespace(
             error_code=block.error, producer_id_start=block.first, producer_id_len=block.length
         )
@@ -81,7 +94,9 @@ def _allocate(
     """A job's block (broker id and epoch -1) asked with ``client_id``, through the handler
     (or a broker's, given its ``broker_id``): the block, its offset, the PIDs it created."""
     request = BlockRequested(7, client_id, broker_id, -1)
-    return controller.allocate_producer_ids(request, NOW, ConnectionInfo(principal=principal))
+    return controller.allocations.allocate_producer_ids(
+        request, NOW, ConnectionInfo(principal=principal)
+    )
 
 
 def test_allocation_needs_cluster_action_and_a_job_needs_idempotent_write() -> None:
@@ -275,19 +290,19 @@ def test_an_idempotent_answer_waits_for_its_blocks_grant_not_for_the_prefetch() 
     that answer's PID comes from the block before, durable long ago: it waits for that
     block's grant only. The first PID of the prefetched block waits for its grant."""
     controller, conn = _controller(), ConnectionInfo()
-    first = controller.init_idempotent_run(900, NOW, conn)
+    first = controller.inits.init_idempotent_run(900, NOW, conn)
     first_grant = first.durable_offset
     assert list(first.producer_ids) == list(range(900))
     assert first_grant == controller.state.next_offset - 1  # the grant of block 0, just made
-    at_threshold = controller.init_idempotent_run(1, NOW, conn)
+    at_threshold = controller.inits.init_idempotent_run(1, NOW, conn)
     prefetch = controller.state.next_offset - 1
     assert list(at_threshold.producer_ids) == [900] and prefetch > first_grant
     assert at_threshold.durable_offset == first_grant
-    over = controller.init_idempotent_run(100, NOW, conn)
+    over = controller.inits.init_idempotent_run(100, NOW, conn)
     assert list(over.producer_ids) == list(range(901, 1001))
     assert over.durable_offset == prefetch  # PID 1000 is the prefetched block's
     request = InitRequested(5, 7, "t", None, 60_000, -1, -1)
-    alone = controller.init_producer_id(request, NOW, conn)
+    alone = controller.inits.init_producer_id(request, NOW, conn)
     assert (alone.producer_id, alone.durable_offset) == (1001, prefetch)
 
 
@@ -309,11 +324,13 @@ def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
     authorizer = Authorizer(acls, enabled=True)
     principal = "User:other" if denied else "User:p"
     logs = MemoryLog(), MemoryLog()
-    one, many = (_controller(authorizer, log) for log in logs)
     refusals: tuple[list[tuple[str, bool]], list[tuple[str, bool]]] = ([], [])
-    for controller, calls in zip((one, many), refusals, strict=True):
+    one, many = (
+        _controller(authorizer, log, on_no_producer_id=partial(_told, calls))
+        for log, calls in zip(logs, refusals, strict=True)
+    )
+    for controller in (one, many):
         controller.state.producer_ids.pid_range = ProducerIdRange(0, 1000 * blocks - 1)
-        controller.on_no_producer_id = partial(_told, calls)
     conn = ConnectionInfo(principal=principal)
     for count in runs:
         request = init_request_of(
@@ -321,8 +338,8 @@ def test_a_run_of_idempotent_inits_is_decided_as_each_one_alone(
                 encode_request(requests.init_producer_id(None), 7, "t")[4:], one.supported
             )
         )
-        alone = [one.init_producer_id(request, NOW, conn) for _ in range(count)]
-        run = many.init_idempotent_run(count, NOW, conn)
+        alone = [one.inits.init_producer_id(request, NOW, conn) for _ in range(count)]
+        run = many.inits.init_idempotent_run(count, NOW, conn)
         answers = [(r.error, r.producer_id, r.producer_epoch) for r in alone]
         refused = count - len(run.producer_ids)
         assert answers == [(0, pid, 0) for pid in run.producer_ids] + [(run.error, -1, -1)] * (
@@ -357,18 +374,19 @@ def test_a_job_key_read_from_bytes_that_are_not_utf8_is_answered_invalid_request
 def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_written() -> None:
     """The data dir's filesystem below data_dir_min_free_bytes (server/app.py sets it):
     InitProducerId COORDINATOR_LOAD_IN_PROGRESS, AllocateProducerIds KAFKA_STORAGE_ERROR."""
-    controller = _controller()
     refused: list[str] = []
-    controller.on_paused = refused.append
+    controller = _controller(on_paused=refused.append)
     controller.paused = "1.0 MiB free on the data dir's filesystem"
     written = controller.state.next_offset
     conn = ConnectionInfo()
     idempotent = InitRequested(5, 7, "t", None, 60_000, -1, -1)
-    init = controller.init_producer_id(idempotent, NOW, conn)
+    init = controller.inits.init_producer_id(idempotent, NOW, conn)
     assert init.error == ErrorCode.coordinator_load_in_progress
-    tx = controller.init_producer_id(InitRequested(5, 7, "t", "tx", 60_000, -1, -1), NOW, conn)
+    tx = controller.inits.init_producer_id(
+        InitRequested(5, 7, "t", "tx", 60_000, -1, -1), NOW, conn
+    )
     assert tx.error == ErrorCode.coordinator_load_in_progress
-    run = controller.init_idempotent_run(3, NOW, conn)
+    run = controller.inits.init_idempotent_run(3, NOW, conn)
     assert (list(run.producer_ids), run.error) == ([], ErrorCode.coordinator_load_in_progress)
     for broker_id in (-1, 1):
         block, _, created = _allocate(controller, None, broker_id=broker_id)
@@ -376,7 +394,7 @@ def test_while_grants_are_paused_every_grant_is_refused_retriably_and_nothing_wr
     assert controller.state.next_offset == written
     assert refused == ["InitProducerId"] * 5 + ["AllocateProducerIds"] * 2
     controller.paused = None  # room again: granted
-    assert controller.init_producer_id(idempotent, NOW, conn).error == 0
+    assert controller.inits.init_producer_id(idempotent, NOW, conn).error == 0
 
 
 def _named(controller: Controller, app: str, version: int, block: int, principal: str) -> Any:
@@ -423,8 +441,13 @@ def test_an_app_id_is_answered_and_fenced_only_for_its_owner() -> None:
     for version, block in [(5, 0), (5, 1), (6, 0), (2**63 - 1, 0)]:
         assert _named(controller, "orders", version, block, "User:intruder").error == 53
     assert controller.state.next_offset == written
-    assert controller.app_id_refusal(ConnectionInfo(principal="User:intruder"), "orders") == 53
-    assert controller.app_id_refusal(ConnectionInfo(principal="User:owner"), "orders") == 0
+    assert (
+        controller.allocations.app_id_refusal(ConnectionInfo(principal="User:intruder"), "orders")
+        == 53
+    )
+    assert (
+        controller.allocations.app_id_refusal(ConnectionInfo(principal="User:owner"), "orders") == 0
+    )
     again = _named(controller, "orders", 5, 0, "User:owner")
     assert (again.error, again.first) == (0, first.first)
 
@@ -447,3 +470,25 @@ def test_a_grant_record_keeps_at_most_so_much_of_a_client_id() -> None:
     block, _, _ = _allocate(controller, huge)
     assert block.error == 0
     assert max(len(entry) for entry in log.entries) < 600
+
+
+def test_the_authorizer_and_the_pause_set_on_the_controller_reach_every_handler() -> None:
+    """A reload sets ``Controller.authorizer`` and the disk watch ``Controller.paused``
+    (server/app.py): each handler, whichever module it is in, asks the new one."""
+    controller = _controller()
+    conn = ConnectionInfo(principal="User:p")
+    idempotent = InitRequested(5, 7, "t", None, 60_000, -1, -1)
+    assert controller.inits.init_producer_id(idempotent, NOW, conn).error == 0
+    controller.authorizer = Authorizer([], enabled=True)  # no ACL: nothing allowed
+    assert controller.access.authorizer is controller.authorizer
+    denied = ErrorCode.cluster_authorization_failed
+    assert controller.inits.init_producer_id(idempotent, NOW, conn).error == denied
+    assert controller.inits.init_idempotent_run(2, NOW, conn).error == denied
+    block, _, _ = _allocate(controller, None, "User:p", broker_id=1)
+    assert block.error == denied
+    assert _handle(controller, requests.describe_cluster(), "User:p").error_code == denied
+    controller.authorizer = Authorizer()
+    controller.paused = "1.0 MiB free"
+    assert controller.access.paused == "1.0 MiB free"
+    paused = controller.inits.init_producer_id(idempotent, NOW, conn)
+    assert paused.error == ErrorCode.coordinator_load_in_progress

@@ -26,11 +26,11 @@ from pidctl.controller.log.metalog import CommitListener, MetadataLog
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.metrics import Metrics
+from pidctl.controller.server.transport.accounting import Accounting
 from pidctl.controller.server.transport.admission import standard_socket
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.outbox import SocketWriter, StreamWriter
 from pidctl.controller.server.transport.poller import Poller, available
-from pidctl.controller.server.transport.sent import AnswersSent
 from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.protocol.client import ClientProtocol
 
@@ -199,14 +199,15 @@ async def serving(
     credentials: CredentialStore | None = None,
     request_limits: RequestLimits | None = None,
     start_log: bool = True,
+    log_requests: bool = False,
 ) -> AsyncIterator[Served]:
     """See :class:`Served`."""
     state = ControllerState()
     metrics = Metrics()
     # Wired as server/app.py wires them: what the log tells is built before the log.
     durable = DurableOffsets(0)
-    sent = AnswersSent(metrics)
-    writer = SocketWriter(durable, sent.sent)
+    accounting = Accounting(quotas or Quotas({}), metrics, log_requests=log_requests)
+    writer = SocketWriter(durable, accounting.sent)
 
     class Committed(CommitListener):
         def committed(self, durable_end: int) -> None:
@@ -236,9 +237,9 @@ async def serving(
     store = credentials or CredentialStore()
     server = ConnectionTasks(
         controller,
+        accounting,
         writer,
-        StreamWriter(durable, sent.sent),
-        quotas or Quotas({}),
+        StreamWriter(durable, accounting.sent),
         metrics,
         lambda: store,
         connection_limits or limits(),

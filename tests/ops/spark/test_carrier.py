@@ -6,15 +6,18 @@ rows that differ from it before sending any."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic, written_rows
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, wait_until
 from pidctl.spark import carrier
 from pidctl.spark.kafka_cluster import KafkaCluster
 from pidctl.spark.kafka_driver import WritePlan, allocate_unnamed
@@ -165,3 +168,44 @@ def test_a_carrier_task_retried_after_a_failure_mid_write_writes_nothing_twice(
     assert result.present > 0  # the retries found rows their first attempts wrote
     assert (result.rows, result.written + result.present) == (ROWS, ROWS)
     assert count(kafka.bootstrap, topic, ROWS) == (ROWS, ROWS, 0, 0)
+
+
+@pytest.mark.slow
+def test_a_carrier_task_started_while_the_broker_is_down_waits_for_it(
+    spark: Any, job_pidctl: ServerProcess, tmp_path: Path
+) -> None:
+    """The broker is SIGKILLed after the driver's checks and before the tasks' first row,
+    and started again 3 s later: each task's first Metadata asks again, backing off, within
+    the delivery timeout (it used to fail at once, and Spark ran the task again)."""
+    asked, killed = tmp_path / "task-started", tmp_path / "broker-killed"
+
+    def after_the_outage_began(batches: Any) -> Any:
+        from ops.testing.serverproc import wait_until
+
+        asked.touch()
+        wait_until(killed.exists, "the broker killed", timeout=120)
+        yield from batches
+
+    with KafkaNode() as node:
+        topic, app = new_topic(node.bootstrap, 2), f"outage-{uuid.uuid4().hex[:8]}"
+
+        def outage() -> None:
+            wait_until(asked.exists, "a task started", timeout=300)
+            node.kill()
+            killed.touch()
+            time.sleep(3)  # the outage the tasks' first rows meet
+            node.restart()
+
+        broker = threading.Thread(target=outage)
+        broker.start()
+        try:
+            df = spark.range(0, ROWS, 1, 2)
+            df = df.mapInArrow(after_the_outage_began, df.schema).selectExpr(
+                "CONCAT('k', CAST(id AS STRING)) AS key",
+                "CONCAT(CAST(id AS STRING), ':o') AS value",
+            )
+            result = write_kafka(df, _options(node, job_pidctl, topic), txnAppId=app, txnVersion=1)
+        finally:
+            broker.join(300)
+        assert (result.rows, result.written) == (ROWS, ROWS)
+        assert count(node.bootstrap, topic, ROWS) == (ROWS, ROWS, 0, 0)

@@ -233,3 +233,24 @@ def test_a_broker_killed_and_restarted_mid_write_is_ridden_out(restartable: Kafk
     restartable.restart()
     assert isinstance(failed.get("error"), KafkaWriteError)
     assert "delivery.timeout.ms" in str(failed["error"])
+
+
+def test_a_task_started_while_the_broker_is_down_waits_for_it(restartable: KafkaNode) -> None:
+    """A task whose first Metadata finds no broker asks again, backing off, within the
+    delivery timeout, as its later questions do (it used to fail at once, and Spark ran it
+    again and again while a broker restarted)."""
+    topic = new_topic(restartable.bootstrap, 2)
+    restartable.kill()
+
+    def restart_soon() -> None:
+        time.sleep(3)  # the outage the task starts in
+        restartable.restart()
+
+    restarter = threading.Thread(target=restart_soon)
+    restarter.start()
+    try:
+        reports = _write(restartable, topic, BASE + 8, _rows(range(2000)))
+    finally:
+        restarter.join(120)
+    assert sum(report.rows for report in reports) == 2000
+    assert count(restartable.bootstrap, topic, 2000) == (2000, 2000, 0, 0)

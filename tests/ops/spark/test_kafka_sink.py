@@ -21,7 +21,7 @@ from pyspark import TaskContext
 
 from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic, read_values, written_rows
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import ServerProcess, wait_until
 from pidctl.spark.kafka_cluster import KafkaCluster, KafkaWriteError
 from pidctl.spark.kafka_options import COMPRESSION, KafkaSinkOptionError, KafkaSinkOptions
 from pidctl.spark.kafka_producer import RowsDiffer
@@ -118,9 +118,30 @@ def _unfinished(
     writer = _writer(df, kafka, pidctl, topic, "pidctl-kafka-failing", app=app)
     with pytest.raises(Exception, match="injected failure"):
         writer.option("failEvery", "true").save()
-    left = written_rows(kafka.bootstrap, topic)
+    left = _settled_rows(spark, kafka, topic)
     assert left > 0
     return left
+
+
+#: How long a killed task's Python worker may go on (``spark.python.task.killTimeout``).
+PYTHON_KILL_TIMEOUT_S = 2.0
+
+
+def _settled_rows(spark: Any, kafka: KafkaNode, topic: str) -> int:
+    """The topic's rows once a failed job's other tasks are gone: the job fails on its first
+    task's last attempt while the other task may still be writing, until Spark kills it (its
+    Python worker up to ``PYTHON_KILL_TIMEOUT_S`` later)."""
+    tracker = spark.sparkContext.statusTracker()
+    wait_until(lambda: not tracker.getActiveStageIds(), "the failed job's stages ended", 60)
+    last = [-1]
+
+    def unchanged() -> bool:
+        now = written_rows(kafka.bootstrap, topic)
+        settled, last[0] = now == last[0], now
+        return settled
+
+    wait_until(unchanged, "the topic's rows settled", 60, poll=PYTHON_KILL_TIMEOUT_S + 0.5)
+    return last[0]
 
 
 def test_every_row_once(spark: Any, kafka: KafkaNode, job_pidctl: ServerProcess) -> None:

@@ -18,7 +18,7 @@ import structlog
 import trio
 import trustme
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.handlers import ConnectionInfo
 from pidctl.controller.api.quorum import Now
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted
@@ -242,7 +242,7 @@ async def test_a_bug_met_by_one_connection_closes_only_that_one(
     controller's methods cannot be replaced)."""
     async with admitting(tmp_path, plain(max_connections_per_address=2)) as (served, bound):
 
-        def buggy(controller: Controller, request: Request, now: Now, conn: ConnectionInfo) -> Any:
+        def buggy(request: Request, now: Now, conn: ConnectionInfo) -> Any:
             raise RuntimeError("a bug")
 
         monkeypatch.setitem(served.controller._handlers, ApiKey.METADATA, buggy)

@@ -77,8 +77,7 @@ async def _serving_logged(tmp_path: Path, log_requests: bool) -> AsyncIterator[S
     read by struct), in a data dir of its own."""
     data_dir = tmp_path / f"log-requests-{log_requests}"
     data_dir.mkdir()
-    async with serving(data_dir) as served:
-        served.server.log_requests = log_requests
+    async with serving(data_dir, log_requests=log_requests) as served:
         yield served
 
 

@@ -225,7 +225,10 @@ final class CarrierWriter implements DataWriter<InternalRow> {
   }
 
   private int partitionCount(String topic) throws IOException {
-    int now = wire.layout(topic).length;
+    // A task's first Metadata waits out an unreachable cluster within the delivery timeout,
+    // as its later questions do (no lambda per row: the layout is known after the first).
+    int[] known = wire.leaders.get(topic);
+    int now = (known != null ? known : retrying(() -> wire.layout(topic))).length;
     Integer held = pinned.putIfAbsent(topic, now);
     if (held != null && held != now) {
       throw new RowsDiffer("topic '" + topic + "' has " + now + " partitions, not the " + held
