@@ -36,7 +36,7 @@ from pidctl.controller.server.free_space import FreeSpaceWatch
 from pidctl.controller.server.refusals import Refusals
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.alarms import Alarm
-from pidctl.controller.server.telemetry.metrics import Metrics, StateView
+from pidctl.controller.server.telemetry.metrics import Metrics, StateGauges, StateView
 from pidctl.controller.server.transport.accounting import Accounting
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.http import HttpEndpoint
@@ -124,7 +124,7 @@ def build_rooms(
             "no authorizer: every client may do everything, as Kafka without an authorizer;"
             ' set authorizer = "acl" and acls to restrict'
         )
-    metrics.state_view = _state_view(state)
+    metrics.registry.register(StateGauges(_state_view(state), metrics.grant_rate))
     connections = ConnectionTasks(
         controller,
         accounting,

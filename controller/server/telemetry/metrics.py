@@ -66,7 +66,7 @@ class RateWindow:
 
 @dataclass
 class StateView:
-    """Callables that read the controller's state at scrape time (set once it exists)."""
+    """Callables that read the controller's state at scrape time."""
 
     next_producer_id: Callable[[], int]
     remaining_producer_ids: Callable[[], int]
@@ -95,11 +95,20 @@ class _StateCollector(Collector):
                 "first snapshot, since the log began (its first record).",
                 value=now - self._metrics.last_snapshot_time,
             )
-        view = self._metrics.state_view
-        if view is None:
-            return
+
+
+class StateGauges(Collector):
+    """The controller's state as gauges, read at scrape time: registered on the metrics'
+    registry by the rooms once the state is recovered (before that there is none to show)."""
+
+    def __init__(self, view: StateView, grant_rate: RateWindow) -> None:
+        self._view = view
+        self._grant_rate = grant_rate
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        view = self._view
         remaining = view.remaining_producer_ids()
-        rate = self._metrics.grant_rate.per_second(now)
+        rate = self._grant_rate.per_second(time.time())
         projection = remaining / rate if rate > 0 else float("inf")
         values: Iterable[tuple[str, str, float]] = (
             (
@@ -376,7 +385,6 @@ class Metrics:
         #: A commit on the loop this slow or slower counts in ``slow_commits_on_loop``
         #: (``log_inline_sync_max_ms``; 0: every commit runs in the thread).
         self.slow_commit_s = float("inf")
-        self.state_view: StateView | None = None
         r.register(_StateCollector(self))
 
     def log_batch(self, records: int, size: int, seconds: float, in_thread: bool) -> None:
