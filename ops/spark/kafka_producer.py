@@ -532,6 +532,12 @@ class TaskProducer:
     def _send(self, sent: _Batch) -> None:
         """Send ``sent``'s rows after the partition's LastSequence (all, usually)."""
         state = self.partitions[sent.partition]
+        # A leader takes a PID it has not seen at any sequence (it checks sequences from a
+        # producer's first batch on), so a batch landing while an earlier one waits for a
+        # leader would leave a gap that LastSequence cannot show: until one batch of the
+        # partition is answered, the earlier ones are settled before another is sent.
+        while state.written_through < 0 and (state.in_flight or state.failed):
+            self._settle(sent.partition, state)
         first = max(sent.first, state.written_through + 1)
         if first > sent.last:
             state.skipped_rows += len(sent.rows)

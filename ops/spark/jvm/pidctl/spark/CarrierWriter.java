@@ -534,6 +534,13 @@ final class CarrierWriter implements DataWriter<InternalRow> {
 
   private void send(Batch batch) throws IOException {
     State state = states.get(batch.topic)[batch.partition];
+    // A leader takes a PID it has not seen at any sequence (it checks sequences from a
+    // producer's first batch on), so a batch landing while an earlier one waits for a leader
+    // would leave a gap that LastSequence cannot show: until one batch of the partition is
+    // answered, the earlier ones are settled before another is sent.
+    while (state.writtenThrough < 0 && (state.inFlight > 0 || !state.failed.isEmpty())) {
+      settle(batch.topic, batch.partition, state);
+    }
     int first = (int) Math.max(batch.first, state.writtenThrough + 1);
     if (first > batch.last()) {
       state.skipped += batch.rows.size();
