@@ -28,19 +28,9 @@ from pidctl.protocol.block_requests import BlockRequested, block_request_of
 from pidctl.protocol.codec import Request, TooManyEntries, decode_request, encode_request
 from pidctl.protocol.headers import client_id_of
 from pidctl.protocol.init_requests import InitRequested, init_request_of
+from tests.controller.memory_log import MemoryLog
 
 NOW = Now(1_000, 1_000)
-
-
-class MemoryLog:
-    """The log's buffer without the disk: entries in order."""
-
-    def __init__(self) -> None:
-        self.entries: list[bytes] = []
-
-    def append_entry(self, entry: bytes) -> int:
-        self.entries.append(entry)
-        return len(self.entries) - 1
 
 
 def _controller(

@@ -13,16 +13,15 @@ from pidctl.controller.core.result import ControllerResult
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.server.expiry import Expiry
 from pidctl.controller.server.telemetry.metrics import Metrics
+from tests.controller.memory_log import MemoryLog
 
 
-class _MemoryLog:
+class _MemoryLog(MemoryLog):
+    """Also records the offsets waited on."""
+
     def __init__(self) -> None:
-        self.entries: list[bytes] = []
+        super().__init__()
         self.waited: list[int] = []
-
-    def append_entry(self, entry: bytes) -> int:
-        self.entries.append(entry)
-        return len(self.entries) - 1
 
     async def wait_durable(self, offset: int) -> None:
         self.waited.append(offset)

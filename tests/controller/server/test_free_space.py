@@ -15,22 +15,14 @@ from pidctl.controller.core.state import ControllerState
 from pidctl.controller.server.free_space import FreeSpaceWatch
 from pidctl.controller.server.telemetry.alarms import Alarm
 from pidctl.controller.server.telemetry.metrics import Metrics
-
-
-class _MemoryLog:
-    def __init__(self) -> None:
-        self.entries: list[bytes] = []
-
-    def append_entry(self, entry: bytes) -> int:
-        self.entries.append(entry)
-        return len(self.entries) - 1
+from tests.controller.memory_log import MemoryLog
 
 
 def _controller() -> Controller:
     state = ControllerState()
     pool_grants = for_pool(state)
     return Controller(
-        QuorumController(state, _MemoryLog(), (pool_grants.applied,)), pool_grants=pool_grants
+        QuorumController(state, MemoryLog(), (pool_grants.applied,)), pool_grants=pool_grants
     )
 
 

@@ -39,6 +39,7 @@ from pidctl.controller.server.fleet.lease_keeper import (
 )
 from pidctl.controller.server.transport.connection import now
 from pidctl.protocol.addresses import EtcdLocation
+from tests.controller.memory_log import MemoryLog
 from tests.controller.server.conftest import ANSWER_BOUND_S, until
 
 _prefixes = itertools.count()
@@ -339,7 +340,7 @@ async def test_the_bell_rings_for_a_grant_the_quorum_controller_applies() -> Non
     record does not; rearmed, it waits for the next grant."""
     bell = GrantBell()
     state = ControllerState()
-    quorum = QuorumController(state, _MemoryLog(), (bell.applied,))
+    quorum = QuorumController(state, MemoryLog(), (bell.applied,))
     quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
     with trio.move_on_after(0.05) as waited:
         await bell.wait()
@@ -351,12 +352,3 @@ async def test_the_bell_rings_for_a_grant_the_quorum_controller_applies() -> Non
     with trio.move_on_after(0.05) as waited:
         await bell.wait()
     assert waited.cancelled_caught
-
-
-class _MemoryLog:
-    def __init__(self) -> None:
-        self.entries: list[bytes] = []
-
-    def append_entry(self, entry: bytes) -> int:
-        self.entries.append(entry)
-        return len(self.entries) - 1
