@@ -21,6 +21,7 @@ from pidctl.controller.api.responses import (
     metadata_refusal,
     too_many_keys,
     too_many_topics,
+    topic_without_partitions,
 )
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
 from pidctl.controller.core.state import ControllerState
@@ -84,13 +85,8 @@ class MetadataApis:
             # Named by id (v12+): the names are not looked at, as in Kafka.
             for topic_id in java_hash_set_order(ids, java_uuid_hash):
                 topics.append(
-                    build_entity(
-                        topic_entry,
-                        error_code=ErrorCode.unknown_topic_id,
-                        name=None,
-                        topic_id=topic_id,
-                        is_internal=False,
-                        partitions=(),
+                    topic_without_partitions(
+                        topic_entry, ErrorCode.unknown_topic_id, None, topic_id
                     )
                 )
         else:
@@ -145,25 +141,19 @@ class MetadataApis:
         for name in java_hash_set_order(names, java_string_hash):
             if not self.access.may(conn, "Describe", "Topic", name):
                 denied.append(
-                    build_entity(
-                        entry,
-                        error_code=ErrorCode.topic_authorization_failed,
-                        name=name,
-                        topic_id=None,
-                        is_internal=False,
-                        partitions=(),
+                    topic_without_partitions(
+                        entry, ErrorCode.topic_authorization_failed, name, None
                     )
                 )
                 continue
             if not may_create_any and not self.access.may(conn, "Create", "Topic", name):
                 not_creatable.append(
-                    build_entity(
+                    topic_without_partitions(
                         entry,
-                        error_code=ErrorCode.topic_authorization_failed,
-                        name=name,
-                        topic_id=None,
-                        is_internal=is_internal_topic(name),
-                        partitions=(),
+                        ErrorCode.topic_authorization_failed,
+                        name,
+                        None,
+                        is_internal_topic(name),
                     )
                 )
                 continue

@@ -118,6 +118,20 @@ def too_many_keys(request: Request, asked: int, most: int) -> Any:
     return build_entity(cls, throttle_time=NO_THROTTLE, coordinators=(refusal,))
 
 
+def topic_without_partitions(
+    entity: Any, error: ErrorCode, name: str | None, topic_id: Any, internal: bool = False
+) -> Any:
+    """A Metadata topic entry with no partitions: a topic refused, unknown or not created."""
+    return build_entity(
+        entity,
+        error_code=error,
+        name=name,
+        topic_id=topic_id,
+        is_internal=internal,
+        partitions=(),
+    )
+
+
 def _metadata_refused(cls: Any, topics: tuple[Any, ...], error: ErrorCode) -> Any:
     """A Metadata answer that refuses: no brokers, no cluster, ``topics`` as given, and
     ``error`` at the top level (v13+ only)."""
@@ -140,14 +154,7 @@ def too_many_topics(request: Request, asked: int, most: int) -> Any:
     if request.api_version < 13:
         entity = entity_class(cls, "topics")
         topics = (
-            build_entity(
-                entity,
-                error_code=ErrorCode.invalid_request,
-                name="",
-                topic_id=uuid.UUID(int=0),
-                is_internal=False,
-                partitions=(),
-            ),
+            topic_without_partitions(entity, ErrorCode.invalid_request, "", uuid.UUID(int=0)),
         )
     return _metadata_refused(cls, topics, ErrorCode.invalid_request)
 
@@ -159,14 +166,7 @@ def metadata_refusal(request: Request, error: ErrorCode) -> Any:
     cls: Any = response_class(request.api_key, request.api_version)
     entity = entity_class(cls, "topics")
     topics = tuple(
-        build_entity(
-            entity,
-            error_code=error,
-            name=topic.name or "",
-            topic_id=getattr(topic, "topic_id", None),
-            is_internal=False,
-            partitions=(),
-        )
+        topic_without_partitions(entity, error, topic.name or "", getattr(topic, "topic_id", None))
         for topic in request.body.topics or ()
     )
     return _metadata_refused(cls, topics, error)
