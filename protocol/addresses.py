@@ -7,6 +7,7 @@ The one parser for both, used by settings, bootstrap strings, broker registratio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +47,12 @@ def parse_listeners(text: str) -> list[tuple[str, HostPort]]:
 
 
 #: The counter key, under the source's prefix.
-COUNTER_KEY = "next_producer_id"
+COUNTER_KEY: Final = "next_producer_id"
 #: Under the source's prefix: one key per controller (its node id), the end of the last lease
 #: it took, written in the transaction that took it.
-LEASES_PREFIX = "leases/"
+LEASES_PREFIX: Final = "leases/"
 #: ``--pid-source`` schemes, and the scheme of etcd's JSON gateway each means.
-SCHEMES = {"etcd": "http", "etcds": "https"}
+SCHEMES: Final = {"etcd": "http", "etcds": "https"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Any
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i64
@@ -12,7 +12,7 @@ from kio.static.primitive import i16, i64
 from pidctl.protocol.apis import ApiKey, SupportedApis, entity_class, response_class
 
 # KIP-511: client software name and version must match this (Kafka's ApiVersionsRequest.isValid).
-_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+_SOFTWARE: Final = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 #: The finalized-features epoch of an answer that finalizes no feature (Kafka's "none": -1).
 #: pidctl advertises no features (v3+ answers list none, supported or finalized): a Kafka 4
@@ -20,7 +20,7 @@ _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 #: when the finalized feature ``transaction.version`` is 2 or more, and that protocol needs
 #: transaction APIs pidctl does not serve. Without it the client keeps the classic protocol,
 #: whose InitProducerId pidctl serves (tests/e2e/test_java_client.py shows both paths).
-NO_FINALIZED_FEATURES_EPOCH = -1
+NO_FINALIZED_FEATURES_EPOCH: Final = -1
 
 
 def build_api_versions_response(

@@ -23,10 +23,10 @@ from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import REQUEST_HEADER_START, client_id_of
 
 #: The API key's low byte (its high byte is 0).
-_API_KEY_LOW_BYTE = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
+_API_KEY_LOW_BYTE: Final = ApiKey.ALLOCATE_PRODUCER_IDS & 0xFF
 #: After the client id: the header's empty tagged fields, broker id, broker epoch, the body's
 #: empty tagged fields.
-_BODY = struct.Struct(">BiqB")
+_BODY: Final = struct.Struct(">BiqB")
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)

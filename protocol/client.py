@@ -7,7 +7,7 @@ response that arrives out of order (Kafka answers a connection's requests in ord
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 from kio.static.protocol import RequestPayload
 
@@ -20,14 +20,14 @@ from pidctl.protocol.codec import (
 from pidctl.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 
 #: int32 correlation ids wrap around here.
-_CORRELATION_LIMIT = 2**31
+_CORRELATION_LIMIT: Final = 2**31
 
 
 class _Own:
     """``send``'s default client id: the connection's own (None is a client id too: null)."""
 
 
-_OWN = _Own()
+_OWN: Final = _Own()
 
 
 class ResponseOrderError(Exception):

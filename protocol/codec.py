@@ -14,7 +14,7 @@ import io
 import operator
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from kio._kio_native import read_compact_array_length, read_legacy_array_length
 from kio.serial import entity_reader, entity_writer
@@ -101,7 +101,7 @@ class Request(NamedTuple):
 #: The requests whose work grows with one array, and where that array begins: API key →
 #: (first version that has it, bytes of the body before it). Metadata's topics are its first
 #: field in every version; FindCoordinator's keys (v4+) follow its key type (an int8).
-ENTRY_ARRAYS: dict[int, tuple[int, int]] = {
+ENTRY_ARRAYS: Final[dict[int, tuple[int, int]]] = {
     ApiKey.METADATA: (0, 0),
     ApiKey.FIND_COORDINATOR: (4, 1),
 }
@@ -180,9 +180,9 @@ def _parse_header(frame: bytes, api_key: int, api_version: int) -> tuple[Request
 
 
 #: The start of every request frame: API key, API version.
-_API = struct.Struct(">hh")
+_API: Final = struct.Struct(">hh")
 #: (API key, version) -> the request's header version and its body's kio reader.
-_LAYOUTS: dict[tuple[int, int], tuple[int, Callable[[bytes, int], Any]]] = {}
+_LAYOUTS: Final[dict[tuple[int, int], tuple[int, Callable[[bytes, int], Any]]]] = {}
 
 
 def _layout(api_key: int, api_version: int) -> tuple[int, Callable[[bytes, int], Any]]:
@@ -195,7 +195,7 @@ def _layout(api_key: int, api_version: int) -> tuple[int, Callable[[bytes, int],
     return layout
 
 
-_LENGTH = struct.Struct(">i")
+_LENGTH: Final = struct.Struct(">i")
 
 # Precompiled answers of the hot APIs (every producer's InitProducerId, every broker's
 # AllocateProducerIds): one struct.pack instead of kio's generic, field-by-field writer.
@@ -203,9 +203,9 @@ _LENGTH = struct.Struct(">i")
 # response building, controller/api/responses.py, and framed by frame_response.)
 # Length, correlation id, [tagged fields of a v1 header], the body, [its tagged fields]; the
 # tests check them byte for byte against kio's encoders.
-INIT_PRODUCER_ID_ANSWER_V0 = struct.Struct(">iiihqh")  # v0-v1: not flexible
-INIT_PRODUCER_ID_ANSWER_V2 = struct.Struct(">iiBihqhB")  # v2+: flexible, no tagged fields
-ALLOCATE_PRODUCER_IDS_ANSWER_V0 = struct.Struct(">iiBihqiB")  # flexible, no tagged fields
+INIT_PRODUCER_ID_ANSWER_V0: Final = struct.Struct(">iiihqh")  # v0-v1: not flexible
+INIT_PRODUCER_ID_ANSWER_V2: Final = struct.Struct(">iiBihqhB")  # v2+: flexible, no tagged fields
+ALLOCATE_PRODUCER_IDS_ANSWER_V0: Final = struct.Struct(">iiBihqiB")  # flexible, no tagged fields
 
 
 def _millis(throttle: datetime.timedelta) -> int:
@@ -216,8 +216,8 @@ def _millis(throttle: datetime.timedelta) -> int:
 
 _INIT_V0_PACK, _INIT_V0_SIZE = INIT_PRODUCER_ID_ANSWER_V0.pack, INIT_PRODUCER_ID_ANSWER_V0.size - 4
 _INIT_V2_PACK, _INIT_V2_SIZE = INIT_PRODUCER_ID_ANSWER_V2.pack, INIT_PRODUCER_ID_ANSWER_V2.size - 4
-_ALLOCATE_PACK = ALLOCATE_PRODUCER_IDS_ANSWER_V0.pack
-_ALLOCATE_SIZE = ALLOCATE_PRODUCER_IDS_ANSWER_V0.size - 4
+_ALLOCATE_PACK: Final = ALLOCATE_PRODUCER_IDS_ANSWER_V0.pack
+_ALLOCATE_SIZE: Final = ALLOCATE_PRODUCER_IDS_ANSWER_V0.size - 4
 
 
 def init_producer_id_answer(
@@ -282,8 +282,8 @@ def _uvarint(value: int) -> bytes:
     return bytes(out)
 
 
-_BYTES = [bytes([b]) for b in range(256)]
-_COORDINATOR_TAIL = struct.Struct(">ih")  # port, error code
+_BYTES: Final = [bytes([b]) for b in range(256)]
+_COORDINATOR_TAIL: Final = struct.Struct(">ih")  # port, error code
 _coordinator_shape = operator.attrgetter("node_id", "host", "port", "error_code", "error_message")
 
 
@@ -326,10 +326,10 @@ def _find_coordinator_v4(correlation_id: int, body: Any) -> bytes:
     return _INT32.pack(len(data)) + data
 
 
-_INT32 = struct.Struct(">i")
+_INT32: Final = struct.Struct(">i")
 
 
-_RESPONSE_HEADER_V0 = struct.Struct(">ii")  # length, correlation id
+_RESPONSE_HEADER_V0: Final = struct.Struct(">ii")  # length, correlation id
 
 
 def encode_response_body(body: ResponsePayload) -> bytes:
@@ -358,7 +358,7 @@ def frame_response(header: RequestHeader, body: ResponsePayload, encoded_body: b
     return bytes(data)
 
 
-PRECOMPILED_RESPONSES: dict[tuple[int, int], Callable[[int, Any], bytes]] = {
+PRECOMPILED_RESPONSES: Final[dict[tuple[int, int], Callable[[int, Any], bytes]]] = {
     **{(ApiKey.INIT_PRODUCER_ID, v): _init_producer_id for v in range(6)},
     (ApiKey.ALLOCATE_PRODUCER_IDS, 0): _allocate_producer_ids,
     **{(ApiKey.FIND_COORDINATOR, v): _find_coordinator_v4 for v in range(4, 7)},

@@ -4,15 +4,16 @@ followed by that many bytes."""
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 #: Default for the ``max_frame_bytes`` setting. Kafka's ``socket.request.max.bytes`` is 100 MiB
 #: because Produce requests carry data; every request pidctl serves fits in a few hundred bytes
 #: (the largest, BrokerRegistration, lists listeners and features), so 1 MiB leaves ample room
 #: while bounding what one hostile client can make us buffer.
-DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+DEFAULT_MAX_FRAME_BYTES: Final = 1024 * 1024
 
-_LENGTH = struct.Struct(">i")
-LENGTH_PREFIX_BYTES = _LENGTH.size
+_LENGTH: Final = struct.Struct(">i")
+LENGTH_PREFIX_BYTES: Final = _LENGTH.size
 
 
 class FrameError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from kio._kio_native import read_int16, read_int32
 from kio.schema.request_header.v1 import RequestHeader as RequestHeaderV1
@@ -46,7 +46,7 @@ def peek_api(frame: bytes) -> tuple[int, int]:
 
 #: The start of a v1 or v2 request header: API key, API version, correlation id, and the
 #: client id's length (a nullable legacy string in both versions: -1 for null).
-REQUEST_HEADER_START = struct.Struct(">hhih")
+REQUEST_HEADER_START: Final = struct.Struct(">hhih")
 
 
 def utf8_string(raw: bytes) -> str | None:

@@ -15,27 +15,28 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.codec import INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
 from pidctl.protocol.headers import REQUEST_HEADER_START
 
 #: The API key's two bytes: a frame's first byte is 0 and its second this for InitProducerId.
-_API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
+_API_KEY_LOW_BYTE: Final = ApiKey.INIT_PRODUCER_ID & 0xFF
 #: After the client id, per version: the bytes the rest must be, but for the four bytes of
 #: the transaction timeout (which an idempotent request may set to anything, and which is
 #: not looked at), as (bytes before the timeout, bytes after it, the rest's length).
 #: v0-v1 (header v1, not flexible): a null transactional id (int16 -1), the timeout.
 #: v2 (header v2): the header's empty tagged fields, a null compact string, the timeout,
 #: the body's empty tagged fields. v3+ also: producer id -1 and epoch -1 (none given).
-_SHAPES: dict[int, tuple[bytes, bytes, int]] = {
+_SHAPES: Final[dict[int, tuple[bytes, bytes, int]]] = {
     0: (b"\xff\xff", b"", 6),
     1: (b"\xff\xff", b"", 6),
     2: (b"\x00\x00", b"\x00", 7),
     **{version: (b"\x00\x00", b"\xff" * 10 + b"\x00", 17) for version in (3, 4, 5)},
 }
 #: Versions this module reads.
-VERSIONS = frozenset(_SHAPES)
+VERSIONS: Final = frozenset(_SHAPES)
 
 Shapes = Mapping[int, tuple[bytes, bytes, int]]
 
@@ -69,8 +70,8 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
 
 #: The answers' layouts are the codec's precompiled ones.
 _ANSWER_V0, _ANSWER_V2 = INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
-_SIZE_V0 = _ANSWER_V0.size - 4
-_SIZE_V2 = _ANSWER_V2.size - 4
+_SIZE_V0: Final = _ANSWER_V0.size - 4
+_SIZE_V2: Final = _ANSWER_V2.size - 4
 
 
 def answer_run(

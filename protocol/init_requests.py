@@ -25,18 +25,18 @@ from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import REQUEST_HEADER_START, client_id_of, utf8_string
 
 #: The API key's low byte (its high byte is 0).
-_API_KEY_LOW_BYTE = ApiKey.INIT_PRODUCER_ID & 0xFF
+_API_KEY_LOW_BYTE: Final = ApiKey.INIT_PRODUCER_ID & 0xFF
 #: The body after the transactional id, per version: the transaction timeout; from v2 (the
 #: flexible versions) the body's tagged fields last; from v3 the producer id and epoch.
-_REST = {
+_REST: Final = {
     0: struct.Struct(">i"),
     1: struct.Struct(">i"),
     2: struct.Struct(">iB"),
     **{version: struct.Struct(">iqhB") for version in (3, 4, 5)},
 }
 #: Versions this module reads.
-VERSIONS = frozenset(_REST)
-_LEGACY_LENGTH = struct.Struct(">h")
+VERSIONS: Final = frozenset(_REST)
+_LEGACY_LENGTH: Final = struct.Struct(">h")
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
@@ -127,7 +127,7 @@ def read_init_request(frame: bytes, served: frozenset[int] | range) -> InitReque
 
 
 #: kio's transaction timeout is a timedelta; made once, not per request.
-_ONE_MS = datetime.timedelta(milliseconds=1)
+_ONE_MS: Final = datetime.timedelta(milliseconds=1)
 
 
 def init_request_of(request: Request) -> InitRequested:

@@ -6,11 +6,12 @@ import base64
 import hashlib
 import hmac
 import secrets
+from typing import Final
 
 #: Each SCRAM mechanism's hash (RFC 7677, RFC 5802): the one table, the server's too.
-SCRAM_DIGESTS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+SCRAM_DIGESTS: Final = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 #: The SASL mechanisms pidctl speaks, by Kafka's names (the settings name them).
-MECHANISMS = ("PLAIN", *SCRAM_DIGESTS)
+MECHANISMS: Final = ("PLAIN", *SCRAM_DIGESTS)
 
 
 def plain_token(user: str, password: str) -> bytes:

@@ -16,7 +16,7 @@ import struct
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from kio.static.protocol import ResponsePayload
 
@@ -39,21 +39,21 @@ from pidctl.protocol.idempotent_inits import shapes as idempotent_shapes
 from pidctl.protocol.init_requests import InitRequested, init_request_of, read_init_request
 
 #: The API keys read by ``struct`` in their usual shape, as plain ints (compared per frame).
-_INIT_PRODUCER_ID = int(ApiKey.INIT_PRODUCER_ID)
-_ALLOCATE_PRODUCER_IDS = int(ApiKey.ALLOCATE_PRODUCER_IDS)
+_INIT_PRODUCER_ID: Final = int(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS: Final = int(ApiKey.ALLOCATE_PRODUCER_IDS)
 
 #: A request's correlation id, at bytes 4-8 of its frame.
-_CORRELATION_ID = struct.Struct(">i")
+_CORRELATION_ID: Final = struct.Struct(">i")
 
 #: Kafka's ``connections.max.idle.ms`` default: 10 minutes without a request closes.
-DEFAULT_IDLE_TIMEOUT_S = 600.0
+DEFAULT_IDLE_TIMEOUT_S: Final = 600.0
 #: Time a client may take to send the rest of a request once it has begun (no slowloris).
-DEFAULT_FRAME_TIMEOUT_S = 30.0
+DEFAULT_FRAME_TIMEOUT_S: Final = 30.0
 
 #: What a SASL listener answers before authentication; anything else closes the connection
 #: ("Unexpected Kafka request ... during SASL handshake", as Kafka), and so does a
 #: SaslAuthenticate before the SaslHandshake.
-ALLOWED_BEFORE_AUTHENTICATION = frozenset(
+ALLOWED_BEFORE_AUTHENTICATION: Final = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}
 )
 
@@ -82,7 +82,7 @@ class PhaseChange(NamedTuple):
 #: Every change of a connection's phase, the one table the picture of its states
 #: (docs/connection-states.md, drawn by ``ops/connection_states.py``) is drawn from, and
 #: the tests drive a connection through (tests/protocol/test_server.py).
-PHASE_CHANGES = (
+PHASE_CHANGES: Final = (
     PhaseChange(None, "a SASL listener's connection", Phase.HANDSHAKE),
     PhaseChange(None, "a plain or TLS listener's connection", Phase.READY),
     PhaseChange(Phase.HANDSHAKE, "SaslHandshake names an enabled mechanism", Phase.AUTHENTICATE),

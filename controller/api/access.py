@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.kafka import CLUSTER_RESOURCE
@@ -27,10 +28,10 @@ class ConnectionInfo:
 #: Defaults of the request bounds (settings of the same names): what one request may ask
 #: for, so that no request occupies the event loop for long or makes an answer without end.
 #: About 50 µs of work per key or topic: a thousand keep one request near 50 ms.
-DEFAULT_MAX_COORDINATOR_KEYS = 1000
-DEFAULT_MAX_METADATA_TOPICS = 1000
+DEFAULT_MAX_COORDINATOR_KEYS: Final = 1000
+DEFAULT_MAX_METADATA_TOPICS: Final = 1000
 #: Listeners, features and log directories in one BrokerRegistration, each.
-DEFAULT_MAX_REGISTRATION_ENTRIES = 1000
+DEFAULT_MAX_REGISTRATION_ENTRIES: Final = 1000
 
 
 @dataclass(frozen=True, slots=True)

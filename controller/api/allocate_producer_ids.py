@@ -6,6 +6,7 @@ job's block or a completed version's commit (what its app id needs:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -25,15 +26,15 @@ from pidctl.protocol.block_requests import BlockRequested
 
 #: Errors compared on every AllocateProducerIds, looked up once: a member read through its
 #: enum class costs ~120 ns (the metaclass is searched first).
-_NO_BLOCK = (ErrorCode.unknown_server_error, LEASE_EXHAUSTED)
+_NO_BLOCK: Final = (ErrorCode.unknown_server_error, LEASE_EXHAUSTED)
 #: AllocateProducerIds refused before anything is decided: start 0 and length 0 (as Kafka).
-_REFUSED_BLOCK = Block(ErrorCode.cluster_authorization_failed, 0, 0)
+_REFUSED_BLOCK: Final = Block(ErrorCode.cluster_authorization_failed, 0, 0)
 #: A named job without Write on its app id, as a transactional id without Write on it.
-_APP_ID_DENIED = ErrorCode.transactional_id_authorization_failed
-_INVALID_BLOCK = Block(ErrorCode.invalid_request, 0, 0)
+_APP_ID_DENIED: Final = ErrorCode.transactional_id_authorization_failed
+_INVALID_BLOCK: Final = Block(ErrorCode.invalid_request, 0, 0)
 #: AllocateProducerIds while grants are paused (the disk nearly full): Kafka's retriable
 #: storage error.
-_PAUSED_BLOCK = Block(ErrorCode.kafka_storage_error, 0, 0)
+_PAUSED_BLOCK: Final = Block(ErrorCode.kafka_storage_error, 0, 0)
 
 
 class AllocateProducerIdsHandler:

@@ -17,6 +17,7 @@ APIs kio reads.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -67,7 +68,7 @@ __all__ = [
 
 #: Versions served, per API: what Kafka 4.x serves, as far as kio has the schemas.
 #: InitProducerId stops at v5: v6 is KIP-939's two-phase commit, which pidctl does not do.
-SERVED_APIS: dict[ApiKey, tuple[int, int]] = {
+SERVED_APIS: Final[dict[ApiKey, tuple[int, int]]] = {
     ApiKey.API_VERSIONS: (0, 4),
     ApiKey.METADATA: (0, 13),
     ApiKey.FIND_COORDINATOR: (0, 6),

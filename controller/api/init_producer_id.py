@@ -21,10 +21,10 @@ from pidctl.protocol.init_requests import InitRequested
 
 #: Error codes compared on every InitProducerId, looked up once: a member read through its
 #: enum class costs ~120 ns (the metaclass is searched first).
-_NO_ERROR = ErrorCode.none
-_NO_PRODUCER_ID_YET = ErrorCode.coordinator_load_in_progress
-_FENCED = ErrorCode.producer_fenced
-_DENIED = ErrorCode.cluster_authorization_failed
+_NO_ERROR: Final = ErrorCode.none
+_NO_PRODUCER_ID_YET: Final = ErrorCode.coordinator_load_in_progress
+_FENCED: Final = ErrorCode.producer_fenced
+_DENIED: Final = ErrorCode.cluster_authorization_failed
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
@@ -54,10 +54,10 @@ class InitAnswer:
         self.created = created
 
 
-_TRANSACTIONAL_ID_DENIED = InitAnswer(ErrorCode.transactional_id_authorization_failed)
-_IDEMPOTENT_WRITE_DENIED = InitAnswer(ErrorCode.cluster_authorization_failed)
+_TRANSACTIONAL_ID_DENIED: Final = InitAnswer(ErrorCode.transactional_id_authorization_failed)
+_IDEMPOTENT_WRITE_DENIED: Final = InitAnswer(ErrorCode.cluster_authorization_failed)
 #: InitProducerId while grants are paused: the error every client retries.
-_PAUSED_INIT = InitAnswer(ErrorCode.coordinator_load_in_progress)
+_PAUSED_INIT: Final = InitAnswer(ErrorCode.coordinator_load_in_progress)
 
 
 class IdempotentRun(NamedTuple):

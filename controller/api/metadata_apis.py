@@ -6,7 +6,7 @@ written."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
@@ -40,10 +40,10 @@ from pidctl.protocol.codec import Request
 
 #: FindCoordinator key types Kafka defines: group, transaction, share group (KIP-932, from
 #: v6 only).
-_COORDINATOR_KEY_TYPES = (0, 1, 2)
-_TRANSACTION_KEYS = 1
-_SHARE_KEYS = 2
-_FIRST_SHARE_VERSION = 6
+_COORDINATOR_KEY_TYPES: Final = (0, 1, 2)
+_TRANSACTION_KEYS: Final = 1
+_SHARE_KEYS: Final = 2
+_FIRST_SHARE_VERSION: Final = 6
 
 
 def _topic_id(topic: Any) -> uuid.UUID | None:

@@ -12,12 +12,13 @@ its PID came from a block made durable long before.
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from pidctl.controller.core.records import ProducerIdsGranted, Record
 from pidctl.controller.core.state import ControllerState
 
 #: The holder of a block of the controller's own pool (``ProducerIdsGranted.holder``).
-_CONTROLLER = "controller"
+_CONTROLLER: Final = "controller"
 
 
 class PoolGrants:

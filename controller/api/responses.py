@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
@@ -27,7 +27,7 @@ from pidctl.protocol.apis import (
 )
 from pidctl.protocol.codec import Request, encode_response_body
 
-NO_WAIT = -1
+NO_WAIT: Final = -1
 
 
 class Reply(NamedTuple):
@@ -69,9 +69,9 @@ class ApiVersionsAnswers:
         return reply
 
 
-NO_THROTTLE = datetime.timedelta(0)
+NO_THROTTLE: Final = datetime.timedelta(0)
 #: Kafka's messages of the errors pidctl answers with Kafka's wording (Errors.java).
-KAFKA_MESSAGES = {
+KAFKA_MESSAGES: Final = {
     ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
     ErrorCode.group_authorization_failed: "Group authorization failed.",
     ErrorCode.cluster_authorization_failed: "Cluster authorization failed.",
@@ -82,7 +82,7 @@ KAFKA_MESSAGES = {
     ),
 }
 #: The rest of an error answer, per API that writes records.
-REFUSALS: dict[int, dict[str, Any]] = {
+REFUSALS: Final[dict[int, dict[str, Any]]] = {
     ApiKey.BROKER_REGISTRATION: {"broker_epoch": i64(-1)},
     ApiKey.UNREGISTER_BROKER: {"error_message": "record too large"},
     ApiKey.ALLOCATE_PRODUCER_IDS: {"producer_id_start": i64(0), "producer_id_len": i32(0)},
@@ -97,7 +97,7 @@ REFUSALS: dict[int, dict[str, Any]] = {
 #: COORDINATOR_LOAD_IN_PROGRESS, which every client retries, where Kafka's Java producer
 #: fails for good on any error it does not expect there, THROTTLING_QUOTA_EXCEEDED too
 #: (TransactionManager's InitProducerIdHandler).
-QUOTA_REFUSALS: dict[int, ErrorCode] = {
+QUOTA_REFUSALS: Final[dict[int, ErrorCode]] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: ErrorCode.throttling_quota_exceeded,
     ApiKey.INIT_PRODUCER_ID: ErrorCode.coordinator_load_in_progress,
 }

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-OPERATIONS = (
+OPERATIONS: Final = (
     "All",
     "Read",
     "Write",
@@ -28,17 +28,17 @@ OPERATIONS = (
 #: Kafka's resource types pidctl checks, and ``AppId``, pidctl's own: a named job's app id
 #: (``txnAppId``, a stream's query id: ``core/jobs.py``), authorised as Kafka authorises a
 #: TransactionalId (Write to record and re-run its versions, Describe implied by it).
-APP_ID = "AppId"
-RESOURCE_TYPES = ("Cluster", "TransactionalId", "Topic", "Group", APP_ID)
-PATTERN_TYPES = ("literal", "prefixed")
-PERMISSIONS = ("allow", "deny")
+APP_ID: Final = "AppId"
+RESOURCE_TYPES: Final = ("Cluster", "TransactionalId", "Topic", "Group", APP_ID)
+PATTERN_TYPES: Final = ("literal", "prefixed")
+PERMISSIONS: Final = ("allow", "deny")
 #: The one name of the Cluster resource, as in Kafka.
-CLUSTER = "kafka-cluster"
+CLUSTER: Final = "kafka-cluster"
 
-_IMPLIED_BY = {"Describe": {"Read", "Write", "Delete", "Alter"}}
+_IMPLIED_BY: Final = {"Describe": {"Read", "Write", "Delete", "Alter"}}
 #: Kafka's AclEntry.supportedOperations: what an ACL on each resource type may name (All
 #: goes with every type).
-SUPPORTED_OPERATIONS = {
+SUPPORTED_OPERATIONS: Final = {
     "Topic": {
         "Read",
         "Write",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -26,7 +27,7 @@ from pidctl.controller.core.records import (
 from pidctl.controller.core.result import ControllerResult, answer
 
 #: ErrorCode.none, looked up once (a member read through its enum class costs ~120 ns).
-_NO_ERROR = ErrorCode.none
+_NO_ERROR: Final = ErrorCode.none
 
 
 @dataclass(frozen=True, slots=True)

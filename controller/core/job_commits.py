@@ -29,6 +29,7 @@ import base64
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -47,9 +48,9 @@ from pidctl.controller.core.records import (
 from pidctl.controller.core.result import ControllerResult, answer
 
 #: What a commit's key holds where a block request's holds the block number.
-COMMIT = "commit"
-_PACKED_LENGTH = struct.Struct("<H")
-_PACKED_VERSION = struct.Struct("<q")
+COMMIT: Final = "commit"
+_PACKED_LENGTH: Final = struct.Struct("<H")
+_PACKED_VERSION: Final = struct.Struct("<q")
 
 
 @dataclass(frozen=True, slots=True)

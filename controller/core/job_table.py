@@ -24,21 +24,21 @@ from typing import Final
 #: Shards of the table: with a million app ids, a thousand rows a shard, copied in about
 #: 20 us by the first change after a snapshot; a snapshot's copy of the shard list and an
 #: expiry's look at every shard's front stay near 10 us and 200 us. A power of two.
-SHARDS = 1024
+SHARDS: Final = 1024
 #: A row's head: version, allocated ms (job time), running ms, owner (an index into the
 #: table's owners; 0: none, a version recorded before app ids had owners).
-_HEAD = struct.Struct("<qqqI")
-_BLOCK = struct.Struct("<q")
+_HEAD: Final = struct.Struct("<qqqI")
+_BLOCK: Final = struct.Struct("<q")
 #: Where a row keeps its running ms, read without unpacking the rest.
-_RUNNING = struct.Struct("<q")
-_RUNNING_AT = 16
+_RUNNING: Final = struct.Struct("<q")
+_RUNNING_AT: Final = 16
 #: Where a row keeps its owner index, read or replaced without unpacking the rest.
-_OWNER = struct.Struct("<I")
-_OWNER_AT = 24
+_OWNER: Final = struct.Struct("<I")
+_OWNER_AT: Final = 24
 #: In :meth:`JobTable.packed_chunks`: a key's or a row's length (a row holds at most 1000 blocks).
-_LENGTH = struct.Struct("<H")
+_LENGTH: Final = struct.Struct("<H")
 #: The owner index of "no owner".
-NO_OWNER = 0
+NO_OWNER: Final = 0
 
 
 def shard_of(app_id: str) -> int:

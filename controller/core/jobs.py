@@ -46,6 +46,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -68,27 +69,27 @@ from pidctl.controller.core.result import ControllerResult, answer
 
 #: The client id of a keyed job request: ``pidctl-job/<version>/<block>/<app id>``. The app
 #: id comes last, so it may hold any character, the slash too.
-JOB_KEY_PREFIX = "pidctl-job/"
+JOB_KEY_PREFIX: Final = "pidctl-job/"
 #: Default of ``job_allocation_reuse_ms``: Kafka's ``producer.id.expiration.ms`` default (one
 #: day), how long a broker keeps a silent PID's sequences.
-DEFAULT_REUSE_MS = 86_400_000
+DEFAULT_REUSE_MS: Final = 86_400_000
 #: Default of ``job_allocation_expiration_ms``: Kafka's ``transactional.id.expiration.ms``.
-DEFAULT_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
 #: Default of ``job_allocation_expiry_batch``: app ids forgotten in one step.
-DEFAULT_EXPIRY_BATCH = 1000
+DEFAULT_EXPIRY_BATCH: Final = 1000
 #: Most blocks one job version may hold (a million partitions): bounds what one app id keeps.
-MAX_BLOCKS_PER_VERSION = 1000
+MAX_BLOCKS_PER_VERSION: Final = 1000
 #: Default of ``max_job_app_id_bytes``: Spark's application and query ids are under 100
 #: characters; an app id is kept per version in memory, in snapshots and in every block's
 #: record, so a name of 32 KiB (what a client id may carry) is refused.
-DEFAULT_MAX_APP_ID_BYTES = 256
+DEFAULT_MAX_APP_ID_BYTES: Final = 256
 #: Default of ``max_job_app_ids_per_principal``: app ids one owner may hold at once (each
 #: until it expires). A stream holds one, a daily batch job one per name.
-DEFAULT_MAX_APP_IDS_PER_PRINCIPAL = 10_000
+DEFAULT_MAX_APP_IDS_PER_PRINCIPAL: Final = 10_000
 #: Most running time between two :class:`JobClockAdvanced` records (written by the expiry's
 #: steps while app ids are held), and at most a tenth of ``expiration_ms``: what a restart
 #: may not count.
-CLOCK_RECORD_INTERVAL_MS = 60_000
+CLOCK_RECORD_INTERVAL_MS: Final = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,7 @@ class JobKey:
 
 #: What a client id's bytes that are not UTF-8 are read as (U+FFFD, the replacement
 #: character): a job key holding it is refused.
-UNREADABLE = "\ufffd"
+UNREADABLE: Final = "\ufffd"
 
 
 def parse_job_key(client_id: str | None) -> JobKey | None:
@@ -139,11 +140,11 @@ def parse_job_key(client_id: str | None) -> JobKey | None:
     return JobKey(app_id, int(version), int(block), int(age) if age else None)
 
 
-_NOT_OWNER = Block(ErrorCode.transactional_id_authorization_failed)
-_INVALID = Block(ErrorCode.invalid_request)
-_UNKNOWN_AGE = Block(ErrorCode.unknown_producer_id)
-_FENCED = Block(ErrorCode.producer_fenced)
-_TOO_MANY = Block(ErrorCode.policy_violation)
+_NOT_OWNER: Final = Block(ErrorCode.transactional_id_authorization_failed)
+_INVALID: Final = Block(ErrorCode.invalid_request)
+_UNKNOWN_AGE: Final = Block(ErrorCode.unknown_producer_id)
+_FENCED: Final = Block(ErrorCode.producer_fenced)
+_TOO_MANY: Final = Block(ErrorCode.policy_violation)
 
 
 @dataclass(slots=True)

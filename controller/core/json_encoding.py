@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import json.encoder
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 
 def _refuse(value: Any) -> Any:
@@ -52,7 +52,7 @@ def _optional_string(value: str | None) -> str:
 
 #: The conversion of a field's value to JSON text, by the field's annotated type ("int"
 #: fields are formatted by ``%d`` in the object's template itself).
-_CONVERSIONS: dict[str, Callable[[Any], str]] = {
+_CONVERSIONS: Final[dict[str, Callable[[Any], str]]] = {
     "str": json.encoder.encode_basestring_ascii,
     "str | None": _optional_string,
 }

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.records import (
@@ -40,18 +40,18 @@ from pidctl.controller.core.records import (
     record_to_dict,
 )
 
-FRAME_FORMAT_VERSION = 1
-_PREFIX = struct.Struct(">II")
-_HEADER = struct.Struct(">BBHqq")
-HEADER_BYTES = _PREFIX.size + _HEADER.size
+FRAME_FORMAT_VERSION: Final = 1
+_PREFIX: Final = struct.Struct(">II")
+_HEADER: Final = struct.Struct(">BBHqq")
+HEADER_BYTES: Final = _PREFIX.size + _HEADER.size
 
 #: No record pidctl writes comes near this; a larger length field can only be damage, and
 #: refusing it bounds what a scan allocates.
-MAX_RECORD_BYTES = 1024 * 1024
+MAX_RECORD_BYTES: Final = 1024 * 1024
 
 #: The most one commit writes (the log's writer splits larger batches; one entry fits): the
 #: reach of a write that a power cut left partly on disk (:func:`walk_segment`).
-MAX_COMMIT_BYTES = _PREFIX.size + MAX_RECORD_BYTES
+MAX_COMMIT_BYTES: Final = _PREFIX.size + MAX_RECORD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +82,9 @@ def encode_entry(offset: int, timestamp_ms: int, record: Record) -> bytes:
 
 
 #: Where an encoded entry's record type is.
-_TYPE_BYTE = _PREFIX.size + 1
+_TYPE_BYTE: Final = _PREFIX.size + 1
 #: A reservation's type id, looked for in every entry appended (:func:`reservation_of`).
-_RESERVED = TYPE_IDS[ProducerIdsReserved]
+_RESERVED: Final = TYPE_IDS[ProducerIdsReserved]
 
 
 def reservation_of(entry: bytes) -> int | None:
@@ -213,7 +213,7 @@ def _all_zero(view: memoryview) -> bool:
     return True
 
 
-_ZEROS = bytes(64 * 1024)
+_ZEROS: Final = bytes(64 * 1024)
 
 
 def _only_the_last_write_after(view: memoryview, pos: int, expected: int) -> bool:
@@ -261,16 +261,16 @@ def _zero_sector_within(data: bytes, start: int, end: int) -> bool:
 
 
 #: The unit a disk writes whole or not at all (the smallest there is).
-_SECTOR = 512
-_ZERO_SECTOR = bytes(_SECTOR)
-_VERSION_BYTE = bytes([FRAME_FORMAT_VERSION])
+_SECTOR: Final = 512
+_ZERO_SECTOR: Final = bytes(_SECTOR)
+_VERSION_BYTE: Final = bytes([FRAME_FORMAT_VERSION])
 
 
 # -- names and views shared by the log, its tools and the Spark reader ------------------
 
-SEGMENT_SUFFIX = ".log"
-SNAPSHOT_SUFFIX = ".snapshot"
-TMP_SUFFIX = ".tmp"
+SEGMENT_SUFFIX: Final = ".log"
+SNAPSHOT_SUFFIX: Final = ".snapshot"
+TMP_SUFFIX: Final = ".tmp"
 
 
 class LogCorruption(PidctlError):

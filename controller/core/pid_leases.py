@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from pidctl.controller.core.errors import InvariantViolation
 from pidctl.controller.core.kafka import BLOCK_SIZE, INT64_MAX
 from pidctl.controller.core.records import LeasesState, ProducerIdsLeased, Record
 from pidctl.controller.core.result import ControllerResult
 
-DEFAULT_LEASE_SIZE = 1_000_000
-DEFAULT_PREFETCH_RATIO = 0.5
+DEFAULT_LEASE_SIZE: Final = 1_000_000
+DEFAULT_PREFETCH_RATIO: Final = 0.5
 
 
 class ProducerIdSpaceExhausted(Exception):

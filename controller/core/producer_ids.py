@@ -31,19 +31,20 @@ from pidctl.controller.core.result import ControllerResult, answer
 
 #: BrokerId and BrokerEpoch of an AllocateProducerIds sent by a job (a Spark driver), not by
 #: a broker: the caller is authorised by IdempotentWrite instead of ClusterAction.
-JOB_BROKER_ID = JOB_BROKER_EPOCH = -1
+JOB_BROKER_ID: Final = -1
+JOB_BROKER_EPOCH: Final = -1
 #: AllocateProducerIds' answer while no lease has room (the shared source is unreachable or
 #: the next lease is still being taken): retriable, what KRaft answers when it cannot commit.
-LEASE_EXHAUSTED = ErrorCode.request_timed_out
+LEASE_EXHAUSTED: Final = ErrorCode.request_timed_out
 #: ErrorCode.none, looked up once (a member read through its enum class costs ~120 ns).
-_NO_ERROR = ErrorCode.none
+_NO_ERROR: Final = ErrorCode.none
 #: Most characters of a client id a grant record keeps (the audit trail's "over which
 #: connection"): a client id may be 32,767 bytes, which a client could send with every
 #: request to fill the log and push the audit trail out of its retention. A longer one is
 #: kept as its first characters and its length; a named job's full key is in its
 #: ``JobBlockRecorded``.
-MAX_RECORDED_CLIENT_ID_CHARS = 256
-_CLIENT_ID_KEPT = MAX_RECORDED_CLIENT_ID_CHARS - 32
+MAX_RECORDED_CLIENT_ID_CHARS: Final = 256
+_CLIENT_ID_KEPT: Final = MAX_RECORDED_CLIENT_ID_CHARS - 32
 
 
 def recorded_client_id(client_id: str) -> str:

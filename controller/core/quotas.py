@@ -36,17 +36,17 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pidctl.controller.core.producer_ids import JOB_BROKER_EPOCH, JOB_BROKER_ID
 from pidctl.protocol.apis import ApiKey
 
 #: Default of the ``quota_max_buckets`` setting: buckets kept per table. A bucket is ~250
 #: bytes (its key holds a client id's hash, not the client id), so a full table is a few MB.
-DEFAULT_MAX_BUCKETS = 10_000
+DEFAULT_MAX_BUCKETS: Final = 10_000
 #: A bucket less than this far behind (seconds) is not behind: the throttles are whole
 #: milliseconds, rounded (see the module's docstring).
-_ROUNDING_S = 0.0005
+_ROUNDING_S: Final = 0.0005
 
 
 @dataclass(slots=True)
@@ -150,9 +150,11 @@ class QuotaOverride:
 
 #: The ``api_key`` of a :class:`QuotaOverride` of ``producer_ids_rate``: not an API, the
 #: producer ids created for a principal by whichever API.
-NEW_PRODUCER_IDS = -1
+NEW_PRODUCER_IDS: Final = -1
 #: The client id of a principal's overflow bucket (no client id is a tuple).
-_OVERFLOW = ("overflow",)
+_OVERFLOW: Final = ("overflow",)
+_INIT_PRODUCER_ID: Final = int(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS: Final = int(ApiKey.ALLOCATE_PRODUCER_IDS)
 
 
 def quota_subject(api_key: int, client_id: str | None, body: Any) -> tuple[str | None, bool]:
@@ -161,9 +163,9 @@ def quota_subject(api_key: int, client_id: str | None, body: Any) -> tuple[str |
     BrokerEpoch -1; a broker's blocks are the cluster's, not a producer's). A job names
     every block in its client id (``core/jobs.py``), so its requests count under its
     principal alone (None)."""
-    if api_key == ApiKey.INIT_PRODUCER_ID:
+    if api_key == _INIT_PRODUCER_ID:
         return client_id, True
-    if api_key == ApiKey.ALLOCATE_PRODUCER_IDS:
+    if api_key == _ALLOCATE_PRODUCER_IDS:
         job = body.broker_id == JOB_BROKER_ID and body.broker_epoch == JOB_BROKER_EPOCH
         return (None, True) if job else (client_id, False)
     return client_id, False

@@ -352,7 +352,7 @@ Record = (
 
 #: Each record type's stable numeric id (the frame's type byte): a record's class is its
 #: type, and this table its number (not a class attribute: compiled rule 2).
-RECORD_TYPES: dict[int, type[Record]] = {
+RECORD_TYPES: Final[dict[int, type[Record]]] = {
     1: ClusterCreated,
     2: BrokerRegistered,
     3: BrokerUnregistered,
@@ -378,7 +378,7 @@ RECORD_TYPES: dict[int, type[Record]] = {
 }
 
 #: The record types only a snapshot holds: in the log, one is corruption.
-SNAPSHOT_RECORDS: frozenset[type[Record]] = frozenset(
+SNAPSHOT_RECORDS: Final[frozenset[type[Record]]] = frozenset(
     {
         ProducerIdsState,
         LeasesState,
@@ -391,17 +391,17 @@ SNAPSHOT_RECORDS: frozenset[type[Record]] = frozenset(
 )
 #: Most bytes of packed rows in one ``...Loaded`` record: in base64 a third more, well
 #: within what a record may hold (``logformat.MAX_RECORD_BYTES``, 1 MiB).
-SNAPSHOT_CHUNK_BYTES = 512 * 1024
+SNAPSHOT_CHUNK_BYTES: Final = 512 * 1024
 
 #: :data:`RECORD_TYPES` the other way round: a record class's id.
-TYPE_IDS: dict[type[Record], int] = {cls: number for number, cls in RECORD_TYPES.items()}
+TYPE_IDS: Final[dict[type[Record], int]] = {cls: number for number, cls in RECORD_TYPES.items()}
 
 #: Version of every record payload written by this code.
-RECORD_VERSION = 1
+RECORD_VERSION: Final = 1
 
 
 #: Fields that are tuples (JSON has only lists).
-_TUPLE_FIELDS = ("listeners", "owners")
+_TUPLE_FIELDS: Final = ("listeners", "owners")
 
 
 class RecordDecodeError(ValueError):
@@ -444,7 +444,7 @@ def _payload_encoder(cls: type[Record]) -> tuple[_Values, Callable[[tuple[Any, .
 
 
 #: Built once: every request that changes state encodes a record.
-_PAYLOAD_ENCODERS = {cls: _payload_encoder(cls) for cls in RECORD_TYPES.values()}
+_PAYLOAD_ENCODERS: Final = {cls: _payload_encoder(cls) for cls in RECORD_TYPES.values()}
 
 
 def encode_payload(record: Record) -> bytes:

@@ -11,24 +11,26 @@ import binascii
 import re
 import uuid
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from pidctl.controller.core.acl import SUPPORTED_OPERATIONS, Authorizer
 
 #: Topic.INTERNAL_TOPICS: a Metadata answer marks them internal whether they exist or not.
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+INTERNAL_TOPICS: Final = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state"}
+)
 #: Topic.MAX_NAME_LENGTH (in UTF-16 code units, as Java counts).
-MAX_TOPIC_NAME_LENGTH = 249
-_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]*")
+MAX_TOPIC_NAME_LENGTH: Final = 249
+_LEGAL_NAME: Final = re.compile(r"[a-zA-Z0-9._-]*")
 #: Uuid.fromString refuses a string longer than this before decoding it.
-_MAX_UUID_STRING = 24
-_BASE64_URL = re.compile(r"[A-Za-z0-9_-]*=*")
+_MAX_UUID_STRING: Final = 24
+_BASE64_URL: Final = re.compile(r"[A-Za-z0-9_-]*=*")
 #: Java's Integer.parseInt: an optional sign, then ASCII digits, within an int.
-_JAVA_INT = re.compile(r"[+-]?[0-9]+")
-_INT32 = range(-(2**31), 2**31)
+_JAVA_INT: Final = re.compile(r"[+-]?[0-9]+")
+_INT32: Final = range(-(2**31), 2**31)
 
 #: AclOperation codes, for the bit fields of authorized operations (Utils.to32BitField).
-ACL_OPERATION_CODES = {
+ACL_OPERATION_CODES: Final = {
     "Read": 3,
     "Write": 4,
     "Create": 5,
@@ -41,7 +43,7 @@ ACL_OPERATION_CODES = {
     "IdempotentWrite": 12,
 }
 #: The field's default (Integer.MIN_VALUE): "not asked for".
-AUTHORIZED_OPERATIONS_NOT_REQUESTED = -(2**31)
+AUTHORIZED_OPERATIONS_NOT_REQUESTED: Final = -(2**31)
 
 
 def invalid_topic_name(name: str) -> str | None:
@@ -107,8 +109,8 @@ def authorized_operations(
 
 T = TypeVar("T")
 #: java.util.HashMap's first table size and load factor.
-_FIRST_TABLE = 16
-_LOAD_FACTOR = 0.75
+_FIRST_TABLE: Final = 16
+_LOAD_FACTOR: Final = 0.75
 
 
 def java_string_hash(text: str) -> int:

@@ -77,15 +77,15 @@ class TransactionalIdState:
 #: instead of an object and five ints; 30 bytes, so that with its 33-byte header it fits the
 #: allocator's 64-byte size class (32 bytes took the 72-byte one): a controller holding a
 #: million transactional ids keeps about 160 bytes for each, its id and dict slot included.
-_PACKED = struct.Struct("<qhqhiHI")
+_PACKED: Final = struct.Struct("<qhqhiHI")
 #: ``updated_ms`` must be below this (2**48 ms after 1970: the year 10889).
-MAX_UPDATED_MS = 1 << 48
+MAX_UPDATED_MS: Final = 1 << 48
 #: Where a row keeps ``updated_ms`` (high 16 bits, low 32), read without unpacking the rest.
-_UPDATED = struct.Struct("<HI")
-_UPDATED_AT = _PACKED.size - _UPDATED.size
+_UPDATED: Final = struct.Struct("<HI")
+_UPDATED_AT: Final = _PACKED.size - _UPDATED.size
 #: Default of the ``transactional_id_expiry_batch`` setting: expiry records decided (and
 #: written) in one step before other work runs; a step costs ~5 µs per id here.
-DEFAULT_EXPIRY_BATCH = 1000
+DEFAULT_EXPIRY_BATCH: Final = 1000
 
 
 def _pack(fields: StateFields) -> bytes:
@@ -123,11 +123,11 @@ def _updated_ms(row: bytes) -> int:
     return int(high << 32 | low)
 
 
-_PRODUCER_ID = struct.Struct("<q")  # a row's first field
+_PRODUCER_ID: Final = struct.Struct("<q")  # a row's first field
 
 #: Length of a transactional id in UTF-8 in :meth:`TransactionalIdTable.packed` (ids are at
 #: most ``MAX_TRANSACTIONAL_ID_BYTES``, 32767).
-_KEY_LENGTH = struct.Struct("<H")
+_KEY_LENGTH: Final = struct.Struct("<H")
 
 
 class TransactionalIdTable:
@@ -297,15 +297,15 @@ def parse_expected(producer_id: int, producer_epoch: int) -> tuple[int, int] | E
     return producer_id, producer_epoch
 
 
-_NO_PID = ProducerIdAndEpoch(ErrorCode.coordinator_load_in_progress)
+_NO_PID: Final = ProducerIdAndEpoch(ErrorCode.coordinator_load_in_progress)
 #: ErrorCode.none, looked up once: a member read through its enum class costs ~120 ns (the
 #: metaclass is searched first), and every InitProducerId answers with it.
-_NO_ERROR = ErrorCode.none
+_NO_ERROR: Final = ErrorCode.none
 
 #: Longest transactional id accepted, in UTF-8 bytes: the most a (non-flexible) Kafka
 #: STRING carries. Its record stays far below the log's record limit even when every byte
 #: needs escaping; a longer id is answered INVALID_REQUEST and nothing is written.
-MAX_TRANSACTIONAL_ID_BYTES = 32767
+MAX_TRANSACTIONAL_ID_BYTES: Final = 32767
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.logformat import (
@@ -40,29 +40,29 @@ from pidctl.controller.core.records import SNAPSHOT_RECORDS, Record
 from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.legacy_snapshot import LEGACY_MAGICS, legacy_snapshot_entries
 
-LOCK_FILE = ".lock"
+LOCK_FILE: Final = ".lock"
 
 
 #: The reservation file: no PID at or above the value it holds was granted. Written
 #: atomically before any grant that passes it (see :class:`ProducerIdsReserved`).
-RESERVATION_FILE = "producer-ids.reserved"
+RESERVATION_FILE: Final = "producer-ids.reserved"
 
 
 #: The next reservation is written into this file, opened ahead (so that a reservation needs
 #: no new file descriptor when there is none to be had), then renamed over the reservation.
-RESERVATION_NEXT_FILE = RESERVATION_FILE + ".next"
+RESERVATION_NEXT_FILE: Final = RESERVATION_FILE + ".next"
 
 
 #: A snapshot: this header (magic, CRC-32 and length of the rest), then records.
-_SNAPSHOT_MAGIC = b"PIDSNAP3"
-_SNAPSHOT_HEADER = struct.Struct(">8sIQ")
+_SNAPSHOT_MAGIC: Final = b"PIDSNAP3"
+_SNAPSHOT_HEADER: Final = struct.Struct(">8sIQ")
 
 
-_RESERVATION_MAGIC = b"PIDRSRV1"
+_RESERVATION_MAGIC: Final = b"PIDRSRV1"
 
 
 #: magic, CRC-32 of the value's 8 bytes, the value (i64).
-_RESERVATION = struct.Struct(">8sIq")
+_RESERVATION: Final = struct.Struct(">8sIq")
 
 
 class DataDirLocked(PidctlError):
@@ -209,7 +209,7 @@ def write_reservation_file(data_dir: Path, value: int) -> None:
 #: Written by start-up before it cuts a damaged tail off the log, removed once the
 #: :class:`~pidctl.controller.core.records.DamagedTailTruncated` record that says so is
 #: durable: a start-up cut short between the two still knows that the tail was cut.
-DAMAGED_TAIL_FILE = "damaged-tail.pending"
+DAMAGED_TAIL_FILE: Final = "damaged-tail.pending"
 
 
 def write_damaged_tail_file(data_dir: Path, truncated_bytes: int) -> None:
@@ -356,7 +356,7 @@ def took_no_byte(path: Path, operation: str) -> StorageFailed:
 
 
 #: How the log opens its segments: written at an offset (:func:`write_all`'s ``offset``).
-SEGMENT_FLAGS = os.O_WRONLY | os.O_CREAT
+SEGMENT_FLAGS: Final = os.O_WRONLY | os.O_CREAT
 
 
 def create_segment(path: Path, dir_fd: int) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Final
 
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.logformat import (
@@ -35,7 +36,7 @@ from pidctl.controller.log.recovery import read_log, rebuild_state
 
 #: What a directory may hold and still be formatted: ext4's ``lost+found`` (a new volume
 #: has one) and what an interrupted format leaves (the lock file, a temporary segment).
-_IGNORED_NAMES = frozenset({"lost+found", LOCK_FILE})
+_IGNORED_NAMES: Final = frozenset({"lost+found", LOCK_FILE})
 
 
 class NotFormatted(PidctlError):

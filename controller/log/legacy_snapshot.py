@@ -14,7 +14,7 @@ import base64
 import json
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pidctl.controller.core.job_table import JobTable
 from pidctl.controller.core.logformat import LogCorruption, LogEntry
@@ -34,15 +34,15 @@ from pidctl.controller.core.records import (
 from pidctl.controller.core.transactions import TransactionalIdState, TransactionalIdTable
 
 #: The magics of the snapshot files read here.
-PIDSNAP1 = b"PIDSNAP1"
-PIDSNAP2 = b"PIDSNAP2"
-LEGACY_MAGICS = (PIDSNAP1, PIDSNAP2)
+PIDSNAP1: Final = b"PIDSNAP1"
+PIDSNAP2: Final = b"PIDSNAP2"
+LEGACY_MAGICS: Final = (PIDSNAP1, PIDSNAP2)
 
 #: ``PIDSNAP2``: the length of the JSON head before the raw sections.
-_JSON_LENGTH = struct.Struct(">I")
+_JSON_LENGTH: Final = struct.Struct(">I")
 #: A table converted from an old snapshot comes whole, in one record: it is never encoded,
 #: so no record size applies.
-_WHOLE = 1 << 62
+_WHOLE: Final = 1 << 62
 
 
 def legacy_snapshot_entries(

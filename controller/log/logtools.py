@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from pidctl.controller.core.logformat import LogCorruption, LogEntry, iso_time
 from pidctl.controller.core.logformat import entry_to_dict as entry_to_dict
@@ -106,7 +107,7 @@ def format_dump(contents: LogContents, entries: list[LogEntry], as_json: bool) -
 
 
 #: What a value may hold and be shown as it is: anything else is quoted (logfmt's way).
-_QUOTED = frozenset(' "=,\\')
+_QUOTED: Final = frozenset(' "=,\\')
 
 
 def shown(value: object) -> str:

@@ -19,6 +19,7 @@ import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import mypy_extensions
 import structlog
@@ -57,7 +58,7 @@ log = structlog.get_logger("pidctl.metalog")
 
 #: Default for ``segment_max_bytes``: roll to a new segment past this size. Snapshots roll
 #: segments too, so this only matters if snapshots are disabled or rare.
-DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_SEGMENT_MAX_BYTES: Final = 64 * 1024 * 1024
 
 
 #: Default for ``snapshot_interval_records``: a snapshot after this many records bounds the
@@ -69,7 +70,7 @@ DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 #: requests meanwhile had 8 times the p99); Kafka spaces its snapshots by bytes too
 #: (``metadata.log.max.record.bytes.between.snapshots``). Replay stays bounded by the larger
 #: of the two, and costs about what reading that snapshot does.
-DEFAULT_SNAPSHOT_INTERVAL_RECORDS = 10_000
+DEFAULT_SNAPSHOT_INTERVAL_RECORDS: Final = 10_000
 
 
 #: Default for ``snapshot_min_interval_ms``: a snapshot at most this often, however fast
@@ -79,22 +80,22 @@ DEFAULT_SNAPSHOT_INTERVAL_RECORDS = 10_000
 #: the same). Replay at start-up is then bounded by this long's records under such a load
 #: (about 1.5 ms per 100 grant records, compiled: 0.8 s for 5 s at 11,000 a second), and by
 #: ``snapshot_interval_records`` under a lighter one.
-DEFAULT_SNAPSHOT_MIN_INTERVAL_S = 5.0
+DEFAULT_SNAPSHOT_MIN_INTERVAL_S: Final = 5.0
 
 
 #: Defaults for ``log_retention_bytes`` and ``log_retention_ms``: segments a snapshot covers
 #: are kept as the audit trail (``pidctl log dump``), as Kafka keeps its metadata log after
 #: snapshots (``metadata.max.retention.bytes`` and ``.ms``): every one for 7 days (a floor),
 #: older ones while the trail is within 100 MiB.
-DEFAULT_RETENTION_BYTES = 100 * 1024 * 1024
+DEFAULT_RETENTION_BYTES: Final = 100 * 1024 * 1024
 
 
-DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 
 
 #: Errors that mean "no file descriptor now", not a failing disk: a roll that meets one is
 #: postponed, not fatal.
-_FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 # Compiled (ops/compiled.py), and subclassed by what is not.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Final
 
 import structlog
 import trio
@@ -25,25 +26,25 @@ log = structlog.get_logger("pidctl.metalog")
 
 #: Default for ``log_preallocate_bytes``: zeros written ahead of the records, a chunk at a
 #: time, in the active segment (the module says why).
-DEFAULT_PREALLOCATE_BYTES = 1024 * 1024
+DEFAULT_PREALLOCATE_BYTES: Final = 1024 * 1024
 
 
 #: The most ``log_preallocate_bytes`` can be: one ``pwritev`` of :data:`_ZERO_CHUNK` s.
-MAX_PREALLOCATE_BYTES = 64 * 1024 * 1024
+MAX_PREALLOCATE_BYTES: Final = 64 * 1024 * 1024
 
 
 #: What preallocation writes, as many times as it takes (``log_preallocate_bytes`` is
 #: rounded down to whole chunks, and is at least one).
-_ZERO_CHUNK = bytes(64 * 1024)
-MIN_PREALLOCATE_BYTES = len(_ZERO_CHUNK)
+_ZERO_CHUNK: Final = bytes(64 * 1024)
+MIN_PREALLOCATE_BYTES: Final = len(_ZERO_CHUNK)
 
 
 #: Errors that mean "no file descriptor now": the zeros wait for the next commit.
-_FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 #: Errors that mean "the disk is full": preallocation gives up, the records still go on.
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL: Final = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Preallocation:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import structlog
 
@@ -266,10 +267,10 @@ def _check_snapshot_covered(path: Path, offset: int, walked: _SegmentsWalked) ->
 #: the newest segment may end in a record being written. Such a read starts again (after a
 #: pause, at most this many times), so that what it reports is one consistent state of the
 #: directory, never the server's work in progress.
-LIVE_READ_ATTEMPTS = 20
+LIVE_READ_ATTEMPTS: Final = 20
 
 
-LIVE_READ_PAUSE_S = 0.05
+LIVE_READ_PAUSE_S: Final = 0.05
 
 
 def read_log(data_dir: Path, progress: Callable[[int, int], None] | None = None) -> LogContents:

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 from pathlib import Path
+from typing import Final
 
 import structlog
 import trio
@@ -34,14 +35,14 @@ from pidctl.controller.log.sync_place import SyncPlace
 log = structlog.get_logger("pidctl.metalog")
 
 #: Back-off while no file descriptor can be had for a reservation (commits wait meanwhile).
-RESERVATION_RETRY_MIN_S = 0.05
+RESERVATION_RETRY_MIN_S: Final = 0.05
 
 
-RESERVATION_RETRY_MAX_S = 1.0
+RESERVATION_RETRY_MAX_S: Final = 1.0
 
 
 #: Errors that mean "no file descriptor now", not a failing disk.
-_FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 class ReservationFile:

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 import structlog
 import trio
@@ -34,7 +34,7 @@ log = structlog.get_logger("pidctl.metalog")
 
 #: Errors that mean "no file descriptor now", not a failing disk: a snapshot that meets
 #: one is postponed, not fatal.
-_FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 class SnapshotListener(Protocol):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from pidctl.controller.core.errors import PidctlError
 
 #: Default for ``data_dir_min_free_bytes``: room for a snapshot of a large state (a million
 #: transactional ids take ~40 MB) and records meanwhile; a grant record is ~100 bytes.
-DEFAULT_MIN_FREE_BYTES = 64 * 1024 * 1024
+DEFAULT_MIN_FREE_BYTES: Final = 64 * 1024 * 1024
 
 
 class NotEnoughSpace(PidctlError):

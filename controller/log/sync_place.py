@@ -17,26 +17,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Final
 
 #: Default for ``inline_sync_max_s``. A local disk syncs a commit in well under a millisecond
 #: (p99 0.4 ms on the development machine); a network volume or a failing disk takes longer.
-DEFAULT_INLINE_SYNC_MAX_S = 0.010
+DEFAULT_INLINE_SYNC_MAX_S: Final = 0.010
 
 
 #: After a slow sync, commits stay in the log's thread until this many in a row there were
 #: quick: a disk slow now and then (one sync in five, say) keeps them in the thread, rather
 #: than holding the loop up for every other slow sync.
-QUICK_SYNCS_BEFORE_THE_LOOP = 64
+QUICK_SYNCS_BEFORE_THE_LOOP: Final = 64
 
 
 #: A slow sync on the loop within this many times the quick syncs needed (since commits came
 #: back to the loop) doubles them: the disk is slow now and then, not once.
-BACK_OFF_WINDOW = 8
+BACK_OFF_WINDOW: Final = 8
 
 
 #: The most quick syncs in a row the thread waits for (a disk slow once in this many
 #: commits holds the loop up once in as many).
-MAX_QUICK_SYNCS_BEFORE_THE_LOOP = 64 * 1024
+MAX_QUICK_SYNCS_BEFORE_THE_LOOP: Final = 64 * 1024
 
 
 @dataclass(slots=True)

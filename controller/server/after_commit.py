@@ -28,7 +28,7 @@ from pidctl.controller.server.transport.outbox import SocketWriter
 log = structlog.get_logger("pidctl.server")
 
 #: A grant's audit line: attributes of its record, with their types.
-GRANT_FIELDS = (
+GRANT_FIELDS: Final = (
     ("holder", "str"),
     ("broker_id", "int"),
     ("broker_epoch", "int"),

@@ -17,6 +17,7 @@ import resource
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import structlog
 import trio
@@ -57,7 +58,7 @@ class ResourceLimit(PidctlError):
 #: File descriptors kept free beside client and metrics connections: the log's segment,
 #: directory and next reservation, a snapshot or roll being written, listeners, etcd,
 #: stdio and trio's own.
-RESERVED_FILE_DESCRIPTORS = 64
+RESERVED_FILE_DESCRIPTORS: Final = 64
 
 
 def raise_file_limit(max_connections: int, metrics_max_connections: int = 0) -> int:

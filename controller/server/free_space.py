@@ -4,6 +4,7 @@ grants pause before a commit meets ENOSPC (which stops the server)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 import trio
 
@@ -14,7 +15,7 @@ from pidctl.controller.server.telemetry.metrics import Metrics
 
 #: How often the data dir's free space is looked at while serving (one statvfs, in a
 #: worker thread): below data_dir_min_free_bytes grants pause within this long.
-FREE_SPACE_CHECK_S = 1.0
+FREE_SPACE_CHECK_S: Final = 1.0
 
 
 class FreeSpaceWatch:

@@ -16,16 +16,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import Final
 
 #: ``M_MMAP_THRESHOLD`` in glibc's ``malloc.h``.
-_M_MMAP_THRESHOLD = -3
+_M_MMAP_THRESHOLD: Final = -3
 
 #: Blocks at least this large get an ``mmap`` of their own (glibc's default threshold).
-MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_BYTES: Final = 128 * 1024
 
 #: The environment variable through which an operator sets the threshold themselves (glibc
 #: reads it at start-up); when it is set, pidctl leaves the threshold alone.
-OPERATOR_SETTING = "MALLOC_MMAP_THRESHOLD_"
+OPERATOR_SETTING: Final = "MALLOC_MMAP_THRESHOLD_"
 
 
 def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:

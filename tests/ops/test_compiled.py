@@ -9,6 +9,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 from ops import compiled
@@ -77,6 +78,37 @@ def test_an_exception_name_has_one_type_per_function() -> None:
                 f"{path}:{function.lineno} {function.name}: {name} is {' and '.join(sorted(t))}"
                 for name, t in types.items()
                 if len(t) > 1
+            ]
+    assert problems == []
+
+
+#: A module constant's name: upper case, maybe private.
+_CONSTANT = re.compile(r"_?[A-Z][A-Z0-9_]*")
+
+
+def test_every_compiled_module_constant_is_final() -> None:
+    """Compiled, a module constant that is not ``Final`` is looked up by name in its
+    module's dict on every read (and an imported one in the importer's); a ``Final`` one
+    is a C static, an int or string literal inlined. The request path reads dozens a
+    request (ARCHITECTURE.md, the compiled build's rules)."""
+    problems = []
+    for path in compiled.compiled_sources():
+        tree = ast.parse((compiled.ROOT / path).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if node.value is None or "Final" in ast.unparse(node.annotation):
+                    continue
+                names = [node.target.id]
+            elif isinstance(node, ast.Assign):
+                if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "TypeVar":
+                    continue  # a type variable is no value read at run time
+                names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+            else:
+                continue
+            problems += [
+                f"{path}:{node.lineno} {name}"
+                for name in names
+                if _CONSTANT.fullmatch(name) and name != "__all__"
             ]
     assert problems == []
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -17,7 +17,7 @@ log = structlog.get_logger("pidctl.alarms")
 
 #: Default for an alarm's lines: often enough to be seen in a log, rarely enough that a
 #: client retrying every 50 ms does not flood it.
-ALARM_LOG_INTERVAL_S = 10.0
+ALARM_LOG_INTERVAL_S: Final = 10.0
 
 
 class ThrottledLine:

@@ -9,7 +9,7 @@ import errno
 import socket
 import ssl
 import time
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import trio
@@ -28,8 +28,10 @@ from pidctl.protocol.addresses import HostPort
 
 log = structlog.get_logger("pidctl.server")
 
-_NOTSENT_LOWAT: int | None = getattr(socket, "TCP_NOTSENT_LOWAT", None)
-_TASK_NAME = "pidctl connection"
+#: The option's number, 0 where the platform has none (no TCP option is numbered 0; and
+#: compiled, a ``Final`` that may be None is misread as an int).
+_NOTSENT_LOWAT: Final[int] = getattr(socket, "TCP_NOTSENT_LOWAT", 0)
+_TASK_NAME: Final = "pidctl connection"
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,12 +94,12 @@ def advertised_address(
 
 #: accept(2) errors meaning "not now" (no descriptor, no memory): accept again after
 #: ACCEPT_RETRY_S seconds, as trio.serve_listeners does.
-ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-ACCEPT_RETRY_S = 0.1
+ACCEPT_CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_S: Final = 0.1
 #: accept(2) errors reporting a connection that failed before it was accepted (reset in the
 #: backlog, refused by a firewall, the network gone): nothing to serve, accept the next.
 #: The same list as trio's SocketListener skips.
-ACCEPT_SKIPPED_ERRNOS = frozenset(
+ACCEPT_SKIPPED_ERRNOS: Final = frozenset(
     getattr(errno, name)
     for name in (
         "EPERM",
@@ -121,12 +123,12 @@ ACCEPT_SKIPPED_ERRNOS = frozenset(
 #: Connections accepted from one listener in a row before the other tasks run: a storm of
 #: connections is taken in batches, and the requests of those already in are answered
 #: between them.
-ACCEPTS_PER_WAKE = 64
+ACCEPTS_PER_WAKE: Final = 64
 #: What trio's SocketStream sets on each connection, and so each accepted socket here:
 #: answers leave at once (TCP_NODELAY), and the kernel holds at most 16 KiB unsent per
 #: connection (TCP_NOTSENT_LOWAT: past it a write takes nothing, and the outbox holds the
 #: rest, counted against max_unwritten_bytes_per_connection).
-NOTSENT_LOWAT_BYTES = 16 * 1024
+NOTSENT_LOWAT_BYTES: Final = 16 * 1024
 
 
 class Admission:
@@ -222,7 +224,7 @@ class Admission:
         try:
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if _NOTSENT_LOWAT is not None:
+            if _NOTSENT_LOWAT:
                 conn.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, NOTSENT_LOWAT_BYTES)
         except OSError:  # (gone already: nothing to serve)
             conn.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Callable
+from typing import Final
 
 from pidctl.controller.api.access import ConnectionInfo
 from pidctl.controller.api.handlers import Controller
@@ -32,16 +33,16 @@ from pidctl.protocol.idempotent_inits import answer_run
 from pidctl.protocol.init_requests import InitRequested
 from pidctl.protocol.server import IdempotentInits, RequestReceived
 
-_SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
-_INIT_PRODUCER_ID = api_name(ApiKey.INIT_PRODUCER_ID)
-_ALLOCATE_PRODUCER_IDS = api_name(ApiKey.ALLOCATE_PRODUCER_IDS)
-_INIT_PRODUCER_ID_KEY = int(ApiKey.INIT_PRODUCER_ID)
-_ALLOCATE_PRODUCER_IDS_KEY = int(ApiKey.ALLOCATE_PRODUCER_IDS)
+_SASL_APIS: Final = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+_INIT_PRODUCER_ID: Final = api_name(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS: Final = api_name(ApiKey.ALLOCATE_PRODUCER_IDS)
+_INIT_PRODUCER_ID_KEY: Final = int(ApiKey.INIT_PRODUCER_ID)
+_ALLOCATE_PRODUCER_IDS_KEY: Final = int(ApiKey.ALLOCATE_PRODUCER_IDS)
 #: The answers of requests a strict quota refuses undecided (api/responses.py says why
 #: these errors): an InitProducerId's, alone or a run of one, and an AllocateProducerIds'.
-_OVER_QUOTA_INIT = InitAnswer(QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID])
-_OVER_QUOTA_RUN = IdempotentRun((), QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID], NO_WAIT)
-_OVER_QUOTA_BLOCK = Block(QUOTA_REFUSALS[ApiKey.ALLOCATE_PRODUCER_IDS], 0, 0)
+_OVER_QUOTA_INIT: Final = InitAnswer(QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID])
+_OVER_QUOTA_RUN: Final = IdempotentRun((), QUOTA_REFUSALS[ApiKey.INIT_PRODUCER_ID], NO_WAIT)
+_OVER_QUOTA_BLOCK: Final = Block(QUOTA_REFUSALS[ApiKey.ALLOCATE_PRODUCER_IDS], 0, 0)
 
 
 class Answerers:
@@ -249,7 +250,7 @@ class Answerers:
 
 #: The requests ``protocol/server.py``'s readers yield, and the one answerer of each kind
 #: (whichever reader read it, whatever the settings).
-ANSWERERS: dict[type, Callable[..., int]] = {
+ANSWERERS: Final[dict[type, Callable[..., int]]] = {
     RequestReceived: Answerers.answer_request,
     IdempotentInits: Answerers.answer_run,
     InitRequested: Answerers.answer_init,

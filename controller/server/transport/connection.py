@@ -55,10 +55,10 @@ log = structlog.get_logger("pidctl.server")
 
 #: Bytes asked of the socket per read. Requests are small; 64 KiB takes many pipelined ones
 #: in one system call without holding much memory per connection.
-RECEIVE_BYTES = 64 * 1024
+RECEIVE_BYTES: Final = 64 * 1024
 #: How often the watchdog looks at the connections' deadlines at most; a deadline is met
 #: within this (or a quarter of the shortest timeout, whichever is less).
-WATCHDOG_PERIOD_S = 1.0
+WATCHDOG_PERIOD_S: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import select
+from typing import Final
 
 import trio
 
-_HANGUP = getattr(select, "EPOLLRDHUP", 0) | getattr(select, "EPOLLONESHOT", 0)
+_HANGUP: Final = getattr(select, "EPOLLRDHUP", 0) | getattr(select, "EPOLLONESHOT", 0)
 
 
 class Hangups:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+from typing import Final
 
 import structlog
 import trio
@@ -33,17 +34,17 @@ from pidctl.controller.server.transport.admission import (
 from pidctl.protocol.addresses import HostPort
 
 #: Bytes of a request head read at most; a scrape sends a few hundred.
-MAX_REQUEST_HEAD_BYTES = 8192
+MAX_REQUEST_HEAD_BYTES: Final = 8192
 #: Default of ``metrics_request_timeout_ms``: time a client may take to send its request
 #: head. Prometheus and the probes of Kubernetes and Docker send it as they connect.
-DEFAULT_REQUEST_TIMEOUT_S = 1.0
+DEFAULT_REQUEST_TIMEOUT_S: Final = 1.0
 #: Time a connection may take in all (its head, then reading the answer): a client that
 #: never reads cannot hold a connection for ever.
-CONNECTION_TIMEOUT_S = 10.0
+CONNECTION_TIMEOUT_S: Final = 10.0
 
 log = structlog.get_logger("pidctl.http")
 
-_TEXT = "text/plain; charset=utf-8"
+_TEXT: Final = "text/plain; charset=utf-8"
 
 
 class _Connection:

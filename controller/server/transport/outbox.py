@@ -68,25 +68,35 @@ class Outbox:
     def requests(self) -> int:
         """Requests whose answers are not yet written: past its limit the connection reads
         no more."""
-        if self.empty:
-            return 0  # (the usual case, asked on every round)
-        unsent = sum(len(timings) for _, timings in self.unsent)
-        return unsent + self._purgatory.requests(self)
+        held = self._purgatory.held(self)
+        count = 0 if held is None else held.requests
+        if self.unsent:  # (rarely: a client that does not read)
+            count += sum(len(timings) for _, timings in self.unsent)
+        return count
 
     @property
     def unwritten_bytes(self) -> int:
         """Bytes of the answers not yet written: the connection reads no more past its
         limit either."""
-        return sum(len(data) for data, _ in self.unsent) + self._purgatory.held_bytes(self)
+        held = self._purgatory.held(self)
+        return sum(len(data) for data, _ in self.unsent) + (0 if held is None else held.bytes)
 
     def full(self, max_requests: int, max_bytes: int) -> bool:
         """Whether the connection must read no more until its answers are written: as many
         requests wait for their answers as it may have in flight, or their answers hold
         ``max_bytes`` (a client that does not read its answers is muted, as Kafka mutes a
         channel whose response is not yet sent)."""
-        if self.empty:
-            return False
-        return self.requests >= max_requests or self.unwritten_bytes >= max_bytes
+        held = self._purgatory.held(self)  # (asked on every round: one lookup)
+        if held is None:
+            if not self.unsent:
+                return False  # (the usual case)
+            requests = size = 0
+        else:
+            requests, size = held.requests, held.bytes
+        for data, timings in self.unsent:
+            requests += len(timings)
+            size += len(data)
+        return requests >= max_requests or size >= max_bytes
 
     async def wait_empty(self) -> None:
         """Until every answer posted has been written (or the connection broke)."""

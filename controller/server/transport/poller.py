@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import select
 from collections.abc import Callable
+from typing import Final
 
 import trio
 
@@ -30,7 +31,7 @@ Round = Callable[[], bool]
 #: Readable connections served in one pass before the poller lets the other tasks run (the
 #: commit among them): a pass over thousands of busy connections would hold the loop for
 #: as long. The kernel reports the rest (and these again, after them) on the next pass.
-EVENTS_PER_PASS = 256
+EVENTS_PER_PASS: Final = 256
 
 
 def available() -> bool:

@@ -26,6 +26,21 @@ def test_an_answer_waits_for_its_offset_and_those_behind_it_for_it() -> None:
     assert not purgatory.holds("a") and purgatory.requests("a") == 0
 
 
+def test_a_key_that_waits_again_starts_from_nothing() -> None:
+    """An emptied or dropped key's queue serves the next key that waits: it carries none of
+    what it held, nor its totals."""
+    purgatory: Purgatory[str] = Purgatory()
+    purgatory.hold("a", 1, b"aaaa", [("x", 0.0), ("x", 0.0)])
+    purgatory.hold("d", 9, b"dd", [("x", 0.0)])
+    purgatory.drop("d")
+    assert [key for key, _, _ in purgatory.release(2)] == ["a"]
+    for key in ("b", "c"):  # the two spare queues, then none
+        assert purgatory.hold(key, 3, b"b", [("y", 1.0)]) == 3
+    assert purgatory.requests("b") == purgatory.requests("c") == 1
+    assert purgatory.held_bytes("b") == 1 and purgatory.held("a") is None
+    assert purgatory.release(4) == [("b", b"b", [("y", 1.0)]), ("c", b"b", [("y", 1.0)])]
+
+
 def test_a_dropped_key_releases_nothing() -> None:
     purgatory: Purgatory[str] = Purgatory()
     purgatory.hold("gone", 1, b"late", [])
@@ -71,3 +86,5 @@ def test_every_answer_leaves_once_durable_and_in_the_order_held(
         assert all(len(timings) == data.count(b";") for _, data, timings in released)
         for held_key, answers in pending.items():
             assert purgatory.requests(held_key) == len(answers)
+            assert purgatory.held_bytes(held_key) == sum(len(data) for _, data in answers)
+            assert purgatory.holds(held_key) == bool(answers)
