@@ -86,7 +86,15 @@ def build_rooms(
     authorizer: Authorizer,
     credentials: Callable[[], CredentialStore],
 ) -> Rooms:
-    """The rooms over ``state`` (recovered as ``recovery`` says), none started."""
+    """The rooms over ``state`` (recovered as ``recovery`` says), none started.
+    :class:`PidSourceMismatch` before anything is opened if the data dir leased from etcd
+    and ``pid_source`` is not set: its PIDs above its last lease other controllers may
+    hold."""
+    if state.leases.lease_mode and not settings.pid_source:
+        raise PidSourceMismatch(
+            "this data dir took its producer ids from etcd leases; without pid_source "
+            "it could grant ids other controllers hold (set pid_source again)"
+        )
     exhausted = Alarm("producer_ids", "no producer id left", http.faults)
     refusals = Refusals(metrics, state, settings.pid_range, exhausted)
     #: Reads the idle plain-TCP connections (transport/poller.py); None without epoll.
@@ -205,14 +213,8 @@ def _lease_keeper(
     http: HttpEndpoint,
 ) -> LeaseKeeper | None:
     """With ``pid_source`` (and ``bell``, which the quorum controller rings): the task
-    that leases from etcd. Without: refuse a data dir that leased before, whose PIDs
-    above its last lease other controllers may hold."""
+    that leases from etcd; without, None."""
     if bell is None:
-        if quorum.state.leases.lease_mode:
-            raise PidSourceMismatch(
-                "this data dir took its producer ids from etcd leases; without pid_source "
-                "it could grant ids other controllers hold (set pid_source again)"
-            )
         return None
     metrics.lease_size.set(settings.pid_lease_size)
 

@@ -1,10 +1,11 @@
 """The rooms built over a real recovered data dir, as ``pidctl serve`` builds them: a grant
 the controller decides reaches the after-commit listener once its commit is durable (the
 quorum controller's observers and the log's listener handed in at construction); a data
-dir that leased from etcd is refused without pid_source."""
+dir that leased from etcd is refused without pid_source, before anything is opened."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,10 @@ async def test_a_data_dir_that_leased_is_refused_without_pid_source(tmp_path: Pa
     state, recovery = await recover_state(tmp_path, settings, metrics, http)
     state.leases.lease_mode = True  # (as a lease record leaves it)
     store = CredentialStore()
+    open_before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(PidSourceMismatch):
         build_rooms(
             settings, state, recovery, metrics, http, Quotas({}), Authorizer(), lambda: store
         )
+    # Refused before the log is opened: no descriptor is left behind (the server exits).
+    assert sorted(os.listdir("/proc/self/fd")) == open_before
