@@ -13,7 +13,9 @@ import trio
 
 from pidctl.controller.core.acl import Authorizer
 from pidctl.controller.core.quotas import Quotas
+from pidctl.controller.core.state import ControllerState
 from pidctl.controller.log.formatting import format_data_dir
+from pidctl.controller.log.recovery import Recovery
 from pidctl.controller.server.rooms import PidSourceMismatch, build_rooms
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.startup import recover_state
@@ -23,12 +25,21 @@ from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.settings import Settings
 
 
-async def test_a_grant_is_told_after_its_commit(tmp_path: Path) -> None:
-    format_data_dir(tmp_path, "cluster-a", 1, 0)
-    settings = Settings(data_dir=tmp_path)
+async def _recovered(
+    data_dir: Path,
+) -> tuple[Settings, Metrics, HttpEndpoint, ControllerState, Recovery]:
+    """A freshly formatted data dir recovered as ``pidctl serve`` does: its settings,
+    metrics, HTTP endpoint, state and recovery."""
+    format_data_dir(data_dir, "cluster-a", 1, 0)
+    settings = Settings(data_dir=data_dir)
     metrics = Metrics()
     http = HttpEndpoint(metrics, 1)
-    state, recovery = await recover_state(tmp_path, settings, metrics, http)
+    state, recovery = await recover_state(data_dir, settings, metrics, http)
+    return settings, metrics, http, state, recovery
+
+
+async def test_a_grant_is_told_after_its_commit(tmp_path: Path) -> None:
+    settings, metrics, http, state, recovery = await _recovered(tmp_path)
     store = CredentialStore()
     rooms = build_rooms(
         settings, state, recovery, metrics, http, Quotas({}), Authorizer(), lambda: store
@@ -49,11 +60,7 @@ async def test_a_grant_is_told_after_its_commit(tmp_path: Path) -> None:
 
 
 async def test_a_data_dir_that_leased_is_refused_without_pid_source(tmp_path: Path) -> None:
-    format_data_dir(tmp_path, "cluster-a", 1, 0)
-    settings = Settings(data_dir=tmp_path)
-    metrics = Metrics()
-    http = HttpEndpoint(metrics, 1)
-    state, recovery = await recover_state(tmp_path, settings, metrics, http)
+    settings, metrics, http, state, recovery = await _recovered(tmp_path)
     state.leases.lease_mode = True  # (as a lease record leaves it)
     store = CredentialStore()
     open_before = sorted(os.listdir("/proc/self/fd"))
