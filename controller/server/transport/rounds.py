@@ -90,4 +90,8 @@ class Rounds:
             self.accounting.count(api_name(header.api_key), header.api_version, body)
             answers.data.append(connection.send(header, body))
         if connection.phase is Phase.CLOSED and not connection.has_pending_requests:
+            # Closed (a failed authentication, the client's end) once the round was full:
+            # its end is this round's too, or the task would read on a closed connection.
             event = connection.next_event()
+            if isinstance(event, ConnectionClosed):
+                decided.closed = event

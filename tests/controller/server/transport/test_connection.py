@@ -534,13 +534,17 @@ def _alice() -> CredentialStore:
 ENABLED = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
-async def _until_closed(tmp_path: Path, transport: str, *bodies: Any) -> tuple[list[Any], Served]:
+async def _until_closed(
+    tmp_path: Path, transport: str, *bodies: Any, max_in_flight: int = 100
+) -> tuple[list[Any], Served]:
     """``bodies`` in one write on a new connection to a SASL listener (alice's password:
     wonderland): the answers that came before the server closed it, and the server."""
-    async with serving(tmp_path, credentials=_alice()) as served:
-        peer = await served.connect(transport, sasl=True)
+    connection_limits = limits(max_in_flight=max_in_flight)
+    async with serving(tmp_path, credentials=_alice(), connection_limits=connection_limits) as s:
+        peer = await s.connect(transport, sasl=True)
         await peer.send(*bodies)
-        return await peer.closed(), served
+        with trio.fail_after(30):  # (a server that never closes fails, not hangs)
+            return await peer.closed(), s
 
 
 async def test_requests_after_sasl_in_the_same_read_act_as_the_authenticated_user(
@@ -577,6 +581,23 @@ async def test_a_failed_authentication_is_answered_then_closed_and_nothing_after
     assert served.reasons == ["authentication_failed"]
     assert served.metric("pidctl_authentication_failures_total", mechanism="PLAIN") == 1
     assert not any(isinstance(r, ProducerIdsGranted) for r in served.records)
+
+
+async def test_a_failed_authentication_that_fills_its_round_still_closes(
+    tmp_path: Path, transport: str
+) -> None:
+    """One request in flight: the failed SaslAuthenticate's answer fills the round, and the
+    close that follows it is still that round's end (not taken and dropped, leaving the
+    task to read on a closed connection)."""
+    (handshake, refusal), served = await _until_closed(
+        tmp_path,
+        transport,
+        requests.sasl_handshake("PLAIN"),
+        requests.sasl_authenticate(plain_token("alice", "not-the-password")),
+        max_in_flight=1,
+    )
+    assert (handshake.error_code, refusal.error_code) == (0, 58)
+    assert served.reasons == ["authentication_failed"]
 
 
 async def test_a_request_before_authentication_closes_the_connection(
