@@ -214,8 +214,10 @@ def _millis(throttle: datetime.timedelta) -> int:
     return round(throttle.total_seconds() * 1000)  # as kio writes an i32 timedelta
 
 
-_INIT_V0_PACK, _INIT_V0_SIZE = INIT_PRODUCER_ID_ANSWER_V0.pack, INIT_PRODUCER_ID_ANSWER_V0.size - 4
-_INIT_V2_PACK, _INIT_V2_SIZE = INIT_PRODUCER_ID_ANSWER_V2.pack, INIT_PRODUCER_ID_ANSWER_V2.size - 4
+_INIT_V0_PACK: Final = INIT_PRODUCER_ID_ANSWER_V0.pack
+_INIT_V0_SIZE: Final = INIT_PRODUCER_ID_ANSWER_V0.size - 4
+_INIT_V2_PACK: Final = INIT_PRODUCER_ID_ANSWER_V2.pack
+_INIT_V2_SIZE: Final = INIT_PRODUCER_ID_ANSWER_V2.size - 4
 _ALLOCATE_PACK: Final = ALLOCATE_PRODUCER_IDS_ANSWER_V0.pack
 _ALLOCATE_SIZE: Final = ALLOCATE_PRODUCER_IDS_ANSWER_V0.size - 4
 
@@ -284,7 +286,9 @@ def _uvarint(value: int) -> bytes:
 
 _BYTES: Final = [bytes([b]) for b in range(256)]
 _COORDINATOR_TAIL: Final = struct.Struct(">ih")  # port, error code
-_coordinator_shape = operator.attrgetter("node_id", "host", "port", "error_code", "error_message")
+_coordinator_shape: Final = operator.attrgetter(
+    "node_id", "host", "port", "error_code", "error_message"
+)
 
 
 def _compact_string(text: str | None) -> bytes:

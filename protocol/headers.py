@@ -16,12 +16,12 @@ from kio.serial.errors import DecodeError
 from kio.serial.readers import read_unsigned_varint
 from kio.static.primitive import i16, i32
 
-_read_v1 = entity_reader(RequestHeaderV1)
-_read_v2 = entity_reader(RequestHeaderV2)
-_write_request_v1 = entity_writer(RequestHeaderV1)
-_write_request_v2 = entity_writer(RequestHeaderV2)
-_write_response_v0 = entity_writer(ResponseHeaderV0)
-_write_response_v1 = entity_writer(ResponseHeaderV1)
+_read_v1: Final = entity_reader(RequestHeaderV1)
+_read_v2: Final = entity_reader(RequestHeaderV2)
+_write_request_v1: Final = entity_writer(RequestHeaderV1)
+_write_request_v2: Final = entity_writer(RequestHeaderV2)
+_write_response_v0: Final = entity_writer(ResponseHeaderV0)
+_write_response_v1: Final = entity_writer(ResponseHeaderV1)
 
 
 class RequestHeader(NamedTuple):

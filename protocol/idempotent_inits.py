@@ -69,7 +69,8 @@ def read_idempotent_init(frame: bytes, served: Shapes) -> tuple[int, int] | None
 
 
 #: The answers' layouts are the codec's precompiled ones.
-_ANSWER_V0, _ANSWER_V2 = INIT_PRODUCER_ID_ANSWER_V0, INIT_PRODUCER_ID_ANSWER_V2
+_ANSWER_V0: Final = INIT_PRODUCER_ID_ANSWER_V0
+_ANSWER_V2: Final = INIT_PRODUCER_ID_ANSWER_V2
 _SIZE_V0: Final = _ANSWER_V0.size - 4
 _SIZE_V2: Final = _ANSWER_V2.size - 4
 

@@ -101,7 +101,7 @@ def _pack(fields: StateFields) -> bytes:
 StateFields = tuple[int, int, int, int, int, int]
 #: The :data:`StateFields` of a :class:`TransactionalIdState`, or of a
 #: :class:`TransactionalIdUpdated` record (the same attributes), without making a state.
-state_fields: Callable[[TransactionalIdState | TransactionalIdUpdated], StateFields] = (
+state_fields: Final[Callable[[TransactionalIdState | TransactionalIdUpdated], StateFields]] = (
     operator.attrgetter(
         "producer_id",
         "producer_epoch",

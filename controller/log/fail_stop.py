@@ -9,12 +9,13 @@ log's listener and raised; the log's writer, its snapshots and its preallocation
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 import structlog
 
 from pidctl.controller.log.datadir import StorageFailed
 
-log = structlog.get_logger("pidctl.metalog")
+log: Final = structlog.get_logger("pidctl.metalog")
 
 
 class FailStop:

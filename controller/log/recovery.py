@@ -44,7 +44,7 @@ from pidctl.controller.log.datadir import (
     write_reservation_file,
 )
 
-log = structlog.get_logger("pidctl.metalog")
+log: Final = structlog.get_logger("pidctl.metalog")
 
 
 class ReservationRefused(PidctlError):

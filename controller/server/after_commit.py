@@ -25,7 +25,7 @@ from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.server.transport.outbox import SocketWriter
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 #: A grant's audit line: attributes of its record, with their types.
 GRANT_FIELDS: Final = (
@@ -38,7 +38,7 @@ GRANT_FIELDS: Final = (
     ("client_id", "str | None"),
 )
 #: A grant record's values of :data:`GRANT_FIELDS`, in their order.
-_grant_values = operator.attrgetter(*(name for name, _ in GRANT_FIELDS))
+_grant_values: Final = operator.attrgetter(*(name for name, _ in GRANT_FIELDS))
 
 
 class AfterCommit(CommitListener):

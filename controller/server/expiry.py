@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import structlog
 import trio
@@ -13,7 +14,7 @@ from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.server.telemetry.metrics import Metrics
 from pidctl.controller.server.transport.connection import now
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 
 class Expiry:

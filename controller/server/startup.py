@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Final
 
 import structlog
 import trio
@@ -24,7 +25,7 @@ from pidctl.controller.server.transport.http import HttpEndpoint
 from pidctl.controller.settings import Settings
 from pidctl.protocol import __version__
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 
 class ClusterIdMismatch(PidctlError):

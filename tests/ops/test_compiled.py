@@ -82,33 +82,40 @@ def test_an_exception_name_has_one_type_per_function() -> None:
     assert problems == []
 
 
-#: A module constant's name: upper case, maybe private.
-_CONSTANT = re.compile(r"_?[A-Z][A-Z0-9_]*")
+#: A type alias's name (``Timings``): CamelCase, a type, not a value read at run time.
+_TYPE_ALIAS = re.compile(r"_?[A-Z][a-z0-9]+[A-Za-z0-9]*")
 
 
-def test_every_compiled_module_constant_is_final() -> None:
-    """Compiled, a module constant that is not ``Final`` is looked up by name in its
-    module's dict on every read (and an imported one in the importer's); a ``Final`` one
-    is a C static, an int or string literal inlined. The request path reads dozens a
-    request (ARCHITECTURE.md, the compiled build's rules)."""
+def _bound_names(target: ast.expr) -> list[str]:
+    if isinstance(target, ast.Tuple):
+        return [name for element in target.elts for name in _bound_names(element)]
+    return [target.id] if isinstance(target, ast.Name) else []
+
+
+def test_every_compiled_module_value_is_final() -> None:
+    """Compiled, a module-level value (a constant, a logger, a bound reader) that is not
+    ``Final`` is looked up by name in its module's dict on every read (and an imported
+    one in the importer's); a ``Final`` one is a C static, an int or string literal
+    inlined. The request path reads dozens a request (ARCHITECTURE.md, the compiled
+    build's rules). Type aliases and type variables are no values read at run time."""
     problems = []
     for path in compiled.compiled_sources():
         tree = ast.parse((compiled.ROOT / path).read_text())
         for node in tree.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(node, ast.AnnAssign):
                 if node.value is None or "Final" in ast.unparse(node.annotation):
                     continue
-                names = [node.target.id]
+                names = _bound_names(node.target)
             elif isinstance(node, ast.Assign):
                 if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "TypeVar":
-                    continue  # a type variable is no value read at run time
-                names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+                    continue
+                names = [name for target in node.targets for name in _bound_names(target)]
             else:
                 continue
             problems += [
                 f"{path}:{node.lineno} {name}"
                 for name in names
-                if _CONSTANT.fullmatch(name) and name != "__all__"
+                if name != "__all__" and not _TYPE_ALIAS.fullmatch(name)
             ]
     assert problems == []
 

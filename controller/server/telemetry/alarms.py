@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import structlog
 
-log = structlog.get_logger("pidctl.alarms")
+log: Final = structlog.get_logger("pidctl.alarms")
 
 #: Default for an alarm's lines: often enough to be seen in a log, rarely enough that a
 #: client retrying every 50 ms does not flood it.

@@ -7,7 +7,7 @@ writers tell it); the quotas decide (``core/quotas.py``), this counts and logs."
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Final
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -17,7 +17,7 @@ from pidctl.controller.api.purgatory import Timings
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.telemetry.metrics import Metrics
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 
 class Accounting:

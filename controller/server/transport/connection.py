@@ -51,7 +51,7 @@ from pidctl.protocol.server import ConnectionClosed, Phase, ServerConnection
 #: ``now`` is the rounds' clock (``rounds.py``), for the server's other decisions too.
 __all__ = ["ConnectionLimits", "ConnectionTasks", "LiveConnection", "now"]
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 #: Bytes asked of the socket per read. Requests are small; 64 KiB takes many pipelined ones
 #: in one system call without holding much memory per connection.

@@ -42,7 +42,7 @@ DEFAULT_REQUEST_TIMEOUT_S: Final = 1.0
 #: never reads cannot hold a connection for ever.
 CONNECTION_TIMEOUT_S: Final = 10.0
 
-log = structlog.get_logger("pidctl.http")
+log: Final = structlog.get_logger("pidctl.http")
 
 _TEXT: Final = "text/plain; charset=utf-8"
 
