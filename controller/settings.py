@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pidctl.controller.api.handlers import (
+from pidctl.controller.api.access import (
     DEFAULT_MAX_COORDINATOR_KEYS,
     DEFAULT_MAX_METADATA_TOPICS,
     DEFAULT_MAX_REGISTRATION_ENTRIES,

@@ -21,21 +21,10 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
-from pidctl.controller.api.access import (
-    DEFAULT_MAX_COORDINATOR_KEYS,
-    DEFAULT_MAX_METADATA_TOPICS,
-    DEFAULT_MAX_REGISTRATION_ENTRIES,
-    Access,
-    ConnectionInfo,
-    RequestLimits,
-)
+from pidctl.controller.api.access import Access, ConnectionInfo, RequestLimits
 from pidctl.controller.api.allocate_producer_ids import AllocateProducerIdsHandler
 from pidctl.controller.api.cluster_apis import ClusterApis
-from pidctl.controller.api.init_producer_id import (
-    IdempotentRun,
-    InitAnswer,
-    InitProducerIdHandler,
-)
+from pidctl.controller.api.init_producer_id import InitProducerIdHandler
 from pidctl.controller.api.metadata_apis import MetadataApis
 from pidctl.controller.api.pool_grants import PoolGrants
 from pidctl.controller.api.quorum import Now, QuorumController
@@ -52,19 +41,6 @@ from pidctl.controller.core.logformat import RecordTooLarge
 from pidctl.protocol.apis import ApiKey, SupportedApis, supported_apis
 from pidctl.protocol.codec import Request
 from pidctl.protocol.headers import RequestHeader
-
-#: Where the names the other rooms import from here are defined.
-__all__ = [
-    "DEFAULT_MAX_COORDINATOR_KEYS",
-    "DEFAULT_MAX_METADATA_TOPICS",
-    "DEFAULT_MAX_REGISTRATION_ENTRIES",
-    "SERVED_APIS",
-    "ConnectionInfo",
-    "Controller",
-    "IdempotentRun",
-    "InitAnswer",
-    "RequestLimits",
-]
 
 #: Versions served, per API: what Kafka 4.x serves, as far as kio has the schemas.
 #: InitProducerId stops at v5: v6 is KIP-939's two-phase commit, which pidctl does not do.
@@ -116,18 +92,19 @@ class Controller:
         the API's name, and whether the range is used up for good (an operator must widen
         it) rather than waiting for a lease or a block. ``on_paused``: told of each request
         refused while grants are paused (:attr:`paused`): the API's name."""
-        #: The managers, for their decisions (read and decided here; changed only by apply).
+        #: The managers' state, what the handlers read (changed only by the quorum's apply).
         self.state = quorum.state
-        self.node_id = node_id
         self.limits = limits = limits or RequestLimits()
         #: The authorizer and the pause, one for every handler.
         self.access = access = Access(authorizer or Authorizer(), on_paused or _told_nobody_paused)
-        #: What an idempotent InitProducerId's answer waits for (its block's grant): one of
-        #: the quorum controller's observers (``pool_grants.for_pool``).
-        self._pool_grants = pool_grants
         told = on_no_producer_id or _told_nobody
-        #: The handlers of the APIs read as values of their own, for the connections.
-        self.inits = InitProducerIdHandler(quorum, access, self._pool_grants, told)
+        # Not observing, the pool's grants would never say a block is durable: every
+        # idempotent answer would wait for a commit of its own.
+        assert pool_grants.applied in quorum.observers, "pool_grants must observe the quorum"
+        #: The handlers of the APIs read as values of their own, for the connections. An
+        #: idempotent InitProducerId's answer waits for its block's grant (``pool_grants``:
+        #: one of the quorum controller's observers, ``pool_grants.for_pool``).
+        self.inits = InitProducerIdHandler(quorum, access, pool_grants, told)
         self.allocations = AllocateProducerIdsHandler(quorum, access, told)
         self.supported: SupportedApis = supported_apis(SERVED_APIS)
         self.api_versions = ApiVersionsAnswers(self.supported)

@@ -1,7 +1,7 @@
 """InitProducerId's one handler, whichever reader read the request: a transactional id's
 PID and epoch (``core/transactions.init_transactional``), an idempotent producer's PID from
-the controller's pool, alone or a run of them (``init_transactional`` /
-``init_idempotent_run``), authorised and applied; an idempotent answer waits only for its
+the controller's pool, a run of them at a time (``init_idempotent_run``; one alone is a run
+of one), authorised and applied; an idempotent answer waits only for its
 PID's block's grant (``pool_grants.py``)."""
 
 from __future__ import annotations

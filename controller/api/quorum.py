@@ -5,7 +5,8 @@ A manager decides and returns a :class:`~pidctl.controller.core.result.Controlle
 :meth:`QuorumController.apply` replays its records onto the managers (which checks every
 invariant first, so a record that would corrupt the log fails before it is appended) and
 appends them to the log's buffer, which never waits. Whoever writes records goes through
-here: the API handlers (``handlers.py``), start-up's bootstrap records
+here: the API handlers (``init_producer_id.py``, ``allocate_producer_ids.py``,
+``cluster_apis.py``), start-up's bootstrap records
 (``server/startup.py``) and the periodic expiries (``server/expiry.py``), the lease keeper,
 ``pidctl import-zk``. Snapshots are taken here too, at an instant between two decisions.
 Decisions run one at a time on the event loop, so nothing needs a lock.

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Final
 
 import structlog
 
-from pidctl.controller.api.handlers import Controller, RequestLimits
+from pidctl.controller.api.access import RequestLimits
+from pidctl.controller.api.handlers import Controller
 from pidctl.controller.api.pool_grants import for_pool
 from pidctl.controller.api.quorum import QuorumController, snapshot_of
 from pidctl.controller.core.acl import Authorizer
@@ -45,7 +47,7 @@ from pidctl.controller.server.transport.poller import Poller
 from pidctl.controller.server.transport.poller import available as poller_available
 from pidctl.controller.settings import Settings
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 
 class PidSourceMismatch(PidctlError):

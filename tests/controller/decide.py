@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.access import ConnectionInfo
+from pidctl.controller.api.handlers import Controller
 from pidctl.controller.api.quorum import Now
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.block_requests import block_request_of

@@ -14,7 +14,7 @@ from typing import Any, Final
 import structlog
 import trio
 
-from pidctl.controller.api.handlers import ConnectionInfo
+from pidctl.controller.api.access import ConnectionInfo
 from pidctl.controller.core.errors import PidctlError
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.server.security.x500 import BadCertificate, principal_from_certificate
@@ -26,7 +26,7 @@ from pidctl.controller.server.transport.socket_io import close_socket
 from pidctl.controller.settings import Settings
 from pidctl.protocol.addresses import HostPort
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 #: The option's number, 0 where the platform has none (no TCP option is numbered 0; and
 #: compiled, a ``Final`` that may be None is misread as an int).

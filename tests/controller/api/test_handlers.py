@@ -16,7 +16,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4 import FindCoordinatorRequest
 from kio.static.primitive import i8
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.api.access import ConnectionInfo, RequestLimits
+from pidctl.controller.api.handlers import Controller
 from pidctl.controller.api.pool_grants import for_pool
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.acl import Acl, Authorizer

@@ -17,7 +17,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller
+from pidctl.controller.api.access import ConnectionInfo
+from pidctl.controller.api.handlers import Controller
 from pidctl.controller.api.pool_grants import PoolGrants, for_pool
 from pidctl.controller.api.quorum import Now, QuorumController
 from pidctl.controller.core.jobs import JobKey

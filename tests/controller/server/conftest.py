@@ -15,7 +15,8 @@ import trio
 import trio.testing
 from kio.static.protocol import RequestPayload
 
-from pidctl.controller.api.handlers import ConnectionInfo, Controller, RequestLimits
+from pidctl.controller.api.access import ConnectionInfo, RequestLimits
+from pidctl.controller.api.handlers import Controller
 from pidctl.controller.api.pool_grants import for_pool
 from pidctl.controller.api.quorum import QuorumController
 from pidctl.controller.core.quotas import Quotas

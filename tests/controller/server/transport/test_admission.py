@@ -18,7 +18,7 @@ import structlog
 import trio
 import trustme
 
-from pidctl.controller.api.handlers import ConnectionInfo
+from pidctl.controller.api.access import ConnectionInfo
 from pidctl.controller.api.quorum import Now
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted

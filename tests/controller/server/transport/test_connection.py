@@ -26,7 +26,7 @@ import trio
 import trio.testing
 from kio.static.primitive import i8
 
-from pidctl.controller.api.handlers import RequestLimits
+from pidctl.controller.api.access import RequestLimits
 from pidctl.controller.core.quotas import Quotas
 from pidctl.controller.core.records import ProducerIdsGranted
 from pidctl.controller.server.security.sasl import CredentialStore, ScramCredential
