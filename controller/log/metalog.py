@@ -15,7 +15,6 @@ first storage failure (``fail_stop.py``); the durable end and who waits for it
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +52,7 @@ from pidctl.controller.log.sync_place import (
     SyncPlace,
 )
 
-log = structlog.get_logger("pidctl.metalog")
+log: Final = structlog.get_logger("pidctl.metalog")
 
 
 #: Default for ``segment_max_bytes``: roll to a new segment past this size. Snapshots roll
@@ -91,11 +90,6 @@ DEFAULT_RETENTION_BYTES: Final = 100 * 1024 * 1024
 
 
 DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
-
-
-#: Errors that mean "no file descriptor now", not a failing disk: a roll that meets one is
-#: postponed, not fatal.
-_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 # Compiled (ops/compiled.py), and subclassed by what is not.
@@ -371,7 +365,7 @@ class MetadataLog:
         try:
             fd = create_segment(path, self._dir_fd)
         except StorageFailed as e:
-            if e.errno not in _FD_EXHAUSTED:
+            if not e.out_of_descriptors:
                 raise
             log.warning("segment roll postponed", segment=str(path), error=e.errno_name)
             return False

@@ -22,7 +22,7 @@ from pidctl.controller.log.datadir import StorageFailed, storage_call, took_no_b
 from pidctl.controller.log.fail_stop import FailStop
 from pidctl.controller.log.sync_place import SyncPlace
 
-log = structlog.get_logger("pidctl.metalog")
+log: Final = structlog.get_logger("pidctl.metalog")
 
 #: Default for ``log_preallocate_bytes``: zeros written ahead of the records, a chunk at a
 #: time, in the active segment (the module says why).
@@ -37,10 +37,6 @@ MAX_PREALLOCATE_BYTES: Final = 64 * 1024 * 1024
 #: rounded down to whole chunks, and is at least one).
 _ZERO_CHUNK: Final = bytes(64 * 1024)
 MIN_PREALLOCATE_BYTES: Final = len(_ZERO_CHUNK)
-
-
-#: Errors that mean "no file descriptor now": the zeros wait for the next commit.
-_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 #: Errors that mean "the disk is full": preallocation gives up, the records still go on.
@@ -140,7 +136,7 @@ def _write_zeros(path: Path, start: int, length: int) -> int | None:
     try:
         fd: int = storage_call(path, "open", os.open, path, os.O_WRONLY)
     except StorageFailed as e:
-        if e.errno not in _FD_EXHAUSTED:
+        if not e.out_of_descriptors:
             raise
         return start  # no descriptor now: tried again after the next commit
     try:

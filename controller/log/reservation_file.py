@@ -12,7 +12,6 @@ no reservation waits for a descriptor it could not have (EMFILE).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from pathlib import Path
 from typing import Final
@@ -32,17 +31,13 @@ from pidctl.controller.log.disk_thread import DiskThread
 from pidctl.controller.log.fail_stop import FailStop
 from pidctl.controller.log.sync_place import SyncPlace
 
-log = structlog.get_logger("pidctl.metalog")
+log: Final = structlog.get_logger("pidctl.metalog")
 
 #: Back-off while no file descriptor can be had for a reservation (commits wait meanwhile).
 RESERVATION_RETRY_MIN_S: Final = 0.05
 
 
 RESERVATION_RETRY_MAX_S: Final = 1.0
-
-
-#: Errors that mean "no file descriptor now", not a failing disk.
-_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
 
 
 class ReservationFile:
@@ -146,7 +141,7 @@ class ReservationFile:
                 spare, "open", os.open, spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
             )
         except StorageFailed as e:
-            if e.errno not in _FD_EXHAUSTED:
+            if not e.out_of_descriptors:
                 raise
             log.warning("no file descriptor for the next reservation yet", error=e.errno_name)
             return False

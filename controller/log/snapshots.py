@@ -10,7 +10,6 @@ beyond retention (the rest are the audit trail, ``pidctl log dump``).
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from collections.abc import Callable
@@ -30,11 +29,7 @@ from pidctl.controller.log.datadir import (
 )
 from pidctl.controller.log.fail_stop import FailStop
 
-log = structlog.get_logger("pidctl.metalog")
-
-#: Errors that mean "no file descriptor now", not a failing disk: a snapshot that meets
-#: one is postponed, not fatal.
-_FD_EXHAUSTED: Final = (errno.EMFILE, errno.ENFILE)
+log: Final = structlog.get_logger("pidctl.metalog")
 
 
 class SnapshotListener(Protocol):
@@ -154,7 +149,7 @@ class Snapshots:
         try:
             path = write_snapshot_file(self.data_dir, offset, records(), self._dir_fd)
         except StorageFailed as e:
-            if e.errno not in _FD_EXHAUSTED:
+            if not e.out_of_descriptors:
                 raise
             log.warning("snapshot postponed", offset=offset, error=e.errno_name)
             return None

@@ -48,7 +48,7 @@ from pidctl.protocol import __version__
 from pidctl.protocol.apis import ApiKey
 from pidctl.protocol.build import BUILD
 
-log = structlog.get_logger("pidctl.server")
+log: Final = structlog.get_logger("pidctl.server")
 
 
 class ResourceLimit(PidctlError):
@@ -82,7 +82,8 @@ def raise_file_limit(max_connections: int, metrics_max_connections: int = 0) -> 
 
 
 class PidctlServer:
-    """Owns the metadata log, the controller and the listeners of one ``pidctl serve``."""
+    """One ``pidctl serve``: its signals and reloads, its listeners, and the serving loop
+    over the rooms (``rooms.py``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
