@@ -28,6 +28,7 @@ from pidctl.controller.log.metalog import MetadataLog
 from pidctl.controller.log.recovery import Recovery
 from pidctl.controller.server.after_commit import AfterCommit
 from pidctl.controller.server.expiry import Expiry
+from pidctl.controller.server.fleet.etcd import EtcdCounter
 from pidctl.controller.server.fleet.lease_keeper import (
     CounterWentBack,
     GrantBell,
@@ -97,6 +98,11 @@ def build_rooms(
             "this data dir took its producer ids from etcd leases; without pid_source "
             "it could grant ids other controllers hold (set pid_source again)"
         )
+    # Built before the log, as the refusal above: what can still fail (the etcd CA file
+    # read) fails with nothing opened yet; after the log, everything is construction.
+    counter = (
+        etcd_counter(settings, metrics.etcd_request, leases=True) if settings.pid_source else None
+    )
     exhausted = Alarm("producer_ids", "no producer id left", http.faults)
     refusals = Refusals(metrics, state, settings.pid_range, exhausted)
     #: Reads the idle plain-TCP connections (transport/poller.py); None without epoll.
@@ -128,7 +134,7 @@ def build_rooms(
         on_no_producer_id=refusals.no_producer_id,
         on_paused=refusals.paused,
     )
-    lease_keeper = _lease_keeper(settings, quorum, metalog, bell, metrics, http)
+    lease_keeper = _lease_keeper(settings, quorum, metalog, counter, bell, metrics, http)
     if not authorizer.enabled:
         log.warning(
             "no authorizer: every client may do everything, as Kafka without an authorizer;"
@@ -210,13 +216,14 @@ def _lease_keeper(
     settings: Settings,
     quorum: QuorumController,
     metalog: MetadataLog,
+    counter: EtcdCounter | None,
     bell: GrantBell | None,
     metrics: Metrics,
     http: HttpEndpoint,
 ) -> LeaseKeeper | None:
-    """With ``pid_source`` (and ``bell``, which the quorum controller rings): the task
-    that leases from etcd; without, None."""
-    if bell is None:
+    """With ``pid_source`` (its ``counter``, and ``bell``, which the quorum controller
+    rings): the task that leases from etcd; without, None."""
+    if counter is None or bell is None:
         return None
     metrics.lease_size.set(settings.pid_lease_size)
 
@@ -230,7 +237,7 @@ def _lease_keeper(
         http.faults["etcd_counter"] = str(error)
 
     return LeaseKeeper(
-        etcd_counter(settings, metrics.etcd_request, leases=True),
+        counter,
         quorum,
         metalog.wait_durable,
         now,

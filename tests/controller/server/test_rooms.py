@@ -5,7 +5,9 @@ dir that leased from etcd is refused without pid_source, before anything is open
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import ssl
 from pathlib import Path
 
 import pytest
@@ -69,4 +71,24 @@ async def test_a_data_dir_that_leased_is_refused_without_pid_source(tmp_path: Pa
             settings, state, recovery, metrics, http, Quotas({}), Authorizer(), lambda: store
         )
     # Refused before the log is opened: no descriptor is left behind (the server exits).
+    assert sorted(os.listdir("/proc/self/fd")) == open_before
+
+
+async def test_an_etcd_ca_that_cannot_be_read_is_refused_before_the_log_is_opened(
+    tmp_path: Path,
+) -> None:
+    """What can fail in building the rooms fails before the log opens its files: an etcd
+    CA file that is no PEM (settings only check that it is a file)."""
+    settings, metrics, http, state, recovery = await _recovered(tmp_path / "data")
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    settings = dataclasses.replace(
+        settings, pid_source="etcds://127.0.0.1:1/pidctl", etcd_cafile=str(not_pem)
+    )
+    store = CredentialStore()
+    open_before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(ssl.SSLError):
+        build_rooms(
+            settings, state, recovery, metrics, http, Quotas({}), Authorizer(), lambda: store
+        )
     assert sorted(os.listdir("/proc/self/fd")) == open_before
