@@ -30,7 +30,7 @@ from pathlib import Path
 from ops.testing.kafka import KafkaNode
 from ops.testing.serverproc import ServerProcess
 from ops.testing.spark_cluster import SparkCluster
-from ops.testing.spark_kafka_faults import MIN_ROWS, FaultRun, KafkaFaults
+from ops.testing.spark_kafka_faults import FaultRun, KafkaFaults, min_rows
 
 #: The first PID of the demo's pidctl: docs/spark-kafka.md's range for a pidctl serving jobs.
 SAFE_FIRST_PRODUCER_ID = 2**62
@@ -84,11 +84,11 @@ def main(argv: list[str] | None = None) -> list[FaultRun]:
         "--rows",
         type=int,
         default=20_000,
-        help=f"rows per job (default 20000, at least {MIN_ROWS})",
+        help=f"rows per job (default 20000, at least {min_rows()})",
     )
     args = parser.parse_args(argv)
-    if args.rows < MIN_ROWS:
-        parser.error(f"--rows {args.rows}: at least {MIN_ROWS}, so each task writes two batches")
+    if args.rows < min_rows():
+        parser.error(f"--rows {args.rows}: at least {min_rows()}, so each task writes two batches")
     with tempfile.TemporaryDirectory(prefix="pidctl-demo-") as tmp:
         say("starting Apache Kafka (one KRaft node) ...")
         with KafkaNode() as kafka:

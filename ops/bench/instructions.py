@@ -53,12 +53,10 @@ from typing import Any, NamedTuple
 
 from ops.bench import cloadgen
 from ops.bench.common import add_build_argument, ceiling_process, exit_on_sigterm, use_build
-from ops.testing.serverproc import ServerProcess
+from ops.testing.serverproc import NO_SNAPSHOTS, ServerProcess
 from pidctl.protocol import requests
 
 #: Each row: (pidctl's scenario, the ceiling's, connections, requests in flight each).
-#: ``snapshot_interval_records`` of the measured server: more records than a run writes.
-NO_SNAPSHOT_RECORDS = 1_000_000_000
 ROWS: dict[str, tuple[str, str, int, int]] = {
     "idempotent-16x1": ("idempotent", "idempotent", 16, 1),
     "idempotent-16x8": ("idempotent", "idempotent", 16, 8),
@@ -282,10 +280,8 @@ def per_request(
 
 @contextmanager
 def _pidctl(directory: Path, out: Path) -> Iterator[tuple[str, int]]:
-    # No snapshot within the windows: one in one window and none in the other moved the rows
-    # that write records by up to a tenth; pushed out, their samples agree within 1 %.
-    no_snapshot = ("--snapshot-interval-records", str(NO_SNAPSHOT_RECORDS))
-    server = ServerProcess(directory / "d", *no_snapshot, prefix=valgrind_prefix(out))
+    # No snapshot within the windows (the module's docstring says why).
+    server = ServerProcess(directory / "d", *NO_SNAPSHOTS, prefix=valgrind_prefix(out))
     server.start(timeout=START_TIMEOUT_S)
     try:
         assert server.proc is not None

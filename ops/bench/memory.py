@@ -35,12 +35,9 @@ from typing import Any
 import trio
 
 from ops.bench.common import rss_kib
-from ops.testing.serverproc import ServerProcess, wait_until
+from ops.testing.serverproc import NO_SNAPSHOTS, ServerProcess, wait_until
 from pidctl.protocol import requests
 from pidctl.protocol.client import ClientProtocol
-
-#: Snapshot interval of the servers that must not write a snapshot (the log-replay case).
-NO_SNAPSHOTS = str(10**12)
 
 
 def transactional_id(index: int) -> str:
@@ -175,7 +172,7 @@ def measure(
 
         log_only = data_dir.with_name(data_dir.name + "-log-only")
         shutil.copytree(data_dir, log_only, ignore=shutil.ignore_patterns("*.snapshot", ".lock"))
-        server = serve(log_only, "--snapshot-interval-records", NO_SNAPSHOTS)
+        server = serve(log_only, *NO_SNAPSHOTS)
         row("restart_log", server, **recovered(server))
 
         if not any(data_dir.glob("*.snapshot")):
@@ -184,7 +181,7 @@ def measure(
             server = serve(data_dir, "--snapshot-interval-records", "1", *keep_all)
             wait_until(lambda: any(data_dir.glob("*.snapshot")), "a snapshot", timeout=timeout)
             server.terminate()
-        server = serve(data_dir, "--snapshot-interval-records", NO_SNAPSHOTS)
+        server = serve(data_dir, *NO_SNAPSHOTS)
         row("restart_snapshot", server, **recovered(server))
     finally:
         for server in servers:

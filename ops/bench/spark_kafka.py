@@ -21,9 +21,10 @@ same broker, measured in the same run.
   (DescribeProducers over every partition of the topic), for both sinks, in a local
   session: pidctl-kafka holds one PID per Spark partition and Kafka partition written,
   Spark's sink one per executor.
-- With ``--faults``: both sinks under each fault of ops/testing/spark_kafka_faults.py on a
-  standalone master with two workers (executor killed, worker killed, speculation, driver
-  killed and re-run): rows, duplicates and missing, counted by id with a consumer.
+- With ``--faults``: each sink (``SINKS``) under each fault of
+  ops/testing/spark_kafka_faults.py on a standalone master with two workers (executor
+  killed, worker killed, speculation, driver killed and re-run, broker killed and
+  restarted): rows, duplicates and missing, counted by id with a consumer.
 
 Prints one JSON object. Needs the ``spark`` extra and Java 17; the jars come from
 ``python -m ops.testing.jars``.

@@ -39,6 +39,9 @@ WAIT_TIMEOUT_S = 60.0
 #: however fast the records come (for tests that need many snapshots, not the default's
 #: one in ``snapshot_min_interval_ms``).
 FREQUENT_SNAPSHOTS = ("--snapshot-min-interval-ms", "0")
+#: A server's settings for no snapshot while it runs: more records between two than any run
+#: writes (for a measure a snapshot would move).
+NO_SNAPSHOTS = ("--snapshot-interval-records", str(10**12))
 
 
 def wait_until(

@@ -6,7 +6,7 @@ and 127.0.0.2, so that speculation has another host to copy a task to). Each run
 fresh topic and counts its rows by their unique id with a real consumer.
 
 Faults (joined with ``+`` to combine, e.g. ``executor+speculation``): ``none``; ``executor``
-(SIGKILL an executor JVM once part of the rows are in Kafka); ``executors`` (SIGKILL every
+(SIGKILL the executors on the host of a task that is mid-write); ``executors`` (SIGKILL every
 executor JVM then: every task running is mid-write, so its retry starts over, whatever the
 timing; ``ops/dev.sh demo``);
 ``worker`` (SIGKILL the second worker with its executor; a new one replaces it afterwards);
@@ -54,9 +54,14 @@ BATCH_ROWS = 500
 #: ``spark.buffer.size`` of the faults' jobs: less than one batch, so each batch leaves the
 #: Python worker as it is made.
 PYTHON_BUFFER_BYTES = 1024
-#: The fewest rows a faulted job may write: a task of two batches, so a fault can land
-#: between them (4 partitions).
-MIN_ROWS = 2 * BATCH_ROWS * 4
+#: Partitions of a faulted job's topic (one task each), unless told otherwise.
+PARTITIONS = 4
+
+
+def min_rows(partitions: int = PARTITIONS) -> int:
+    """The fewest rows a faulted job may write: a task of two batches each, so that a fault
+    can land between them."""
+    return 2 * BATCH_ROWS * partitions
 
 
 @dataclass(frozen=True)
@@ -117,9 +122,14 @@ class KafkaFaults:
         pidctl: ServerProcess,
         *,
         rows: int = 20_000,
-        partitions: int = 4,
+        partitions: int = PARTITIONS,
         slow_ms: int = 300,
     ) -> None:
+        if rows < min_rows(partitions):
+            raise ValueError(
+                f"{rows} rows in {partitions} partitions make no task of two batches: "
+                f"{min_rows(partitions)} at least"
+            )
         self.cluster, self.kafka, self.pidctl = cluster, kafka, pidctl
         self.rows, self.partitions, self.slow_ms = rows, partitions, slow_ms
         jars = classpath("spark-kafka").split(os.pathsep)
@@ -197,16 +207,21 @@ class KafkaFaults:
         after every running task has finished, on a busy machine, and a fault then lands
         between tasks). The host of that task's executor."""
         batches = -(-self.rows // self.partitions // BATCH_ROWS)
-        if batches < 2:
-            raise ValueError(f"{self.rows} rows make no task of two batches: {MIN_ROWS} at least")
         margin = max(1, batches // 5)
         found: list[str] = []
 
-        def mid_write() -> bool:
+        def running() -> None:
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"the job ended before the fault ({proc.returncode}):\n{self._said()}"
                 )
+
+        def a_tenth_written() -> bool:
+            running()
+            return written_rows(self.kafka.bootstrap, topic) >= self.rows // 10
+
+        def mid_write() -> bool:
+            running()
             progress = [_progress(path) for path in attempts.iterdir()]
             found[:] = [
                 on
@@ -215,12 +230,7 @@ class KafkaFaults:
             ]
             return bool(found)
 
-        wait_until(
-            lambda: written_rows(self.kafka.bootstrap, topic) >= self.rows // 10,
-            "a tenth of the rows written",
-            timeout=SUBMIT_TIMEOUT_S,
-            poll=0.2,
-        )
+        wait_until(a_tenth_written, "a tenth of the rows written", SUBMIT_TIMEOUT_S, 0.2)
         wait_until(mid_write, f"a task mid-write on {host or 'any host'}", SUBMIT_TIMEOUT_S, 0.02)
         return found[0]
 
