@@ -290,13 +290,12 @@ class MetadataLog:
         batch_end = self.end_offset - len(self._pending)
         data = b"".join(batch)
         schedule = self.snapshots
-        schedule.bytes_since += len(data)
-        covered = schedule.bytes_since  # through batch_end
+        schedule.appended(len(data))
         snapshot = None
         if (
             batch_end == self.end_offset  # (the state holds no record past it)
             and snapshots is not None
-            and schedule.due(batch_end, covered)
+            and schedule.due(batch_end)
         ):
             # Captured now, while state and log agree on batch_end (no await since the last
             # append); the source returns a cheap copy, turned into the snapshot in a thread.
@@ -323,7 +322,7 @@ class MetadataLog:
                 # Roll first, so that a snapshot at batch_end always has a segment there.
                 # (Rolls are rare: a worker thread of trio's, as the snapshots.)
                 if await self._roll_soon(batch_end):  # (else postponed: the next commit tries)
-                    schedule.start(snapshots, batch_end, snapshot, covered)
+                    schedule.start(snapshots, batch_end, snapshot)
             elif size >= self.segment_max_bytes:
                 await self._roll_soon(batch_end)
             elif snapshots is not None:

@@ -88,13 +88,17 @@ class Snapshots:
         #: The newest snapshot's size in bytes (0 before the first).
         self.size = file_size(data_dir / snapshot_name(on_disk[-1])) if on_disk else 0
 
-    def due(self, batch_end: int, covered: int) -> bool:
-        """Whether a snapshot at ``batch_end``, which covers ``covered`` bytes of records,
-        is to be taken now (none is being written, and the last began long enough ago)."""
+    def appended(self, size: int) -> None:
+        """The log appended ``size`` bytes of records: the next snapshot covers them."""
+        self.bytes_since += size
+
+    def due(self, batch_end: int) -> bool:
+        """Whether a snapshot at ``batch_end`` (everything appended so far) is to be taken
+        now (none is being written, and the last began long enough ago)."""
         settings = self.settings
         return (
             batch_end - self.offset >= settings.interval_records
-            and covered >= self.size
+            and self.bytes_since >= self.size
             and not self.running
             and self._spaced()
         )
@@ -109,12 +113,12 @@ class Snapshots:
         nursery: trio.Nursery,
         offset: int,
         records: Callable[[], SnapshotRecords],
-        covered: int,
     ) -> None:
-        """Write the snapshot at ``offset`` (its segment rolled), in a task of its own."""
+        """Write the snapshot at ``offset`` (its segment rolled; everything appended so far),
+        in a task of its own."""
         self.running = True
         self._last_at = trio.current_time()
-        nursery.start_soon(self._write, offset, records, covered)
+        nursery.start_soon(self._write, offset, records, self.bytes_since)
 
     async def _write(
         self, offset: int, records: Callable[[], SnapshotRecords], covered: int

@@ -35,18 +35,22 @@ async def test_a_snapshot_is_due_by_records_bytes_and_time(
         settings = SnapshotSettings(10, 5.0, 1000, 1000)
         fail_stop = FailStop(failures.append)
         snapshots = Snapshots(tmp_path, dir_fd, 0, [], [], settings, told, fail_stop)
-        assert not snapshots.due(9, 0)  # too few records
-        assert snapshots.due(10, 0)
+        assert not snapshots.due(9)  # too few records
+        assert snapshots.due(10)
         async with trio.open_nursery() as nursery:
-            snapshots.start(nursery, 10, ControllerState().copy().snapshot_records, 0)
-            assert snapshots.running and not snapshots.due(30, 10**6)  # one at a time
+            snapshots.start(nursery, 10, ControllerState().copy().snapshot_records)
+            snapshots.appended(10**6)  # (appended while it is written: not covered by it)
+            assert snapshots.running and not snapshots.due(30)  # one at a time
         assert not snapshots.running and told.sizes == [snapshots.size] and snapshots.size > 0
         assert snapshots.offset == 10 and (tmp_path / "00000000000000000010.snapshot").exists()
-        assert not snapshots.due(19, 10**6)  # too few records since the new one
-        assert not snapshots.due(20, snapshots.size - 1)  # the log grew less than its size
-        assert not snapshots.due(20, snapshots.size)  # less than 5 s since the last began
+        assert snapshots.bytes_since == 10**6  # what came after it
+        assert not snapshots.due(19)  # too few records since the new one
+        snapshots.bytes_since = snapshots.size - 1
+        assert not snapshots.due(20)  # the log grew less than its size
+        snapshots.appended(1)
+        assert not snapshots.due(20)  # less than 5 s since the last began
         mock_clock.jump(5.0)
-        assert snapshots.due(20, snapshots.size)
+        assert snapshots.due(20)
         assert failures == []
     finally:
         os.close(dir_fd)
