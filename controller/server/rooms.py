@@ -39,7 +39,7 @@ from pidctl.controller.server.free_space import FreeSpaceWatch
 from pidctl.controller.server.refusals import Refusals
 from pidctl.controller.server.security.sasl import CredentialStore
 from pidctl.controller.server.telemetry.alarms import Alarm
-from pidctl.controller.server.telemetry.metrics import Metrics, StateGauges, StateView
+from pidctl.controller.server.telemetry.metrics import Metrics, StateGauges
 from pidctl.controller.server.transport.accounting import Accounting
 from pidctl.controller.server.transport.connection import ConnectionLimits, ConnectionTasks, now
 from pidctl.controller.server.transport.http import HttpEndpoint
@@ -140,7 +140,7 @@ def build_rooms(
             "no authorizer: every client may do everything, as Kafka without an authorizer;"
             ' set authorizer = "acl" and acls to restrict'
         )
-    metrics.registry.register(StateGauges(_state_view(state), metrics.grant_rate))
+    metrics.registry.register(StateGauges(state, metrics.grant_rate))
     connections = ConnectionTasks(
         controller,
         accounting,
@@ -246,18 +246,4 @@ def _lease_keeper(
         on_lease=lambda size: metrics.leases.inc(),
         on_counter_went_back=counter_went_back,
         bell=bell,
-    )
-
-
-def _state_view(state: ControllerState) -> StateView:
-    cluster, producer_ids, leases = state.cluster, state.producer_ids, state.leases
-    return StateView(
-        next_producer_id=lambda: producer_ids.next_producer_id,
-        remaining_producer_ids=producer_ids.remaining,
-        registered_brokers=lambda: len(cluster.brokers),
-        fenced_brokers=lambda: sum(
-            cluster.is_fenced(b, now().mono_ms) for b in list(cluster.brokers)
-        ),
-        transactional_ids=lambda: len(state.transactions.transactional_ids),
-        lease_remaining=leases.remaining,
     )

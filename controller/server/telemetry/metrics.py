@@ -10,14 +10,15 @@ from __future__ import annotations
 import functools
 import platform
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from pidctl.controller.core.cluster import ClusterControlManager
+from pidctl.controller.core.state import ControllerState
 from pidctl.controller.server.telemetry.logs import log_write_failures
 from pidctl.controller.server.telemetry.loop_metrics import LoopCounter, LoopHistogram
 from pidctl.protocol import __version__
@@ -77,18 +78,6 @@ class RateWindow:
         return sum(c for b, c in list(self._buckets.items()) if b > oldest) / self.window_s
 
 
-@dataclass
-class StateView:
-    """Callables that read the controller's state at scrape time."""
-
-    next_producer_id: Callable[[], int]
-    remaining_producer_ids: Callable[[], int]
-    registered_brokers: Callable[[], int]
-    fenced_brokers: Callable[[], int]
-    transactional_ids: Callable[[], int]
-    lease_remaining: Callable[[], int] = lambda: 0
-
-
 class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -114,20 +103,21 @@ class StateGauges(Collector):
     """The controller's state as gauges, read at scrape time: registered on the metrics'
     registry by the rooms once the state is recovered (before that there is none to show)."""
 
-    def __init__(self, view: StateView, grant_rate: RateWindow) -> None:
-        self._view = view
+    def __init__(self, state: ControllerState, grant_rate: RateWindow) -> None:
+        self._state = state
         self._grant_rate = grant_rate
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        view = self._view
-        remaining = view.remaining_producer_ids()
+        state = self._state
+        cluster, producer_ids = state.cluster, state.producer_ids
+        remaining = producer_ids.remaining()
         rate = self._grant_rate.per_second(time.time())
         projection = remaining / rate if rate > 0 else float("inf")
         values: Iterable[tuple[str, str, float]] = (
             (
                 "pidctl_next_producer_id",
                 "The lowest producer id never granted.",
-                view.next_producer_id(),
+                producer_ids.next_producer_id,
             ),
             (
                 "pidctl_producer_ids_remaining",
@@ -142,18 +132,28 @@ class StateGauges(Collector):
             (
                 "pidctl_registered_brokers",
                 "Brokers with a current registration.",
-                view.registered_brokers(),
+                len(cluster.brokers),
             ),
-            ("pidctl_fenced_brokers", "Registered brokers that are fenced.", view.fenced_brokers()),
-            ("pidctl_transactional_ids", "Transactional ids held.", view.transactional_ids()),
+            ("pidctl_fenced_brokers", "Registered brokers that are fenced.", _fenced(cluster)),
+            (
+                "pidctl_transactional_ids",
+                "Transactional ids held.",
+                len(state.transactions.transactional_ids),
+            ),
             (
                 "pidctl_pid_lease_remaining",
                 "Producer ids left in the leases held from etcd (0 without pid_source).",
-                view.lease_remaining(),
+                state.leases.remaining(),
             ),
         )
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _fenced(cluster: ClusterControlManager) -> int:
+    """Registered brokers fenced now (by the controller's clock: monotonic milliseconds)."""
+    mono_ms = time.monotonic_ns() // 1_000_000
+    return sum(cluster.is_fenced(broker, mono_ms) for broker in list(cluster.brokers))
 
 
 class Metrics:

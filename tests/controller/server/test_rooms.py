@@ -58,6 +58,10 @@ async def test_a_grant_is_told_after_its_commit(tmp_path: Path) -> None:
         assert metrics.registry.get_sample_value(granted, labels) is None  # not durable yet
         await rooms.metalog.wait_durable(offset)
         assert metrics.registry.get_sample_value(granted, labels) == 1
+        # The state's gauges, registered by the rooms, read the state itself.
+        gauge = metrics.registry.get_sample_value
+        assert gauge("pidctl_next_producer_id") == state.producer_ids.next_producer_id == 1000
+        assert gauge("pidctl_registered_brokers") == gauge("pidctl_fenced_brokers") == 0
         nursery.cancel_scope.cancel()
 
 
