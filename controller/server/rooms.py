@@ -241,9 +241,9 @@ def _lease_keeper(
         quorum,
         metalog.wait_durable,
         now,
+        bell,
         lease_size=settings.pid_lease_size,
         prefetch_ratio=settings.pid_lease_prefetch_ratio,
         on_lease=lambda size: metrics.leases.inc(),
         on_counter_went_back=counter_went_back,
-        bell=bell,
     )

@@ -111,8 +111,7 @@ class GrantBell:
 
 class LeaseKeeper:
     """Takes leases for one controller; each grant its quorum controller applies rings its
-    :class:`GrantBell` (``bell``: the one the quorum controller rings, else its own,
-    rung by :meth:`poke` alone)."""
+    :class:`GrantBell` (``bell``: one of the quorum controller's observers)."""
 
     def __init__(
         self,
@@ -120,12 +119,12 @@ class LeaseKeeper:
         quorum: QuorumController,
         wait_durable: Callable[[int], Awaitable[None]],
         now: Callable[[], Now],
+        bell: GrantBell,
         *,
         lease_size: int,
         prefetch_ratio: float,
         on_lease: Callable[[int], None] = lambda size: None,
         on_counter_went_back: Callable[[CounterWentBack | None], None] = lambda error: None,
-        bell: GrantBell | None = None,
     ) -> None:
         self.counter = counter
         self.quorum = quorum
@@ -135,7 +134,7 @@ class LeaseKeeper:
         self.prefetch_ratio = prefetch_ratio
         self._on_lease = on_lease
         self._on_counter_went_back = on_counter_went_back
-        self.bell = GrantBell() if bell is None else bell
+        self.bell = bell
         self._last_seen: Counter | None = None
         #: The highest counter value seen from etcd in this process.
         self._highest_seen = 0
@@ -148,10 +147,6 @@ class LeaseKeeper:
     @property
     def location(self) -> EtcdLocation:
         return self.counter.location
-
-    def poke(self) -> None:
-        """A grant happened: look again whether a lease is wanted."""
-        self.bell.ring()
 
     def wanted(self) -> bool:
         return self.quorum.state.leases.wants_lease(self.lease_size, self.prefetch_ratio)

@@ -67,13 +67,12 @@ class Kept:
     went_back: list[CounterWentBack | None] = field(default_factory=list)
 
     def grant(self) -> Block:
-        """A block, as a job's AllocateProducerIds takes one; the keeper is poked after, as
-        the server pokes it after every grant."""
+        """A block, as a job's AllocateProducerIds takes one (its grant rings the keeper's
+        bell, an observer of the quorum controller, as in the server)."""
         manager = self.quorum.state.producer_ids
         block, _ = self.quorum.apply(
             manager.allocate_for_job(principal="User:test", client_id=None), now()
         )
-        self.keeper.poke()
         return block
 
     def held(self) -> list[tuple[int, int]]:
@@ -117,7 +116,8 @@ async def keeping(
     state = ControllerState().configure(pid_range=ProducerIdRange(leased=leased))
     quorum: QuorumController
     log = MetadataLog(data_dir, 0, 0, lambda: quorum.snapshot())
-    quorum = QuorumController(state, log)
+    bell = GrantBell()
+    quorum = QuorumController(state, log, (bell.applied,))
     quorum.apply(state.cluster.create_cluster("test-cluster", 1), now())
     prefix = f"keeper{next(_prefixes)}"
     counter = EtcdCounter(EtcdLocation.parse(etcd.pid_source(prefix)), timeout_s=5.0, member="1")
@@ -128,6 +128,7 @@ async def keeping(
         quorum,
         log.wait_durable,
         now,
+        bell,
         lease_size=lease_size,
         prefetch_ratio=prefetch_ratio,
         on_lease=leases.append,
