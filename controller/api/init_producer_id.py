@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
@@ -60,13 +60,19 @@ _IDEMPOTENT_WRITE_DENIED: Final = InitAnswer(ErrorCode.cluster_authorization_fai
 _PAUSED_INIT: Final = InitAnswer(ErrorCode.coordinator_load_in_progress)
 
 
-class IdempotentRun(NamedTuple):
+@dataclass(slots=True, init=False, unsafe_hash=True)  # frozen by Final (compiled rule 1)
+class IdempotentRun:
     """The answers to a run of idempotent InitProducerIds: a PID (epoch 0) for each of the
     first ``len(producer_ids)``, ``error`` for the rest; sent once ``durable_offset`` is."""
 
-    producer_ids: Sequence[int]
-    error: ErrorCode
-    durable_offset: int
+    producer_ids: Final[Sequence[int]]
+    error: Final[ErrorCode]
+    durable_offset: Final[int]
+
+    def __init__(self, producer_ids: Sequence[int], error: ErrorCode, durable_offset: int) -> None:
+        self.producer_ids = producer_ids
+        self.error = error
+        self.durable_offset = durable_offset
 
 
 class InitProducerIdHandler:
@@ -111,10 +117,10 @@ class InitProducerIdHandler:
             return InitAnswer(expected)
         if transactional_id is None:
             # The timeout is not looked at (clients send -1, 0, 60000 or 2^31-1).
-            pids, error, offset = self._idempotent_run(1, now)
-            if not pids:
-                return InitAnswer(error, durable_offset=offset)
-            return InitAnswer(_NO_ERROR, pids[0], 0, offset, 1)
+            run = self._idempotent_run(1, now)
+            if not run.producer_ids:
+                return InitAnswer(run.error, durable_offset=run.durable_offset)
+            return InitAnswer(_NO_ERROR, run.producer_ids[0], 0, run.durable_offset, 1)
         transactions = self.state.transactions
         held = transactions.transactional_ids.producer_id_of(transactional_id)
         # (No record of it can be too large: init_transactional refuses a transactional id

@@ -167,9 +167,10 @@ class Answerers:
                 _INIT_PRODUCER_ID, _INIT_PRODUCER_ID_KEY, client_id, True, info
             )
             if refused:
-                pids, error, offset = _OVER_QUOTA_RUN
+                answer = _OVER_QUOTA_RUN
             else:
-                pids, error, offset = self.inits.init_idempotent_run(1, decided_at, info)
+                answer = self.inits.init_idempotent_run(1, decided_at, info)
+            pids, error = answer.producer_ids, answer.error
             granted = len(pids)
             delay = self.accounting.accounted(
                 _INIT_PRODUCER_ID,
@@ -188,11 +189,12 @@ class Answerers:
                 data = init_producer_id_answer(version, correlation_id, 0, pids[0], 0, throttle_ms)
             else:
                 data = init_producer_id_answer(version, correlation_id, error, -1, -1, throttle_ms)
-            decided.answers.add(data, offset, _INIT_PRODUCER_ID, received)
+            decided.answers.add(data, answer.durable_offset, _INIT_PRODUCER_ID, received)
             decided.throttle = delay
             return 1
         # (Longer runs only without a quota or the request log: counted, never throttled.)
-        pids, error, offset = self.inits.init_idempotent_run(count, decided_at, info)
+        answer = self.inits.init_idempotent_run(count, decided_at, info)
+        pids, error = answer.producer_ids, answer.error
         granted = len(pids)
         if granted < count:
             self.accounting.tally(_INIT_PRODUCER_ID, version, error, count - granted)
@@ -200,7 +202,10 @@ class Answerers:
         if granted:
             self.accounting.new_producer_ids(info.principal, granted)
         decided.answers.add_run(
-            answer_run(version, correlation_ids, pids, error), offset, _INIT_PRODUCER_ID, received
+            answer_run(version, correlation_ids, pids, error),
+            answer.durable_offset,
+            _INIT_PRODUCER_ID,
+            received,
         )
         return count
 
