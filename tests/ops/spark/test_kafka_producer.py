@@ -103,6 +103,52 @@ def test_a_failure_while_batches_are_in_flight_is_resolved_on_the_other_connecti
     assert count(kafka.bootstrap, topic, 20_000) == (20_000, 20_000, 0, 0)
 
 
+class _Unanswered:
+    """A broker connection that takes Produce requests and then breaks without delivering
+    them: what a task's first connection to a broker that restarts under it does."""
+
+    def send_parts(self, *_: object) -> None:
+        pass
+
+    def receive(self) -> None:
+        raise OSError("connection reset (test)")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_partitions_first_batch_is_answered_before_its_second_is_sent(
+    kafka: KafkaNode,
+) -> None:
+    """A leader takes a producer id it has not seen at any sequence: were a later batch
+    sent while the first is unanswered, and the first then lost, the later one would be
+    taken, LastSequence would show the first as written, and its rows would be skipped,
+    never written. The task's first connection here loses what it is given; every row must
+    still be written once."""
+    topic = new_topic(kafka.bootstrap, 1)
+    cluster = _cluster(kafka)
+    real_producer, real_drop = cluster.producer, cluster.drop
+    dropped: list[int] = []
+
+    def producer(broker_id: int) -> object:
+        return real_producer(broker_id) if dropped else _Unanswered()
+
+    def drop(broker_id: int) -> None:
+        dropped.append(broker_id)
+        real_drop(broker_id)
+
+    cluster.producer, cluster.drop = producer, drop  # type: ignore[method-assign,assignment]
+    try:
+        reports = TaskProducer(cluster, BASE + 9, 0, 0, SMALL, resume=False).write(
+            _rows(range(5000)), topic
+        )
+    finally:
+        cluster.close()
+    assert dropped  # the first connection broke
+    assert sum(r.written for r in reports) == 5000
+    assert count(kafka.bootstrap, topic, 5000) == (5000, 5000, 0, 0)
+
+
 def test_rows_that_differ_from_what_the_pid_wrote_are_refused_before_anything_is_sent(
     kafka: KafkaNode,
 ) -> None:
