@@ -326,9 +326,7 @@ class TaskProducer:
         """The topic's partitions: as the job saw them first, and still so (a task's first
         Metadata waits out an unreachable cluster within the delivery timeout, as its later
         questions do)."""
-        known = self.cluster.topics.get(topic)
-        layout = known if known else self._retrying(lambda: self.cluster.layout(topic))
-        now = layout.partitions
+        now = self._retrying(lambda: self.cluster.layout(topic)).partitions  # (cached)
         pinned = self.topic_partitions.setdefault(topic, now)
         if now != pinned:
             raise RowsDiffer(
