@@ -132,15 +132,13 @@ class AllocateProducerIdsHandler:
         created = block.length if job and result.records else 0
         return block, offset, created
 
-    def app_id_refusal(
-        self, conn: ConnectionInfo, app_id: str, operation: str = "Write"
-    ) -> ErrorCode:
+    def app_id_refusal(self, conn: ConnectionInfo, app_id: str) -> ErrorCode:
         """May this connection's principal act on the job app id ``app_id``? ErrorCode.none
         if so; else the Kafka error to answer, nothing decided: INVALID_REQUEST for an app
         id longer than ``max_job_app_id_bytes``; TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        without an ACL allowing ``operation`` on it (resource type ``AppId``, literal or
+        without an ACL allowing Write on it (resource type ``AppId``, literal or
         prefixed, as a TransactionalId), or when another principal owns it (the one that
         recorded its latest version). For every request that names an app id."""
-        if not self.access.may(conn, operation, APP_ID, app_id):
+        if not self.access.may(conn, "Write", APP_ID, app_id):
             return _APP_ID_DENIED
         return self.state.jobs.refusal(app_id, conn.principal)

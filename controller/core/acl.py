@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pidctl.controller.core.kafka import CLUSTER_RESOURCE
+
 OPERATIONS: Final = (
     "All",
     "Read",
@@ -32,8 +34,6 @@ APP_ID: Final = "AppId"
 RESOURCE_TYPES: Final = ("Cluster", "TransactionalId", "Topic", "Group", APP_ID)
 PATTERN_TYPES: Final = ("literal", "prefixed")
 PERMISSIONS: Final = ("allow", "deny")
-#: The one name of the Cluster resource, as in Kafka.
-CLUSTER: Final = "kafka-cluster"
 
 _IMPLIED_BY: Final = {"Describe": {"Read", "Write", "Delete", "Alter"}}
 #: Kafka's AclEntry.supportedOperations: what an ACL on each resource type may name (All
@@ -108,7 +108,7 @@ def parse_acl(entry: Mapping[str, Any]) -> Acl:
             resource_name=str(
                 entry["resource_name"]
                 if resource_type != "Cluster"
-                else entry.get("resource_name", CLUSTER)
+                else entry.get("resource_name", CLUSTER_RESOURCE)
             ),
             pattern_type=str(entry.get("pattern_type", "literal")).lower(),
             permission=str(entry.get("permission", "allow")).lower(),
@@ -160,8 +160,8 @@ def parse_acl(entry: Mapping[str, Any]) -> Acl:
             '"*" is a literal wildcard, not a prefix',
         ),
         (
-            acl.resource_type == "Cluster" and acl.resource_name != CLUSTER,
-            f"the Cluster resource is named {CLUSTER!r}",
+            acl.resource_type == "Cluster" and acl.resource_name != CLUSTER_RESOURCE,
+            f"the Cluster resource is named {CLUSTER_RESOURCE!r}",
         ),
         (acl.host == "", 'host is empty ("*" for any host)'),
     ]

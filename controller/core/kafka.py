@@ -24,5 +24,5 @@ DEFAULT_SESSION_TIMEOUT_MS: Final = 9000
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MS: Final = 900_000
 #: ``transactional.id.expiration.ms`` default: 7 days.
 DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
-#: The one name of the Cluster resource in ACLs.
+#: The one name of the Cluster resource in ACLs, as in Kafka.
 CLUSTER_RESOURCE: Final = "kafka-cluster"

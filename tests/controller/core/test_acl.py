@@ -3,13 +3,13 @@ from __future__ import annotations
 import pytest
 
 from pidctl.controller.core.acl import (
-    CLUSTER,
     SUPPORTED_OPERATIONS,
     Acl,
     AclError,
     Authorizer,
     parse_acl,
 )
+from pidctl.controller.core.kafka import CLUSTER_RESOURCE as CLUSTER
 
 
 def test_no_authorizer_allows_everything() -> None:
