@@ -42,17 +42,17 @@ from pidctl.controller.core.producer_ids import ProducerIdRange
 from pidctl.controller.core.quotas import DEFAULT_MAX_BUCKETS, NEW_PRODUCER_IDS, QuotaOverride
 from pidctl.controller.core.reservations import DEFAULT_RESERVATION_SIZE
 from pidctl.controller.core.transactions import DEFAULT_EXPIRY_BATCH
-from pidctl.controller.log.metalog import (
-    DEFAULT_RETENTION_BYTES,
-    DEFAULT_RETENTION_MS,
-    DEFAULT_SEGMENT_MAX_BYTES,
-    DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
-    DEFAULT_SNAPSHOT_MIN_INTERVAL_S,
-)
+from pidctl.controller.log.metalog import DEFAULT_SEGMENT_MAX_BYTES
 from pidctl.controller.log.preallocation import (
     DEFAULT_PREALLOCATE_BYTES,
     MAX_PREALLOCATE_BYTES,
     MIN_PREALLOCATE_BYTES,
+)
+from pidctl.controller.log.snapshots import (
+    DEFAULT_RETENTION_BYTES,
+    DEFAULT_RETENTION_MS,
+    DEFAULT_SNAPSHOT_INTERVAL_RECORDS,
+    DEFAULT_SNAPSHOT_MIN_INTERVAL_S,
 )
 from pidctl.controller.log.space import DEFAULT_MIN_FREE_BYTES
 from pidctl.controller.log.sync_place import DEFAULT_INLINE_SYNC_MAX_S

@@ -481,7 +481,7 @@ class HeldMemory(NamedTuple):
 def rss_with_transactional_ids(directory: Path, count: int) -> HeldMemory:
     """pidctl's RSS just after start-up on an empty data dir, and on one holding ``count``
     transactional ids (both under ``directory``)."""
-    from pidctl.controller.log.metalog import DEFAULT_SNAPSHOT_INTERVAL_RECORDS
+    from pidctl.controller.log.snapshots import DEFAULT_SNAPSHOT_INTERVAL_RECORDS
 
     empty = ServerProcess(directory / "empty").start()
     assert empty.proc is not None
