@@ -130,6 +130,8 @@ class MetadataLog:
         self.data_dir = data_dir
         self.end_offset = end_offset
         self.durable = DurableOffsets(end_offset) if durable is None else durable
+        # (Everything the log holds at start is durable: one offset, from two places.)
+        assert self.durable.durable_end == end_offset, "durable offsets begin at the log's end"
         self.segment_max_bytes = segment_max_bytes
         self._sync_place = SyncPlace(inline_sync_max_s)
         self._snapshot_source = snapshot_source
