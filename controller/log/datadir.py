@@ -86,12 +86,13 @@ class StorageFailed(PidctlError):
         self.errno_name = errno.errorcode.get(self.errno, str(self.errno))
         super().__init__(f"{operation} of {path} failed: {error.strerror or error}")
 
-    @property
-    def out_of_descriptors(self) -> bool:
-        """Whether it failed for want of a file descriptor now (EMFILE, ENFILE), not for a
-        failing disk: what opens a new file (a roll, a snapshot, a reservation's next file,
-        the zeros ahead) is postponed, not fatal."""
-        return self.errno in (errno.EMFILE, errno.ENFILE)
+
+def out_of_descriptors(error: StorageFailed) -> bool:
+    """Whether ``error`` is for want of a file descriptor now (EMFILE, ENFILE), not a
+    failing disk: what opens a new file (a roll, a snapshot, a reservation's next file, the
+    zeros ahead) is postponed, not fatal. (A function, not a property of the exception:
+    compiled, reading that property in an ``except`` clause crashed the process.)"""
+    return error.errno in (errno.EMFILE, errno.ENFILE)
 
 
 def storage_call(path: Path, operation: str, call: Callable[..., Any], *args: Any) -> Any:

@@ -38,6 +38,7 @@ from pidctl.controller.log.datadir import (
     SnapshotRecords,
     StorageFailed,
     create_segment,
+    out_of_descriptors,
     storage_call,
     write_all,
 )
@@ -340,7 +341,7 @@ class MetadataLog:
         try:
             fd = create_segment(path, self._dir_fd)
         except StorageFailed as e:
-            if not e.out_of_descriptors:
+            if not out_of_descriptors(e):
                 raise
             log.warning("segment roll postponed", segment=str(path), error=e.errno_name)
             return False

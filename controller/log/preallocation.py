@@ -18,7 +18,12 @@ from typing import Final
 import structlog
 import trio
 
-from pidctl.controller.log.datadir import StorageFailed, storage_call, took_no_byte
+from pidctl.controller.log.datadir import (
+    StorageFailed,
+    out_of_descriptors,
+    storage_call,
+    took_no_byte,
+)
 from pidctl.controller.log.fail_stop import FailStop
 from pidctl.controller.log.sync_place import SyncPlace
 
@@ -136,7 +141,7 @@ def _write_zeros(path: Path, start: int, length: int) -> int | None:
     try:
         fd: int = storage_call(path, "open", os.open, path, os.O_WRONLY)
     except StorageFailed as e:
-        if not e.out_of_descriptors:
+        if not out_of_descriptors(e):
             raise
         return start  # no descriptor now: tried again after the next commit
     try:

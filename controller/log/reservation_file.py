@@ -24,6 +24,7 @@ from pidctl.controller.log.datadir import (
     RESERVATION_NEXT_FILE,
     StorageFailed,
     encode_reservation,
+    out_of_descriptors,
     storage_call,
     write_all,
 )
@@ -141,7 +142,7 @@ class ReservationFile:
                 spare, "open", os.open, spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
             )
         except StorageFailed as e:
-            if not e.out_of_descriptors:
+            if not out_of_descriptors(e):
                 raise
             log.warning("no file descriptor for the next reservation yet", error=e.errno_name)
             return False

@@ -23,6 +23,7 @@ from pidctl.controller.core.logformat import segment_name, snapshot_name
 from pidctl.controller.log.datadir import (
     SnapshotRecords,
     StorageFailed,
+    out_of_descriptors,
     remove_file,
     storage_call,
     write_snapshot_file,
@@ -185,7 +186,7 @@ class Snapshots:
         try:
             path = write_snapshot_file(self.data_dir, offset, records(), self._dir_fd)
         except StorageFailed as e:
-            if not e.out_of_descriptors:
+            if not out_of_descriptors(e):
                 raise
             log.warning("snapshot postponed", offset=offset, error=e.errno_name)
             return None
