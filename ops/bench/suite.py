@@ -748,26 +748,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.points = CURVE_CONNECTIONS
     if args.short:
         vars(args).update(SHORT, points=CURVE_CONNECTIONS[-1:])
-    from pidctl.controller.server.telemetry.logs import configure_logging
+    from pidctl.controller.server.telemetry.logs import configure_logging, reset_logging
 
-    configure_logging("console", "warning")  # the in-process log builders stay quiet
-    args.out.mkdir(parents=True, exist_ok=True)
-    build = use_build(args.build)
-    print(f"pidctl: {build}", flush=True)
-    results: dict[str, Any] = {
-        "seconds_per_run": args.seconds,
-        "hog": args.hog,
-        "build": build,
-        "rows": [],
-    }
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name, cpu_hog(args.hog):
-        run = Run(args, Path(tmp_name), results["rows"])
-        rows = all_rows()
-        with run.resources:
-            for name in args.only:
-                rows[name](run)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    chart(run.rows, args.out / "results.png")
+    # The in-process log builders stay quiet; undone afterwards, and never cached by a
+    # module's logger, when the suite runs in a test's process.
+    configure_logging("console", "warning", cache=False)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        build = use_build(args.build)
+        print(f"pidctl: {build}", flush=True)
+        results: dict[str, Any] = {
+            "seconds_per_run": args.seconds,
+            "hog": args.hog,
+            "build": build,
+            "rows": [],
+        }
+        with tempfile.TemporaryDirectory(dir=ROOT) as tmp_name, cpu_hog(args.hog):
+            run = Run(args, Path(tmp_name), results["rows"])
+            rows = all_rows()
+            with run.resources:
+                for name in args.only:
+                    rows[name](run)
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+        chart(run.rows, args.out / "results.png")
+    finally:
+        reset_logging()
     print(f"results: {args.out / 'results.json'}, charts: {args.out}/*.png")
     return results
 

@@ -117,9 +117,14 @@ def _logger_factory(*args: Any) -> _LineWriter:
     return _writer
 
 
-def configure_logging(fmt: str = "json", level: str = "info", file: TextIO | None = None) -> None:
+def configure_logging(
+    fmt: str = "json", level: str = "info", file: TextIO | None = None, *, cache: bool = True
+) -> None:
     """Log to ``file`` (standard error by default) in ``fmt`` (``json``, ``console``, or
-    ``auto``: console on a terminal, JSON otherwise), at ``level`` and above."""
+    ``auto``: console on a terminal, JSON otherwise), at ``level`` and above. ``cache``:
+    each module's logger keeps this configuration from its first line on (the server's);
+    False for a configuration that is undone afterwards (a benchmark run in a test's
+    process), which a cached logger would keep."""
     global _writer, _renderer, _min_level, _json_lines
     _writer = _LineWriter(sys.stderr if file is None else file)
     if fmt == "auto":
@@ -142,5 +147,15 @@ def configure_logging(fmt: str = "json", level: str = "info", file: TextIO | Non
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_min_level),
         logger_factory=_logger_factory,
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
+
+
+def reset_logging() -> None:
+    """Undo :func:`configure_logging`: structlog's defaults, and JSON lines at ``info`` for
+    :func:`log_each` (what a benchmark run in a test's process leaves behind)."""
+    global _writer, _renderer, _min_level, _json_lines
+    _writer = None
+    _renderer = cast(_Render, structlog.processors.JSONRenderer(serializer=_json_serialize))
+    _min_level, _json_lines = logging.INFO, True
+    structlog.reset_defaults()
