@@ -120,6 +120,40 @@ def test_every_compiled_module_value_is_final() -> None:
     assert problems == []
 
 
+def test_no_compiled_exception_has_a_property() -> None:
+    """Compiled, reading a property of a caught exception crashed the server (SIGSEGV in
+    the log's roll, under EMFILE): an exception carries plain attributes, and what is
+    derived from them is a function (ARCHITECTURE.md, the compiled build's rules)."""
+    trees = [
+        (path, ast.parse((compiled.ROOT / path).read_text()))
+        for path in compiled.compiled_sources()
+    ]
+    exceptions = {"BaseException", "Exception", "OSError", "RuntimeError", "ValueError"}
+    grown = True
+    while grown:  # (subclasses of subclasses, across modules)
+        grown = False
+        for _, tree in trees:
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.ClassDef)
+                    and node.name not in exceptions
+                    and any(ast.unparse(base).split(".")[-1] in exceptions for base in node.bases)
+                ):
+                    exceptions.add(node.name)
+                    grown = True
+    problems = [
+        f"{path}:{method.lineno} {node.name}.{method.name}"
+        for path, tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name in exceptions
+        for method in node.body
+        if isinstance(method, ast.FunctionDef)
+        and any("property" in ast.unparse(d) for d in method.decorator_list)
+    ]
+    assert "PidctlError" in exceptions and "StorageFailed" in exceptions
+    assert problems == []
+
+
 def test_every_compiled_module_is_shipped_and_named_as_installed() -> None:
     assert _module_name("controller/core/blocks.py") == "pidctl.controller.core.blocks"
     assert _module_name("protocol/__init__.py") == "pidctl.protocol"
