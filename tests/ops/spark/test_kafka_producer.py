@@ -18,6 +18,7 @@ from confluent_kafka.cimpl import NewPartitions
 
 from ops.testing.kafka import KafkaNode
 from ops.testing.kafka_topics import count, new_topic, written_rows
+from ops.testing.serverproc import wait_until
 from pidctl.spark.kafka_cluster import KafkaCluster, KafkaWriteError
 from pidctl.spark.kafka_options import ProducerSettings
 from pidctl.spark.kafka_producer import PartitionReport, RowsDiffer, TaskProducer
@@ -202,7 +203,12 @@ def test_partitions_added_while_a_task_writes_stop_it(kafka: KafkaNode) -> None:
         producer.add(next(batches), topic)
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(timeout=60)
-        cluster.refresh([topic])
+
+        def seen_by_the_cluster() -> bool:  # (the broker's metadata can lag the admin's answer)
+            cluster.refresh([topic])
+            return cluster.layout(topic).partitions == 4
+
+        wait_until(seen_by_the_cluster, "the new partitions in the broker's metadata")
         with pytest.raises(RowsDiffer, match="has 4 partitions, not the 2"):
             for batch in batches:
                 producer.add(batch, topic)
